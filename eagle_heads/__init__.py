@@ -1,0 +1,1 @@
+"""EAGLE-3 and early-exit heads (architectures, training, export)."""
