@@ -1,0 +1,93 @@
+"""Batched Monte-Carlo runs of a real verifier on a ``TabularWorld``.
+
+Where ``exact.py`` computes laws, this module *runs* ``verify_chain`` on many sequences at once
+(drafting from q, verifying against p, appending what is emitted, repeating), so the batched
+implementation itself, not only its math, can be compared with the exact target distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_hsd.verify.chain import verify_chain
+from sglang_hsd.verify.exact import TabularWorld, prefix_offset
+
+
+@dataclass
+class SimulationResult:
+    """Fields:
+    prefixes: int64 [S, length], the first ``length`` tokens of each simulated sequence.
+    first_round_accepted: int64 [S], accepted drafts in each sequence's first round.
+    """
+
+    prefixes: torch.Tensor
+    first_round_accepted: torch.Tensor
+
+    def prefix_counts(self, vocab_size: int) -> torch.Tensor:
+        """Counts of each prefix, indexed by its base-V value. int64 [V ** length]."""
+        length = self.prefixes.shape[1]
+        weights = vocab_size ** torch.arange(length - 1, -1, -1)
+        return torch.bincount(self.prefixes @ weights, minlength=vocab_size**length)
+
+
+def simulate_chain(
+    world: TabularWorld,
+    method: str,
+    num_draft: int,
+    length: int,
+    num_sequences: int,
+    generator: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+) -> SimulationResult:
+    """Run speculative rounds until every sequence has ``length`` tokens.
+
+    Every round drafts ``num_draft`` tokens from q for all unfinished sequences, verifies them in
+    one ``verify_chain`` call and appends the emitted tokens.
+    """
+    vocab = world.vocab_size
+    p_table = torch.as_tensor(world.target, dtype=dtype)
+    q_table = torch.as_tensor(world.draft, dtype=dtype)
+    offsets = torch.tensor([prefix_offset(vocab, n) for n in range(world.max_len + 1)])
+    tokens = torch.zeros(num_sequences, length, dtype=torch.long)
+    seq_len = torch.zeros(num_sequences, dtype=torch.long)
+    value = torch.zeros(num_sequences, dtype=torch.long)  # base-V value of the committed prefix
+    first_round = None
+    while bool((seq_len < length).any()):
+        active = (seq_len < length).nonzero().squeeze(-1)
+        draft, draft_probs, target_probs = _draft_round(
+            world, p_table, q_table, offsets, seq_len[active], value[active], num_draft, generator
+        )
+        result = verify_chain(draft, draft_probs, target_probs, method=method, generator=generator)
+        if first_round is None:
+            first_round = result.num_accepted.clone()
+        for slot in range(num_draft + 1):
+            emitted = result.tokens[:, slot]
+            write = (emitted >= 0) & (seq_len[active] < length)
+            rows = active[write]
+            tokens[rows, seq_len[rows]] = emitted[write]
+            value[rows] = value[rows] * vocab + emitted[write]
+            seq_len[rows] += 1
+    return SimulationResult(tokens, first_round)
+
+
+def _draft_round(world, p_table, q_table, offsets, seq_len, value, num_draft, generator):
+    """Sample a draft from q and gather the q and p rows of every position. Shapes as verify_chain."""
+    vocab = world.vocab_size
+    if int(seq_len.max()) + num_draft > world.max_len:
+        raise ValueError("the world's max_len is too small for this simulation length and num_draft")
+    draft = torch.empty(seq_len.shape[0], num_draft, dtype=torch.long)
+    q_rows, p_rows = [], []
+    cur_value, cur_len = value.clone(), seq_len.clone()
+    for t in range(num_draft + 1):
+        code = offsets[cur_len] + cur_value
+        p_rows.append(p_table[code])
+        if t == num_draft:
+            break
+        q_row = q_table[code]
+        q_rows.append(q_row)
+        draft[:, t] = torch.multinomial(q_row, 1, generator=generator).squeeze(-1)
+        cur_value = cur_value * vocab + draft[:, t]
+        cur_len = cur_len + 1
+    return draft, torch.stack(q_rows, 1), torch.stack(p_rows, 1)
