@@ -253,15 +253,10 @@ def _use_triton(backend: str, method: str, target_probs: torch.Tensor) -> bool:
     return supported and target_probs.is_cuda
 
 
-_warned_lossy = False
-
-
 def _warn_lossy_once() -> None:
-    global _warned_lossy
-    if not _warned_lossy:
-        _warned_lossy = True
-        warnings.warn(
-            "method 'hsd-paper' reproduces the published code's uncapped final acceptance and does "
-            "NOT preserve the target distribution; use it only for comparison",
-            stacklevel=3,
-        )
+    # Python's default warning filter shows a warning once per call site, so this warns once.
+    warnings.warn(
+        "method 'hsd-paper' reproduces the published code's uncapped final acceptance and does "
+        "NOT preserve the target distribution; use it only for comparison",
+        stacklevel=3,
+    )
