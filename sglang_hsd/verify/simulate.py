@@ -91,3 +91,39 @@ def _draft_round(world, p_table, q_table, offsets, seq_len, value, num_draft, ge
         cur_value = cur_value * vocab + draft[:, t]
         cur_len = cur_len + 1
     return draft, torch.stack(q_rows, 1), torch.stack(p_rows, 1)
+
+
+# Cells expected to hold fewer counts than this are pooled: the chi-square approximation of the
+# statistic's law fails for tiny expected counts (one stray count in a 0.8-expected cell alone
+# would read as p ~ 1e-6).
+MIN_EXPECTED_COUNT = 5.0
+
+
+def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness-of-fit p-value, pooling cells with small expected counts.
+
+    Args:
+        observed: counts [C]; expected_probs: probabilities [C] summing to 1.
+    """
+    observed = observed.double()
+    expected = expected_probs.double() * observed.sum()
+    small = expected < MIN_EXPECTED_COUNT
+    if bool(small.any()):
+        observed = torch.cat([observed[~small], observed[small].sum().view(1)])
+        expected = torch.cat([expected[~small], expected[small].sum().view(1)])
+    keep = expected > 0
+    stat = (((observed - expected) ** 2)[keep] / expected[keep]).sum()
+    dof = torch.tensor(float(int(keep.sum()) - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, stat / 2))
+
+
+def target_prefix_probs(world: TabularWorld, length: int) -> torch.Tensor:
+    """Exact target probabilities of every ``length``-token prefix, indexed by base-V value. [V ** length]."""
+    vocab = world.vocab_size
+    probs = torch.ones(1, dtype=torch.float64)
+    for position in range(length):
+        # Rows of every prefix of this length, in base-V order.
+        first = prefix_offset(vocab, position)
+        rows = torch.as_tensor(world.target[first : first + vocab**position])
+        probs = (probs.unsqueeze(-1) * rows).reshape(-1)
+    return probs

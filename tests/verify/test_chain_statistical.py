@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_hsd.verify import exact
-from sglang_hsd.verify.simulate import simulate_chain
+from sglang_hsd.verify.simulate import chi_square_p_value, simulate_chain, target_prefix_probs
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -23,22 +23,35 @@ PREFIX_LEN = 3
 
 
 def _chi_square_p_value(world, result, length):
-    target = exact.target_prefix_distribution(world, length)
-    vocab = world.vocab_size
-    expected = np.array(
-        [target[tuple(int(d) for d in np.base_repr(code, vocab).zfill(length))] for code in range(vocab**length)]
-    )
-    observed = result.prefix_counts(vocab).numpy()
-    stat, p_value = scipy_stats.chisquare(observed, expected * observed.sum())
-    return p_value
+    return chi_square_p_value(result.prefix_counts(world.vocab_size), target_prefix_probs(world, length))
 
 
-@pytest.mark.parametrize("method,num_draft,seed", [("hsd", 3, 0), ("hsd", 2, 1), ("tokenwise", 3, 0)])
-def test_batched_sampler_matches_target_prefixes(method, num_draft, seed):
-    world = exact.random_world(3, PREFIX_LEN - 1 + num_draft, seed=seed)
+def test_target_prefix_probs_match_the_oracle():
+    world = exact.random_world(3, 3, seed=2)
+    table = target_prefix_probs(world, 3)
+    oracle = exact.target_prefix_distribution(world, 3)
+    for prefix, prob in oracle.items():
+        code = prefix[0] * 9 + prefix[1] * 3 + prefix[2]
+        assert abs(float(table[code]) - prob) < 1e-15
+
+
+def test_chi_square_matches_scipy_when_no_cell_is_pooled():
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(10))
+    observed = rng.multinomial(10_000, probs)
+    ours = chi_square_p_value(torch.as_tensor(observed), torch.as_tensor(probs))
+    assert ours == pytest.approx(scipy_stats.chisquare(observed, probs * 10_000).pvalue, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "method,num_draft,seed,length",
+    [("hsd", 3, 0, 3), ("hsd", 2, 1, 4), ("hsd", 4, 2, 3), ("tokenwise", 3, 0, 4), ("tokenwise", 2, 1, 3)],
+)
+def test_batched_sampler_matches_target_prefixes(method, num_draft, seed, length):
+    world = exact.random_world(3, length - 1 + num_draft, seed=seed)
     gen = torch.Generator().manual_seed(1234 + seed)
-    result = simulate_chain(world, method, num_draft, PREFIX_LEN, NUM_SEQUENCES, gen)
-    assert _chi_square_p_value(world, result, PREFIX_LEN) > P_VALUE_FLOOR
+    result = simulate_chain(world, method, num_draft, length, NUM_SEQUENCES, gen)
+    assert _chi_square_p_value(world, result, length) > P_VALUE_FLOOR
 
 
 @pytest.mark.parametrize("method", ["hsd", "tokenwise"])
@@ -67,12 +80,12 @@ def test_chi_square_detects_a_one_percent_bias():
     world = exact.random_world(3, 3, seed=3)
     target = exact.target_prefix_distribution(world, PREFIX_LEN)
     keys = sorted(target)
-    probs = np.array([target[k] for k in keys])
+    probs = np.array([target[k] for k in keys])  # sorted tuples = base-V order
     biased = probs.copy()
     donor, receiver = int(np.argmax(probs)), int(np.argmin(probs))
     biased[donor] -= 0.01
     biased[receiver] += 0.01
     rng = np.random.default_rng(0)
     observed = rng.multinomial(NUM_SEQUENCES, biased)
-    _, p_value = scipy_stats.chisquare(observed, probs * NUM_SEQUENCES)
+    p_value = chi_square_p_value(torch.as_tensor(observed), torch.as_tensor(probs))
     assert p_value < P_VALUE_FLOOR
