@@ -103,9 +103,10 @@ def verify_chain(
     elif validate:
         check_uniforms("uniforms.accept", uniforms.accept, (batch, num_draft))
         check_uniforms("uniforms.sample", uniforms.sample, (batch,))
+    use_triton = _use_triton(backend, method, target_probs)
     if method == "greedy":
         return _verify_greedy(draft_tokens, target_probs)
-    if _use_triton(backend, method, target_probs):
+    if use_triton:
         from sglang_hsd.verify.chain_triton import verify_chain_triton
 
         return verify_chain_triton(draft_tokens, draft_probs, target_probs, method, uniforms)

@@ -1,0 +1,65 @@
+"""The Triton chain kernel against the torch reference, on CPU under TRITON_INTERPRET=1.
+
+``tests/conftest.py`` switches the interpreter on before triton is first imported.
+"""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.triton
+
+# Float summation order may differ between the kernel and torch; a coin or token can flip only when
+# a uniform lands within ~1e-6 of a threshold, so a few flips in many draws would be tolerable, but
+# at these sizes none is expected and the tests demand exact equality.
+
+
+@pytest.fixture(scope="module")
+def kernel_module():
+    pytest.importorskip("triton")
+    import sglang_hsd.verify.chain_triton as module
+
+    return module
+
+
+def _inputs(batch, num_draft, vocab, seed, regime):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.softmax(2 * torch.randn(batch, num_draft, vocab, generator=gen), -1)
+    p = torch.softmax(2 * torch.randn(batch, num_draft + 1, vocab, generator=gen), -1)
+    if regime == "close":  # drafter close to target: long accepted prefixes, ratios > 1 (cap binds)
+        p[:, :num_draft] = 0.8 * q + 0.2 * p[:, :num_draft]
+    if regime == "equal":  # p == q: S+ = 0 and 1 - r* = 0 on every branch (the 0/0 guard)
+        p[:, :num_draft] = q
+    tokens = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(batch, num_draft)
+    return tokens, q, p
+
+
+@pytest.mark.parametrize("method", ["hsd", "tokenwise"])
+@pytest.mark.parametrize(
+    "batch,num_draft,vocab,regime",
+    [(8, 1, 5, "random"), (8, 3, 7, "close"), (6, 4, 16, "random"), (4, 2, 33, "close"), (4, 3, 8, "equal")],
+)
+def test_kernel_matches_reference_token_for_token(kernel_module, method, batch, num_draft, vocab, regime):
+    from sglang_hsd.verify.chain import verify_chain_reference
+    from sglang_hsd.verify.common import ChainUniforms
+
+    for seed in range(3):
+        tokens, q, p = _inputs(batch, num_draft, vocab, seed, regime)
+        u = ChainUniforms.draw(batch, num_draft, generator=torch.Generator().manual_seed(100 + seed))
+        ref = verify_chain_reference(tokens, q, p, method, u)
+        # block_v=8 forces several vocabulary blocks for the larger vocabularies.
+        out = kernel_module.verify_chain_triton(tokens, q, p, method, u, block_v=8)
+        assert torch.equal(out.num_accepted, ref.num_accepted), (seed, out.num_accepted, ref.num_accepted)
+        assert torch.equal(out.tokens, ref.tokens), (seed, out.tokens, ref.tokens)
+
+
+def test_dispatch_uses_kernel_when_asked(kernel_module, monkeypatch):
+    from sglang_hsd.verify import verify_chain
+
+    calls = []
+    real = kernel_module.verify_chain_triton
+    monkeypatch.setattr(kernel_module, "verify_chain_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tokens, q, p = _inputs(2, 2, 5, 0, "random")
+    verify_chain(tokens, q, p, backend="triton", generator=torch.Generator().manual_seed(0))
+    assert calls == [1]  # the fast path really ran
+    with pytest.raises(ValueError, match="Triton kernel implements"):
+        verify_chain(tokens, q, p, method="greedy", backend="triton")
