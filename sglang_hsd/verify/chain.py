@@ -72,6 +72,7 @@ def verify_chain(
     uniforms: ChainUniforms | None = None,
     validate: bool = True,
     backend: str = "auto",
+    draft_lengths: torch.Tensor | None = None,
 ) -> ChainVerifyResult:
     """Verify a batch of chain drafts against the target.
 
@@ -88,13 +89,17 @@ def verify_chain(
             the caller is known to be correct.
         backend: ``"auto"`` (Triton on CUDA for hsd/tokenwise, torch otherwise), ``"torch"`` or
             ``"triton"`` (on CPU only under ``TRITON_INTERPRET=1``).
+        draft_lengths: optional int64 [B] in [1, K]: row b drafted only its first K_b tokens
+            (ragged drafts, e.g. a level that buffers "until N tokens", or a request near its
+            length limit). Row K_b of ``target_probs`` is then row b's bonus distribution; later
+            rows and tokens are ignored (tokens must still be valid ids).
     Returns:
-        ``ChainVerifyResult``.
+        ``ChainVerifyResult``; ``num_accepted[b] <= draft_lengths[b]``.
     """
     if method not in CHAIN_METHODS:
         raise ValueError(f"method must be one of {CHAIN_METHODS}, got {method!r}")
     if validate:
-        _validate_chain(draft_tokens, draft_probs, target_probs, method)
+        _validate_chain(draft_tokens, draft_probs, target_probs, method, draft_lengths)
     if method == "hsd-paper":
         _warn_lossy_once()
     batch, num_draft = draft_tokens.shape
@@ -105,12 +110,12 @@ def verify_chain(
         check_uniforms("uniforms.sample", uniforms.sample, (batch,))
     use_triton = _use_triton(backend, method, target_probs)
     if method == "greedy":
-        return _verify_greedy(draft_tokens, target_probs)
+        return _verify_greedy(draft_tokens, target_probs, draft_lengths)
     if use_triton:
         from sglang_hsd.verify.chain_triton import verify_chain_triton
 
-        return verify_chain_triton(draft_tokens, draft_probs, target_probs, method, uniforms)
-    return verify_chain_reference(draft_tokens, draft_probs, target_probs, method, uniforms)
+        return verify_chain_triton(draft_tokens, draft_probs, target_probs, method, uniforms, draft_lengths)
+    return verify_chain_reference(draft_tokens, draft_probs, target_probs, method, uniforms, draft_lengths)
 
 
 def verify_chain_reference(
@@ -119,20 +124,26 @@ def verify_chain_reference(
     target_probs: torch.Tensor,
     method: str,
     uniforms: ChainUniforms,
+    draft_lengths: torch.Tensor | None = None,
 ) -> ChainVerifyResult:
     """Plain-torch implementation of the sampling methods (the CPU path and the kernel oracle)."""
     q = draft_probs.float()
     p = target_probs.float()
-    idx = draft_tokens.unsqueeze(-1)
+    lengths = _lengths_or_full(draft_tokens, draft_lengths)
+    idx = draft_tokens.long().unsqueeze(-1)
     p_draft = p[:, :-1].gather(-1, idx).squeeze(-1)  # [B, K]
     q_draft = q.gather(-1, idx).squeeze(-1)  # [B, K]
+    # Padding beyond a row's length: ratio 1 keeps the log ratios finite; it is never used.
+    in_draft = torch.arange(q.shape[1], device=q.device) < lengths.unsqueeze(-1)
+    p_draft = torch.where(in_draft, p_draft, 1.0)
+    q_draft = torch.where(in_draft, q_draft, 1.0)
     if method == "tokenwise":
-        num_accepted = _tokenwise_stop(p_draft, q_draft, uniforms.accept)
+        num_accepted = torch.minimum(_tokenwise_stop(p_draft, q_draft, uniforms.accept), lengths)
         scale = torch.ones_like(p[:, :, 0])  # residual max(0, p - q): r* = 1 everywhere
     else:
-        h, scale = hsd_weights(p_draft, q_draft, q, p, capped=(method == "hsd"))
+        h, scale = hsd_weights(p_draft, q_draft, q, p, capped=(method == "hsd"), draft_lengths=lengths)
         num_accepted = _backward_scan_stop(h, uniforms.accept)
-    weights = _next_token_weights(num_accepted, scale, q, p)
+    weights = _next_token_weights(num_accepted, lengths, scale, q, p)
     next_token = inverse_cdf_sample(weights, uniforms.sample)
     return ChainVerifyResult(num_accepted, assemble_emitted(draft_tokens, num_accepted, next_token))
 
@@ -143,6 +154,7 @@ def hsd_weights(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     capped: bool = True,
+    draft_lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stop-coin probabilities and capped ratios of hierarchical branch resampling.
 
@@ -150,6 +162,7 @@ def hsd_weights(
         p_draft, q_draft: float [B, K], p_t(x_t) and q_t(x_t).
         draft_probs: float [B, K, V]; target_probs: float [B, K + 1, V].
         capped: ``False`` gives the published code's uncapped final coin (lossy).
+        draft_lengths: optional int64 [B]; row b's final coin is h_{K_b} and later coins are 0.
     Returns:
         h: float [B, K + 1], h[:, t] = probability the backward scan stops at t (given it got there).
         r_star: float [B, K + 1], the capped prefix ratios r*_0..r*_K (r*_0 = 1).
@@ -164,8 +177,15 @@ def hsd_weights(
     tiny = torch.finfo(excess.dtype).tiny
     h_branch = torch.where(deficit > tiny, excess / deficit.clamp_min(tiny), torch.zeros_like(excess))
     h_branch[:, 0] = 1.0  # the scan always stops at the empty prefix
-    h_final = r_star[:, -1] if capped else torch.exp(log_r[:, -1]).clamp(max=1.0)
-    return torch.cat([h_branch, h_final.unsqueeze(-1)], dim=-1), r_star
+    if draft_lengths is None:
+        h_final = r_star[:, -1] if capped else torch.exp(log_r[:, -1]).clamp(max=1.0)
+        return torch.cat([h_branch, h_final.unsqueeze(-1)], dim=-1), r_star
+    last = draft_lengths.unsqueeze(-1)
+    h_final = r_star.gather(-1, last) if capped else torch.exp(log_r.gather(-1, last)).clamp(max=1.0)
+    stop = torch.arange(log_r.shape[-1], device=log_r.device)
+    h = torch.cat([h_branch, torch.zeros_like(h_final)], dim=-1)
+    h = torch.where(stop < last, h, torch.where(stop == last, h_final, torch.zeros_like(h)))
+    return h, r_star
 
 
 def _backward_scan_stop(h: torch.Tensor, accept_u: torch.Tensor) -> torch.Tensor:
@@ -183,36 +203,47 @@ def _tokenwise_stop(p_draft: torch.Tensor, q_draft: torch.Tensor, accept_u: torc
 
 
 def _next_token_weights(
-    num_accepted: torch.Tensor, scale: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+    num_accepted: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
 ) -> torch.Tensor:
     """Unnormalised distribution of the token emitted after the accepted prefix. float [B, V].
 
-    After tau accepted tokens: max(0, r*_tau p_{tau+1} - q_{tau+1}) if tau < K, else p_{K+1}.
+    After tau accepted tokens: max(0, r*_tau p_{tau+1} - q_{tau+1}) if tau < K_b, else p_{K_b+1}.
     In exact arithmetic the residual of a branch the scan stopped at has positive mass; when
     rounding leaves it empty (p and q equal to float precision) the target row is used instead.
     """
-    batch, num_draft = draft_probs.shape[:2]
+    batch = draft_probs.shape[0]
     rows = torch.arange(batch, device=draft_probs.device)
     p_next = target_probs[rows, num_accepted]
+    bonus = (num_accepted == lengths).unsqueeze(-1)
     q_padded = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
-    q_next = q_padded[rows, num_accepted]  # zero row when all K were accepted: residual = p_{K+1}
-    # The bonus row (tau = K) is p_{K+1} itself, whatever r*_K is.
-    scale_padded = torch.cat([scale[:, :num_draft], torch.ones_like(scale[:, :1])], dim=1)
-    s_next = scale_padded[rows, num_accepted].unsqueeze(-1)
+    # The bonus row is p_{K_b+1} itself: no q subtracted, whatever r*_{K_b} is.
+    q_next = torch.where(bonus, 0.0, q_padded[rows, num_accepted])
+    s_next = torch.where(bonus, 1.0, scale[rows, num_accepted].unsqueeze(-1))
     residual = (s_next * p_next - q_next).clamp_min(0)
     empty = residual.sum(-1, keepdim=True) <= 0
     return torch.where(empty, p_next, residual)
 
 
-def _verify_greedy(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> ChainVerifyResult:
+def _lengths_or_full(draft_tokens: torch.Tensor, draft_lengths: torch.Tensor | None) -> torch.Tensor:
+    if draft_lengths is None:
+        return torch.full_like(draft_tokens[:, 0], draft_tokens.shape[1], dtype=torch.long)
+    return draft_lengths.long()
+
+
+def _verify_greedy(draft_tokens, target_probs, draft_lengths=None) -> ChainVerifyResult:
     target_argmax = target_probs.argmax(dim=-1)  # [B, K + 1]
     matches = draft_tokens == target_argmax[:, :-1]
-    num_accepted = torch.cumprod(matches.long(), dim=-1).sum(dim=-1)
+    lengths = _lengths_or_full(draft_tokens, draft_lengths)
+    num_accepted = torch.minimum(torch.cumprod(matches.long(), dim=-1).sum(dim=-1), lengths)
     next_token = target_argmax.gather(-1, num_accepted.unsqueeze(-1)).squeeze(-1)
     return ChainVerifyResult(num_accepted, assemble_emitted(draft_tokens, num_accepted, next_token))
 
 
-def _validate_chain(draft_tokens, draft_probs, target_probs, method: str) -> None:
+def _validate_chain(draft_tokens, draft_probs, target_probs, method: str, draft_lengths=None) -> None:
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dim() != 2:
         raise ValueError("draft_tokens must be an int64 tensor of shape [B, K]")
     batch, num_draft = draft_tokens.shape
@@ -225,7 +256,15 @@ def _validate_chain(draft_tokens, draft_probs, target_probs, method: str) -> Non
         )
     vocab = target_probs.shape[-1]
     check_token_ids("draft_tokens", draft_tokens, vocab)
-    check_prob_rows("target_probs", target_probs)
+    used_target = torch.ones(batch, num_draft + 1, dtype=torch.bool, device=draft_tokens.device)
+    if draft_lengths is not None:
+        if tuple(draft_lengths.shape) != (batch,) or draft_lengths.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"draft_lengths must be an int64 tensor of shape [{batch}]")
+        if bool(((draft_lengths < 1) | (draft_lengths > num_draft)).any()):
+            raise ValueError(f"draft_lengths must lie in [1, K = {num_draft}]")
+        positions = torch.arange(num_draft + 1, device=draft_tokens.device)
+        used_target = positions <= draft_lengths.unsqueeze(-1).to(draft_tokens.device)
+    check_prob_rows("target_probs", target_probs[used_target])
     if draft_probs is None:
         if method != "greedy":
             raise ValueError(f"draft_probs is required for method {method!r} (only 'greedy' ignores it)")
@@ -235,10 +274,11 @@ def _validate_chain(draft_tokens, draft_probs, target_probs, method: str) -> Non
             f"draft_probs must have shape [B, K, V] = [{batch}, {num_draft}, {vocab}] "
             f"(the target's vocabulary), got {list(draft_probs.shape)}"
         )
-    check_prob_rows("draft_probs", draft_probs)
+    used_draft = used_target[:, 1:]  # draft position t is used iff t < K_b, i.e. t + 1 <= K_b
+    check_prob_rows("draft_probs", draft_probs[used_draft])
     if method != "greedy":
         q_draft = draft_probs.gather(-1, draft_tokens.long().unsqueeze(-1)).squeeze(-1)
-        check_drafted_tokens_have_mass(draft_tokens, q_draft)
+        check_drafted_tokens_have_mass(draft_tokens, torch.where(used_draft, q_draft, 1.0))
 
 
 def _use_triton(backend: str, method: str, target_probs: torch.Tensor) -> bool:

@@ -34,6 +34,7 @@ def _chain_verify_kernel(
     p_ptr,  # float32 [B, K + 1, V]
     accept_u_ptr,  # float32 [B, K]
     sample_u_ptr,  # float32 [B]
+    lengths_ptr,  # int64 [B], K_b in [1, K]
     num_accepted_ptr,  # int64 [B] (out)
     tokens_ptr,  # int64 [B, K + 1] (out)
     K,
@@ -42,6 +43,7 @@ def _chain_verify_kernel(
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
+    k_b = tl.load(lengths_ptr + b)
     q_row0 = q_ptr + b * K * V
     p_row0 = p_ptr + b * (K + 1) * V
     offs = tl.arange(0, BLOCK_V)
@@ -51,7 +53,7 @@ def _chain_verify_kernel(
     tau = 0
     scale_at_tau = 1.0  # r*_tau (hsd) or 1 (tokenwise)
     alive = 1  # tokenwise: every token so far accepted
-    for t in range(0, K):
+    for t in range(0, k_b):
         x = tl.load(draft_ptr + b * K + t)
         p_x = tl.load(p_row0 + t * V + x)
         q_x = tl.load(q_row0 + t * V + x)
@@ -81,12 +83,12 @@ def _chain_verify_kernel(
             alive = new_alive
     if IS_HSD:
         h_final = tl.exp(log_r - log_m)
-        u_last = tl.load(accept_u_ptr + b * K + K - 1)
-        tau = tl.where(u_last < h_final, K, tau)
+        u_last = tl.load(accept_u_ptr + b * K + k_b - 1)
+        tau = tl.where(u_last < h_final, k_b, tau)
         scale_at_tau = tl.where(u_last < h_final, 1.0, scale_at_tau)
 
-    # Next-token weights: max(0, s p_{tau+1} - q_{tau+1}) if tau < K, else p_{K+1} (q row = 0).
-    has_q = tau < K
+    # Next-token weights: max(0, s p_{tau+1} - q_{tau+1}) if tau < K_b, else p_{K_b+1} (q row = 0).
+    has_q = tau < k_b
     p_next = p_row0 + tau * V
     q_next = q_row0 + tau * V
     total = 0.0
@@ -132,6 +134,7 @@ def verify_chain_triton(
     target_probs: torch.Tensor,
     method: str,
     uniforms: ChainUniforms,
+    draft_lengths: torch.Tensor | None = None,
     block_v: int = 1024,
 ):
     """Launch the kernel; same arguments and result as ``chain.verify_chain_reference``."""
@@ -141,6 +144,8 @@ def verify_chain_triton(
         raise ValueError(f"the Triton kernel implements 'hsd' and 'tokenwise', not {method!r}")
     batch, num_draft = draft_tokens.shape
     vocab = target_probs.shape[-1]
+    if draft_lengths is None:
+        draft_lengths = torch.full((batch,), num_draft, dtype=torch.int64, device=draft_tokens.device)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=draft_tokens.device)
     tokens = torch.empty(batch, num_draft + 1, dtype=torch.int64, device=draft_tokens.device)
     _chain_verify_kernel[(batch,)](
@@ -149,6 +154,7 @@ def verify_chain_triton(
         target_probs.contiguous().float(),
         uniforms.accept.contiguous().float(),
         uniforms.sample.contiguous().float(),
+        draft_lengths.contiguous().long(),
         num_accepted,
         tokens,
         num_draft,

@@ -129,3 +129,35 @@ def test_unknown_method_and_missing_q_and_bad_uniforms():
     bad = ChainUniforms(accept=torch.rand(4, 2), sample=torch.rand(4))
     with pytest.raises(ValueError, match=r"uniforms.accept must have shape \[4, 3\]"):
         verify_chain(tokens, q, p, uniforms=bad)
+
+
+@pytest.mark.filterwarnings("ignore:method 'hsd-paper'")
+@pytest.mark.parametrize("method", ["hsd", "tokenwise", "greedy", "hsd-paper"])
+def test_ragged_draft_lengths_equal_truncated_drafts(method):
+    # Row b with draft_lengths[b] = K_b must behave exactly like a K_b-token draft with the same
+    # uniforms (accept columns 0..K_b-1, same sample uniform).
+    batch, num_draft, vocab = 6, 4, 9
+    tokens, q, p = _random_inputs(batch, num_draft, vocab, seed=5)
+    p[:, :num_draft] = 0.7 * q + 0.3 * p[:, :num_draft]  # long accepted prefixes
+    lengths = torch.tensor([1, 2, 3, 4, 2, 3])
+    for seed in range(5):
+        u = ChainUniforms.draw(batch, num_draft, generator=torch.Generator().manual_seed(seed))
+        ragged = verify_chain(tokens, q, p, method=method, uniforms=u, draft_lengths=lengths)
+        for b in range(batch):
+            k = int(lengths[b])
+            rows = slice(b, b + 1)
+            u_b = ChainUniforms(u.accept[rows, :k], u.sample[rows])
+            alone = verify_chain(tokens[rows, :k], q[rows, :k], p[rows, : k + 1].clone(), method=method, uniforms=u_b)
+            assert int(ragged.num_accepted[b]) == int(alone.num_accepted[0])
+            assert ragged.tokens[b, : k + 1].tolist() == alone.tokens[0].tolist()
+            assert (ragged.tokens[b, k + 1 :] == PLACEHOLDER_TOKEN_ID).all()
+
+
+def test_ragged_rows_beyond_length_are_not_validated_and_bad_lengths_are():
+    tokens, q, p = _random_inputs(batch=2, num_draft=3)
+    q[0, 2] = float("nan")  # beyond row 0's length: ignored
+    p[0, 3] = float("nan")
+    res = verify_chain(tokens, q, p, draft_lengths=torch.tensor([2, 3]), generator=torch.Generator().manual_seed(0))
+    assert int(res.num_accepted[0]) <= 2
+    with pytest.raises(ValueError, match=r"draft_lengths must lie in \[1, K = 3\]"):
+        verify_chain(tokens, q.nan_to_num(0.5), p, draft_lengths=torch.tensor([0, 3]))

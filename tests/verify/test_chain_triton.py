@@ -63,3 +63,17 @@ def test_dispatch_uses_kernel_when_asked(kernel_module, monkeypatch):
     assert calls == [1]  # the fast path really ran
     with pytest.raises(ValueError, match="Triton kernel implements"):
         verify_chain(tokens, q, p, method="greedy", backend="triton")
+
+
+@pytest.mark.parametrize("method", ["hsd", "tokenwise"])
+def test_kernel_matches_reference_on_ragged_lengths(kernel_module, method):
+    from sglang_hsd.verify.chain import verify_chain_reference
+    from sglang_hsd.verify.common import ChainUniforms
+
+    tokens, q, p = _inputs(6, 4, 10, 3, "close")
+    lengths = torch.tensor([1, 4, 2, 3, 4, 1])
+    for seed in range(3):
+        u = ChainUniforms.draw(6, 4, generator=torch.Generator().manual_seed(seed))
+        ref = verify_chain_reference(tokens, q, p, method, u, lengths)
+        out = kernel_module.verify_chain_triton(tokens, q, p, method, u, lengths, block_v=8)
+        assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.num_accepted, ref.num_accepted)
