@@ -1,0 +1,291 @@
+"""Batched hierarchical speculative decoding over a ``CausalLM`` target.
+
+Levels 0..m: level 0 drafts, level m is the target, levels in between are early exits of the
+target. The token sequence of a request is
+
+    committed tokens | buf_{m-1} | ... | buf_1 | buf_0
+
+where buf_k holds tokens level k has produced but level k + 1 has not yet checked, each with
+level k's distribution at its position (the q the level above verifies it against).
+
+* ``_fill(k)`` makes buf_k at least ``T_k`` tokens long: the drafter samples ``T_0`` tokens one by
+  one; a level k >= 1 repeatedly fills buf_{k-1} and verifies it (``_verify(k)``).
+* ``_verify(k)`` runs level k on buf_{k-1} (one forward over the buffer plus its bonus
+  position), calls ``verify_chain`` with level k - 1's rows as q and its own as p, keeps the
+  accepted prefix plus the corrected/bonus token, rolls every cache back past the first changed
+  position and appends the kept tokens, with level k's rows, to buf_k (or commits them, k = m).
+
+Why this is lossless (``DESIGN.md`` section 3): each verification is a lossless chain rule, so the
+tokens a level appends follow that level's own autoregressive distribution, whatever the level
+below proposed; stopping a buffer "once it holds T_k tokens" is a stopping time, which the chain
+rule tolerates. By induction the committed tokens follow the target. Tests check it exactly
+(greedy) and statistically (sampling).
+
+KV reuse: the target's layers are split into groups at the exit layers (``groups.py``); a position
+runs through each group once and every level reads the stored hidden state of its group, so the
+full verification of a buffer only runs the layers above the highest exit for it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sglang_hsd.runtime.config import HierarchyConfig
+from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
+from sglang_hsd.runtime.model import CausalLM
+from sglang_hsd.runtime.stats import GenerationResult, LevelStats
+from sglang_hsd.sampling import BatchSamplingParams, SamplingParams, logits_to_probs
+from sglang_hsd.verify.chain import verify_chain
+
+
+class SpeculativeGenerator:
+    """Generate with a hierarchy of levels over one target model.
+
+    Args:
+        target: the target ``CausalLM``.
+        config: the levels (``HierarchyConfig``); validated against the target's depth.
+        drafter: a separate small ``CausalLM`` when the first level is of kind ``"model"``.
+        exit_heads: optional trained exit heads by exit layer (hidden [.., D] -> logits [.., V]);
+            an exit without one uses the target's final norm + LM head.
+        validate: validate verifier inputs every round (slower; for tests and debugging).
+    """
+
+    def __init__(
+        self,
+        target: CausalLM,
+        config: HierarchyConfig,
+        drafter: CausalLM | None = None,
+        exit_heads: dict[int, torch.nn.Module] | None = None,
+        validate: bool = False,
+    ) -> None:
+        config.check_depth(target.num_layers)
+        first = config.levels[0]
+        if first.kind == "model":
+            if drafter is None:
+                raise ValueError("the first level is a separate model: pass drafter=CausalLM(...)")
+            if drafter.vocab_size != target.vocab_size:
+                raise ValueError(
+                    f"drafter vocabulary ({drafter.vocab_size}) differs from the target's "
+                    f"({target.vocab_size}): the drafter must share the target's tokenizer"
+                )
+        self.target = target
+        self.config = config
+        self.drafter = drafter
+        self.exit_heads = dict(exit_heads or {})
+        self.validate = validate
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams] = SamplingParams(),
+        max_new_tokens: int | list[int] = 32,
+        eos_token_id: int | list[int] | None = None,
+        seed: int = 0,
+    ) -> GenerationResult:
+        """Generate for a batch of prompts (token id lists of any lengths).
+
+        Returns the generated tokens per request and per-level statistics.
+        """
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty token id lists")
+        run = _Run(self, prompts, params, max_new_tokens, eos_token_id, seed)
+        start = time.perf_counter()
+        run.run()
+        elapsed = time.perf_counter() - start
+        return run.result(elapsed)
+
+
+class _Run:
+    """The state of one ``generate`` call."""
+
+    def __init__(self, gen: SpeculativeGenerator, prompts, params, max_new_tokens, eos_token_id, seed):
+        self.gen = gen
+        self.levels = gen.config.levels
+        self.top = len(self.levels) - 1
+        target = gen.target
+        device = target.embed_tokens.weight.device
+        batch = len(prompts)
+        params_list = params if isinstance(params, list) else [params] * batch
+        max_new = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * batch
+        if len(params_list) != batch or len(max_new) != batch:
+            raise ValueError("params and max_new_tokens lists must have one entry per prompt")
+        self.params = BatchSamplingParams.from_params(params_list, device)
+        self.max_new = torch.tensor(max_new, device=device)
+        eos = [] if eos_token_id is None else ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        self.eos = torch.tensor(eos, dtype=torch.long, device=device)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+        # Buffer capacities: the drafter's is T_0; level k may overshoot T_k by a full round.
+        self.caps = []
+        for k in range(self.top):
+            self.caps.append(self.levels[k].buffer + (self.caps[-1] if k else 0))
+        lengths = [len(p) for p in prompts]
+        self.max_len = max(lengths) + max(max_new) + sum(self.caps) + 2
+        self.tokens = torch.zeros(batch, self.max_len, dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            self.tokens[row, : len(prompt)] = torch.tensor(prompt, device=device)
+        self.prompt_len = torch.tensor(lengths, device=device)
+        self.seq_len = self.prompt_len.clone()
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.buf_start = [self.seq_len.clone() for _ in range(self.top)]
+        vocab = target.vocab_size
+        self.buf_probs = [torch.zeros(batch, cap, vocab, device=device) for cap in self.caps]
+        self.stats = [LevelStats(level.name) for level in self.levels]
+        self._build_groups(batch)
+        self.target_forwards0 = target.counters.layer_token_forwards
+        self.drafter_forwards0 = gen.drafter.counters.layer_token_forwards if gen.drafter else 0
+
+    def _build_groups(self, batch: int) -> None:
+        exits = [level.layer for level in self.levels if level.kind == "exit"]
+        target_groups = build_groups(self.gen.target, exits, batch, self.max_len, self.gen.config.reuse_kv)
+        self.level_group: list[LayerGroup] = []
+        self.level_head: list[torch.nn.Module | None] = []
+        exit_index = 0
+        for level in self.levels:
+            if level.kind == "model":
+                drafter = self.gen.drafter
+                cache = drafter.new_cache(batch, self.max_len)
+                group = LayerGroup.create(drafter, 0, drafter.num_layers, cache, None, batch, self.max_len)
+                self.drafter_group = group
+            elif level.kind == "exit":
+                group = target_groups[exit_index]
+                exit_index += 1
+            else:
+                group = target_groups[-1]
+            self.level_group.append(group)
+            self.level_head.append(self.gen.exit_heads.get(level.layer) if level.kind == "exit" else None)
+        self.all_groups = target_groups + ([self.drafter_group] if self.levels[0].kind == "model" else [])
+
+    # ------------------------------------------------------------------ driving loop
+    def run(self) -> None:
+        while not bool(self.finished.all()):
+            active = ~self.finished
+            if self.top == 0:
+                self._autoregressive_step(active)
+            else:
+                self._fill(self.top - 1, active)
+                self._verify(self.top, active)
+
+    def _fill(self, k: int, rows: torch.Tensor) -> None:
+        if k == 0:
+            self._draft(rows)
+            return
+        while True:
+            short = rows & (self.seq_len - self.buf_start[k] < self.levels[k].buffer)
+            if not bool(short.any()):
+                return
+            self._fill(k - 1, short)
+            self._verify(k, short)
+
+    # ------------------------------------------------------------------ level pieces
+    def _probs(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Level k's distribution after each of ``positions`` [R, T] of rows ``idx``. [R, T, V]."""
+        group = self.level_group[k]
+        positions = positions.clamp(0, self.max_len - 1)
+        hidden = group.hidden[idx.unsqueeze(-1), positions]
+        logits = group.model.exit_logits(hidden, self.level_head[k])
+        params = BatchSamplingParams(self.params.temperature[idx], self.params.top_k[idx], self.params.top_p[idx])
+        return logits_to_probs(logits, params)
+
+    def _draft(self, rows: torch.Tensor) -> None:
+        start_time = time.perf_counter()
+        group, stats = self.level_group[0], self.stats[0]
+        for _ in range(self.levels[0].buffer):
+            idx = (rows & (self.seq_len - self.buf_start[0] < self.levels[0].buffer)).nonzero().squeeze(-1)
+            if idx.numel() == 0:
+                break
+            advance(group, self.tokens, self.seq_len)
+            q = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
+            token = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
+            slot = self.seq_len[idx]
+            self.tokens[idx, slot] = token
+            self.buf_probs[0][idx, slot - self.buf_start[0][idx]] = q
+            self.seq_len[idx] += 1
+            stats.rounds += idx.numel()
+            stats.proposed += idx.numel()
+        stats.seconds += time.perf_counter() - start_time
+
+    def _verify(self, k: int, rows: torch.Tensor) -> None:
+        start_time = time.perf_counter()
+        idx = rows.nonzero().squeeze(-1)
+        start = self.buf_start[k - 1][idx]
+        draft_len = self.seq_len[idx] - start  # >= 1: the level below just filled its buffer
+        width = int(draft_len.max())
+        advance(self.level_group[k], self.tokens, self.seq_len)
+        offsets = torch.arange(width + 1, device=idx.device)
+        p = self._probs(k, idx, (start - 1).unsqueeze(-1) + offsets)  # [R, width + 1, V]
+        draft_pos = (start.unsqueeze(-1) + offsets[:-1]).clamp(max=self.max_len - 1)
+        draft = self.tokens[idx.unsqueeze(-1), draft_pos]
+        q = self.buf_probs[k - 1][idx, :width]
+        res = verify_chain(
+            draft, q, p, method=self.levels[k].method, generator=self.generator,
+            validate=self.gen.validate, draft_lengths=draft_len,
+        )
+        accepted = res.num_accepted
+        new_len = start + accepted + 1
+        self.tokens[idx, start + accepted] = res.tokens.gather(1, accepted.unsqueeze(-1)).squeeze(-1)
+        keep = self.seq_len.clone()
+        keep[idx] = start + accepted  # the first changed position
+        truncate_all(self.all_groups, keep)
+        self.seq_len[idx] = new_len
+        for lower in range(k):
+            self.buf_start[lower][idx] = new_len
+        if k < self.top:
+            self._append_to_buffer(k, idx, start, accepted, p)
+        else:
+            self._commit(idx)
+        stats = self.stats[k]
+        stats.rounds += idx.numel()
+        stats.proposed += int(draft_len.sum())
+        stats.accepted += int(accepted.sum())
+        stats.seconds += time.perf_counter() - start_time
+
+    def _append_to_buffer(self, k, idx, start, accepted, p) -> None:
+        """Store level k's rows for the kept tokens (positions start .. start + accepted)."""
+        offset = (start - self.buf_start[k][idx]).unsqueeze(-1) + torch.arange(p.shape[1], device=idx.device)
+        kept = torch.arange(p.shape[1], device=idx.device).unsqueeze(0) <= accepted.unsqueeze(-1)
+        rows = idx.unsqueeze(-1).expand_as(offset)
+        self.buf_probs[k][rows[kept], offset[kept]] = p[kept]
+
+    def _autoregressive_step(self, rows: torch.Tensor) -> None:
+        start_time = time.perf_counter()
+        idx = rows.nonzero().squeeze(-1)
+        advance(self.level_group[0], self.tokens, self.seq_len)
+        p = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
+        self.tokens[idx, self.seq_len[idx]] = torch.multinomial(p, 1, generator=self.generator).squeeze(-1)
+        self.seq_len[idx] += 1
+        self._commit(idx)
+        self.stats[0].rounds += idx.numel()
+        self.stats[0].seconds += time.perf_counter() - start_time
+
+    def _commit(self, idx: torch.Tensor) -> None:
+        """Finish rows that produced EOS or reached max_new_tokens; cut their output there."""
+        generated = self.seq_len[idx] - self.prompt_len[idx]
+        done = generated >= self.max_new[idx]
+        limit = self.prompt_len[idx] + torch.minimum(generated, self.max_new[idx])
+        if self.eos.numel():
+            positions = torch.arange(self.max_len, device=idx.device)
+            window = (positions >= self.prompt_len[idx].unsqueeze(-1)) & (positions < limit.unsqueeze(-1))
+            is_eos = torch.isin(self.tokens[idx], self.eos) & window
+            first_eos = torch.where(is_eos, positions, self.max_len).amin(dim=-1)
+            done |= first_eos < self.max_len
+            limit = torch.minimum(limit, first_eos + 1)
+        self.seq_len[idx] = torch.where(done, limit, self.seq_len[idx])
+        self.finished[idx] |= done
+
+    def result(self, elapsed: float) -> GenerationResult:
+        tokens = [
+            self.tokens[row, int(self.prompt_len[row]) : int(self.seq_len[row])].tolist()
+            for row in range(self.tokens.shape[0])
+        ]
+        drafter = self.gen.drafter
+        return GenerationResult(
+            tokens=tokens,
+            levels=self.stats,
+            seconds=elapsed,
+            target_layer_forwards=self.gen.target.counters.layer_token_forwards - self.target_forwards0,
+            drafter_layer_forwards=(drafter.counters.layer_token_forwards - self.drafter_forwards0) if drafter else 0,
+        )

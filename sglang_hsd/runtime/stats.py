@@ -1,0 +1,100 @@
+"""Per-level statistics and the result of one generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LevelStats:
+    """What one level did during a generation.
+
+    Fields:
+        name: ``exit:8``, ``target``, ...
+        rounds: verification calls, counted per request (the drafter: drafting steps per request).
+        proposed: draft tokens this level verified (the drafter: tokens it drafted).
+        accepted: of those, how many it accepted.
+        seconds: wall time spent in this level's forwards and verification.
+    """
+
+    name: str
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per verification round."""
+        return self.accepted / self.rounds if self.rounds else float("nan")
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "rounds": self.rounds,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted": self.mean_accepted,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class GenerationResult:
+    """Fields:
+    tokens: generated token ids per request (prompt excluded, EOS included when hit).
+    levels: ``LevelStats`` per level, drafter first, target last.
+    seconds: wall time of the whole generation.
+    target_layer_forwards: target decoder-layer applications, summed over tokens (prefill
+        included); with KV reuse each position runs through each layer once.
+    drafter_layer_forwards: the same for a separate drafter model (0 for early-exit drafters,
+        whose layers are the target's and are counted above).
+    """
+
+    tokens: list[list[int]]
+    levels: list[LevelStats] = field(default_factory=list)
+    seconds: float = 0.0
+    target_layer_forwards: int = 0
+    drafter_layer_forwards: int = 0
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_generated / self.seconds if self.seconds else float("nan")
+
+    @property
+    def layer_forwards_per_token(self) -> float:
+        """Target layer-forwards per generated token (prefill included)."""
+        return self.target_layer_forwards / max(self.num_generated, 1)
+
+    def summary(self) -> str:
+        lines = [
+            f"{self.num_generated} tokens in {self.seconds:.2f}s = {self.tokens_per_second:.2f} tok/s; "
+            f"target layer-forwards per token {self.layer_forwards_per_token:.1f}"
+        ]
+        for level in self.levels:
+            lines.append(
+                f"  {level.name:>12}: rounds {level.rounds:5d}  proposed {level.proposed:5d}  "
+                f"accepted {level.accepted:5d}  rate {level.acceptance_rate:.3f}  "
+                f"accepted/round {level.mean_accepted:.2f}  time {level.seconds:.2f}s"
+            )
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "tokens": self.tokens,
+            "levels": [level.as_dict() for level in self.levels],
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "target_layer_forwards": self.target_layer_forwards,
+            "drafter_layer_forwards": self.drafter_layer_forwards,
+            "layer_forwards_per_token": self.layer_forwards_per_token,
+        }
