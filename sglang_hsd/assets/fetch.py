@@ -204,6 +204,7 @@ def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool =
     try:
         dtype = getattr(torch, spec.dtype)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        _apply_gguf_bos_flag(tokenizer, gguf)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
         if getattr(model, "hf_quantizer", None) is not None:
             model.hf_quantizer = None
@@ -214,3 +215,23 @@ def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool =
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
+
+
+def _apply_gguf_bos_flag(tokenizer, gguf: Path) -> None:
+    """Make the tokenizer prepend BOS when the GGUF says the model expects it.
+
+    transformers 5.19 ignores ``tokenizer.ggml.add_bos_token``; Gemma-3 sets it, and without the
+    BOS token the base model degenerates ("France. The The The ..."). SmolLM2 and Qwen set it to
+    False, so they are left alone. The flag ends up in the saved tokenizer.json post-processor.
+    """
+    from gguf import GGUFReader  # memory-maps the file: reading one field is cheap
+
+    field = GGUFReader(gguf).fields.get("tokenizer.ggml.add_bos_token")
+    if field is None or not bool(field.contents()):
+        return
+    tokenizer.add_bos_token = True
+    if hasattr(tokenizer, "update_post_processor"):
+        tokenizer.update_post_processor()
+    bos_id = tokenizer.bos_token_id
+    if bos_id is None or tokenizer("a")["input_ids"][:1] != [bos_id]:
+        raise RuntimeError(f"{gguf.name} requires a BOS token but the tokenizer would not add it")
