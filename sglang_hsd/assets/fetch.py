@@ -21,11 +21,12 @@ weights are 4-bit quantized upstream either way, so float32 adds no information,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -197,11 +198,14 @@ def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool =
     if int(transformers.__version__.split(".")[0]) < 5:
         # 4.x mis-reads the Gemma-3 vocabulary and SmolLM2's special tokens from GGUF.
         raise RuntimeError(f"GGUF conversion needs transformers>=5, found {transformers.__version__}")
-    hf_logging = transformers.utils.logging
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    if not progress:  # transformers draws its own bars while dequantizing and saving
-        hf_logging.disable_progress_bar()
-    try:
+    with contextlib.ExitStack() as stack:
+        hf_logging = transformers.utils.logging
+        if not progress and hf_logging.is_progress_bar_enabled():
+            # transformers draws its own bars while dequantizing and saving; restore them after.
+            hf_logging.disable_progress_bar()
+            stack.callback(hf_logging.enable_progress_bar)
+        if not progress:
+            stack.enter_context(_silence_gguf_tensor_bar())
         dtype = getattr(torch, spec.dtype)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         _apply_gguf_bos_flag(tokenizer, gguf)
@@ -212,9 +216,29 @@ def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool =
             del model.config.quantization_config
         model.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
+
+
+@contextlib.contextmanager
+def _silence_gguf_tensor_bar() -> Iterator[None]:
+    """Hide the per-tensor bar transformers draws with a plain tqdm while dequantizing GGUF.
+
+    That bar ignores transformers' own progress switch; swapping the module's ``tqdm`` name for
+    the duration is the only handle. If the module layout changes, the bar simply shows.
+    """
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = partial(original, disable=True)
+    try:
+        yield
     finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
+        gguf_utils.tqdm = original
 
 
 def _apply_gguf_bos_flag(tokenizer, gguf: Path) -> None:
