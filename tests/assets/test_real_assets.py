@@ -49,23 +49,36 @@ def _greedy_reply(tokenizer, model, question: str, max_new_tokens: int) -> str:
 
 def test_smollm2_answers_a_factual_question_greedily():
     tokenizer, model = _load("smollm2-135m")
-    assert model.dtype.is_floating_point and getattr(model.config, "quantization_config", None) is None
+    assert (
+        model.dtype.is_floating_point and getattr(model.config, "quantization_config", None) is None
+    )
     assert model.config.vocab_size == 49_152 and model.config.num_hidden_layers == 30
-    reply = _greedy_reply(tokenizer, model, "What is the capital of France? Answer in one sentence.", 12)
+    reply = _greedy_reply(
+        tokenizer, model, "What is the capital of France? Answer in one sentence.", 12
+    )
     assert "Paris" in reply, reply
     # Greedy decoding is deterministic: a second run must give the same text.
-    assert _greedy_reply(tokenizer, model, "What is the capital of France? Answer in one sentence.", 12) == reply
+    assert (
+        _greedy_reply(
+            tokenizer, model, "What is the capital of France? Answer in one sentence.", 12
+        )
+        == reply
+    )
 
 
 def test_qwen_pair_shares_a_tokenizer_and_writes_code():
     if model_path("qwen2.5-coder-1.5b") is None:
-        pytest.skip("qwen2.5-coder-1.5b is not in the cache; run: sglang-hsd fetch qwen2.5-coder-1.5b")
+        pytest.skip(
+            "qwen2.5-coder-1.5b is not in the cache; run: sglang-hsd fetch qwen2.5-coder-1.5b"
+        )
     draft_tokenizer, draft = _load("qwen2.5-coder-0.5b")
     target_tokenizer = pytest.importorskip("transformers").AutoTokenizer.from_pretrained(
         model_path("qwen2.5-coder-1.5b")
     )
     assert draft_tokenizer.get_vocab() == target_tokenizer.get_vocab()
-    reply = _greedy_reply(draft_tokenizer, draft, "Write a Python function that adds two numbers.", 24)
+    reply = _greedy_reply(
+        draft_tokenizer, draft, "Write a Python function that adds two numbers.", 24
+    )
     assert "def " in reply, reply
 
 
@@ -96,4 +109,6 @@ def test_real_prompt_sets_parse(set_name):
     assert all(p.text.strip() for p in prompts)
     if set_name == "mtbench":
         assert len({p.category for p in prompts}) == 8
-    assert [p.id for p in load_prompts(set_name, limit=3, offline=True)] == [p.id for p in prompts[:3]]
+    assert [p.id for p in load_prompts(set_name, limit=3, offline=True)] == [
+        p.id for p in prompts[:3]
+    ]
