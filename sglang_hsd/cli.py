@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommands that live beside the code they drive: (module, function adding the subparser).
-_OPTIONAL_SUBCOMMANDS: list[tuple[str, str]] = []
+_OPTIONAL_SUBCOMMANDS: list[tuple[str, str]] = [
+    ("sglang_hsd.assets.cli", "add_fetch_parser"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
