@@ -151,11 +151,113 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
         begin += length
 
 
+def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc,
+                                           pool_len, topk, num_cols) -> None:
+    """``out_cache_loc[b*w:(b+1)*w] = req_to_token[req_pool_indices[b], seq_lens[b]:+w]``,
+    w = topk * num_cols (the draft steps' slots, reserved right after the prefix)."""
+    width = topk * num_cols
+    for b in range(seq_lens.shape[0]):
+        start = int(seq_lens[b])
+        out_cache_loc[b * width : (b + 1) * width] = req_to_token[
+            int(req_pool_indices[b]), start : start + width].to(out_cache_loc.dtype)
+
+
+def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                 out_cache_loc, pool_len) -> None:
+    """Gather ``req_to_token[req_pool_indices[b], start[b]:end[b]]`` for every b, concatenated
+    into ``out_cache_loc`` (the inverse of ``assign_req_to_token_pool_cpu``)."""
+    begin = 0
+    for b in range(start_offset.shape[0]):
+        start, end = int(start_offset[b]), int(end_offset[b])
+        out_cache_loc[begin : begin + end - start] = req_to_token[
+            int(req_pool_indices[b]), start:end].to(out_cache_loc.dtype)
+        begin += end - start
+
+
+def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride) -> None:
+    """``bonus_tokens[b] = accept_tokens.flat[accept_stride * b + accept_lens[b] - 1]``."""
+    flat = accept_tokens.reshape(-1)
+    index = torch.arange(accept_lens.shape[0]) * int(accept_stride) + accept_lens.long() - 1
+    bonus_tokens.copy_(flat[index].to(bonus_tokens.dtype))
+
+
+def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc) -> None:
+    """Compact the cache slots of accepted nodes: entries of ``accept_index`` != -1, in order."""
+    flat = accept_index.reshape(-1).long()
+    kept = flat[flat != -1]
+    accept_out_cache_loc[: kept.numel()] = out_cache_loc[kept].to(accept_out_cache_loc.dtype)
+
+
+def build_tree_kernel_efficient_cpu(parent_list, top_scores_index, seq_lens, tree_mask, positions,
+                                    retrive_index, retrive_next_token, retrive_next_sibling, topk,
+                                    spec_steps, num_verify_tokens, tree_mask_mode) -> None:
+    """``sgl_kernel.build_tree_kernel_efficient_cpu`` for topk = 1 (a chain: root + drafts).
+
+    Node j of request b is global index b*N + j, its position seq_lens[b] + j, its next token
+    j + 1 and it has no siblings. The tree mask is a causal chain: the full mask (N x (prefix+N)
+    per request, flattened) or the draft-only N x N mask, whichever size ``tree_mask`` has.
+    """
+    if topk != 1:
+        raise NotImplementedError("sglang-hsd's torch tree builder supports topk = 1 only")
+    bs, n = seq_lens.shape[0], int(num_verify_tokens)
+    slot = torch.arange(n)
+    positions.copy_((seq_lens.long().unsqueeze(1) + slot).reshape(-1).to(positions.dtype))
+    retrive_index.copy_((torch.arange(bs).unsqueeze(1) * n + slot).to(retrive_index.dtype))
+    nxt = torch.where(slot + 1 < n, slot + 1, -1).expand(bs, n)
+    retrive_next_token.copy_(nxt.to(retrive_next_token.dtype))
+    retrive_next_sibling.fill_(-1)
+    causal = slot.unsqueeze(0) <= slot.unsqueeze(1)  # [N, N]
+    if tree_mask.numel() == bs * n * n:
+        tree_mask.copy_(causal.expand(bs, n, n).reshape(tree_mask.shape).to(tree_mask.dtype))
+        return
+    total = int((seq_lens.long() * n + n * n).sum())
+    if tree_mask.numel() >= total:
+        begin = 0
+        for b in range(bs):
+            prefix = int(seq_lens[b])
+            rows = torch.cat([torch.ones(n, prefix, dtype=torch.bool), causal], dim=1)
+            tree_mask.view(-1)[begin : begin + rows.numel()] = rows.reshape(-1).to(tree_mask.dtype)
+            begin += rows.numel()
+        return
+    raise NotImplementedError(
+        f"sglang-hsd's torch tree builder: unexpected tree_mask size {tree_mask.numel()} "
+        f"(mode {tree_mask_mode})")
+
+
+def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                           retrive_next_token, retrive_next_sibling, target_predict) -> None:
+    """``sgl_kernel.verify_tree_greedy_cpu``: walk the tree from the root, following the child
+    whose token equals the target argmax at the current node (siblings in order)."""
+    bs = candidates.shape[0]
+    for b in range(bs):
+        cur, accepted = 0, 0
+        accept_index[b, 0] = retrive_index[b, 0]
+        while True:
+            child = int(retrive_next_token[b, cur])
+            want = int(target_predict[b, cur])
+            while child != -1 and int(candidates[b, child]) != want:
+                child = int(retrive_next_sibling[b, child])
+            if child == -1 or accepted + 1 >= accept_index.shape[1]:
+                break
+            predicts[int(retrive_index[b, cur])] = want
+            accepted += 1
+            accept_index[b, accepted] = retrive_index[b, child]
+            cur = child
+        predicts[int(retrive_index[b, cur])] = int(target_predict[b, cur])
+        accept_token_num[b] = accepted
+
+
 # Ops SGLang's CPU speculative path reaches in 0.5.23 (found by running the CPU server).
 SGL_KERNEL_CPU_OPS = {
     "copy_all_layer_kv_cache_cpu": copy_all_layer_kv_cache_cpu,
     "build_draft_decode_metadata_cpu": build_draft_decode_metadata_cpu,
     "assign_req_to_token_pool_cpu": assign_req_to_token_pool_cpu,
+    "assign_draft_cache_locs_contiguous_cpu": assign_draft_cache_locs_contiguous_cpu,
+    "assign_extend_cache_locs_cpu": assign_extend_cache_locs_cpu,
+    "fill_bonus_tokens_cpu": fill_bonus_tokens_cpu,
+    "fill_accept_out_cache_loc_cpu": fill_accept_out_cache_loc_cpu,
+    "build_tree_kernel_efficient_cpu": build_tree_kernel_efficient_cpu,
+    "verify_tree_greedy_cpu": verify_tree_greedy_cpu,
 }
 # Ops SGLang reaches as ``torch.ops.sgl_kernel.<name>`` (the intel_amx attention backend, the only
 # CPU backend SGLang's EAGLE draft path accepts).

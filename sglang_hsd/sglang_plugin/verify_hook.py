@@ -23,6 +23,7 @@ rank 0's tokens by construction. (TP cannot be run on this CPU-only machine.)
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
@@ -30,6 +31,7 @@ from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
 from sglang_hsd.verify.chain import verify_chain
 from sglang_hsd.verify.common import ChainUniforms
 
+logger = logging.getLogger(__name__)
 # Counters for tests and logs (per process).
 STATS = {"hsd_calls": 0, "fallback_calls": 0}
 
@@ -88,6 +90,9 @@ def make_hsd_chain_sampling(original, config_provider=PluginConfig.from_env):
             )
         STATS["hsd_calls"] += 1
         config = config_provider()
+        if STATS["hsd_calls"] == 1:
+            logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",
+                        config.verify_method)
         num_draft = candidates.shape[1] - 1
         result = verify_chain(
             candidates[:, 1:].to(torch.int64),
