@@ -1,0 +1,95 @@
+"""Start SGLang on CPU with the HSD plugin (tests, benchmarks), always cleaned up.
+
+The flags are the ones SGLang 0.5.23 needs on a CPU host without sgl_kernel / AMX:
+``--device cpu`` with ``SGLANG_USE_CPU_ENGINE=1``; prefill on ``torch_native``; target verify
+(``--speculative-attention-mode decode``), target decode and draft on ``intel_amx`` (the only CPU
+backend SGLang's EAGLE draft path accepts; ``cpu_shims`` supplies its ops in torch);
+``--max-total-tokens 8192`` (the CPU memory probe otherwise sizes the KV pool from host RAM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from sglang_hsd.sglang_plugin import BOOTSTRAP_DIR
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
+                       draft_path: str | None = None, num_steps: int | None = None,
+                       extra: list[str] | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
+           "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+           "--max-total-tokens", "8192", "--attention-backend", "torch_native",
+           "--max-running-requests", "8", "--random-seed", "0"]
+    if algorithm:
+        cmd += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft_path,
+                "--decode-attention-backend", "intel_amx", "--speculative-attention-mode",
+                "decode", "--speculative-draft-attention-backend", "intel_amx"]
+        if algorithm.upper() == "EAGLE3":  # sampled drafts with q for the built-in sampler too
+            cmd += ["--speculative-use-rejection-sampling", "--speculative-eagle-topk", "1"]
+        if num_steps:
+            cmd += ["--speculative-num-steps", str(num_steps)]
+            if algorithm.upper() == "EAGLE3":
+                cmd += ["--speculative-num-draft-tokens", str(num_steps + 1)]
+    return cmd + list(extra or [])
+
+
+def server_env(verify_method: str | None = None) -> dict:
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([package_root, BOOTSTRAP_DIR, *paths])
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    if verify_method:
+        env["SGLANG_HSD_VERIFY_METHOD"] = verify_method
+    return env
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before becoming healthy")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], env: dict, log_path: str, timeout: float = 240.0):
+    """Run ``cmd`` in its own process group; yield its base URL; kill the group on exit."""
+    port = cmd[cmd.index("--port") + 1]
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_healthy(url, proc, timeout)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)

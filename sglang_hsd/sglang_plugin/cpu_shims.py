@@ -1,0 +1,386 @@
+"""Stand-ins that let SGLang 0.5.23 run its speculative path on a CPU-only machine.
+
+Two things are missing on a CPU box without SGLang's CUDA dependencies:
+
+* ``torchvision``: the wheel SGLang pins is CUDA-only and absent here, yet
+  ``sglang.srt.multimodal.internvl_utils`` imports it at module level on the way to the scheduler.
+  ``install_torchvision_stub`` puts an import-only package in ``sys.modules`` whose attributes are
+  placeholders that raise when used (only multimodal models ever use them).
+* ``sgl_kernel``: SGLang's CPU path calls a few of its CPU ops. ``install_sgl_kernel_shim`` adds a
+  module whose ops are the plain-torch implementations below. SGLang imports its CPU ops at
+  module level long before calling them, so every other name imports too, as a function that
+  raises ``NotImplementedError`` naming the op when called.
+
+Nothing is installed when the real package imports. This module must not import SGLang: it runs
+before SGLang is imported (see ``_bootstrap/sitecustomize.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+import torch
+
+SHIM_MARKER = "__sglang_hsd_shim__"
+
+
+def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
+    """Torch version of ``sgl_kernel.copy_all_layer_kv_cache_cpu`` (SGLang's ``cache_move.py``).
+
+    The op works on raw buffers: for every layer buffer ``i`` (address ``data_ptrs[i]``, row size
+    ``strides[i]`` bytes), row ``tgt_loc[j]`` receives a copy of row ``src_loc[j]``. All sources
+    are read before any row is written, as the kernel does.
+
+    Args:
+        data_ptrs: uint64 [num_buffers] addresses of the per-layer KV buffers (CPU memory).
+        strides: int64 [num_buffers] bytes per slot row.
+        tgt_loc, src_loc: int [N] slot indices.
+    """
+    tgt = tgt_loc.to(torch.int64)
+    src = src_loc.to(torch.int64)
+    if tgt.numel() == 0:
+        return
+    num_rows = int(torch.maximum(tgt.max(), src.max())) + 1
+    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
+        raw = (ctypes.c_uint8 * (num_rows * int(stride))).from_address(int(ptr))
+        rows = torch.frombuffer(raw, dtype=torch.uint8).view(num_rows, int(stride))
+        rows[tgt] = rows[src].clone()
+
+
+def _attend(q, keys, values, sm_scale, logit_cap, causal_offset=None):
+    """softmax(q k^T * scale) v for one request. q [Tq, Hq, D], keys/values [Tk, Hkv, D*].
+
+    ``causal_offset``: query i sees keys j <= causal_offset + i (None: sees all)."""
+    group = q.shape[1] // keys.shape[1]
+    k = keys.float().repeat_interleave(group, dim=1)
+    v = values.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * sm_scale
+    if logit_cap and logit_cap > 0:
+        scores = logit_cap * torch.tanh(scores / logit_cap)
+    if causal_offset is not None:
+        qi = torch.arange(q.shape[0]).unsqueeze(1)
+        kj = torch.arange(keys.shape[0]).unsqueeze(0)
+        scores = scores.masked_fill((kj > causal_offset + qi).unsqueeze(0), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+
+
+def _check_plain_attention(is_cross, window, sinks, what):
+    if is_cross or (window is not None and window > 0) or sinks is not None:
+        raise NotImplementedError(
+            f"sglang-hsd's torch {what} supports plain causal self-attention only "
+            "(no cross attention, sliding window or sinks)"
+        )
+
+
+def decode_attention_cpu(q, k_buffer, v_buffer, k_scale, v_scale, o, k_new, v_new, loc,
+                         attn_logits, req_to_token, req_pool_indices, seq_lens, sm_scale,
+                         logit_cap, is_cross, window_plus_one, encoder_lens, sinks) -> None:
+    """Torch version of ``torch.ops.sgl_kernel.decode_attention_cpu`` (one new token per row).
+
+    Writes ``k_new``/``v_new`` [bs, Hkv, D] at slots ``loc`` [bs], then attends the row's first
+    ``seq_lens[b]`` slots ``req_to_token[req_pool_indices[b]]``; output into ``o`` [bs, Hq, Dv].
+    ``attn_logits`` (the kernel's split-K scratch) is unused.
+    """
+    _check_plain_attention(is_cross, window_plus_one - 1, sinks, "decode_attention_cpu")
+    if k_new is not None and v_new is not None:
+        k_buffer[loc.long()] = k_new.to(k_buffer.dtype).view(-1, *k_buffer.shape[1:])
+        v_buffer[loc.long()] = v_new.to(v_buffer.dtype).view(-1, *v_buffer.shape[1:])
+    for b in range(q.shape[0]):
+        slots = req_to_token[req_pool_indices[b], : int(seq_lens[b])].long()
+        keys = k_buffer[slots].float() * k_scale
+        values = v_buffer[slots].float() * v_scale
+        o[b] = _attend(q[b : b + 1], keys, values, sm_scale, logit_cap)[0].to(o.dtype)
+
+
+def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale,
+                         v_scale, req_to_token, req_pool_indices, seq_lens, extend_seq_lens,
+                         extend_start_loc, max_extend_len, sm_scale, logit_cap, is_cross,
+                         window_plus_one, encoder_lens, sinks, tree_mask, is_causal) -> None:
+    """Torch version of ``torch.ops.sgl_kernel.extend_attention_cpu``.
+
+    Request b has ``seq_lens[b]`` tokens of which the last ``extend_seq_lens[b]`` are new (rows
+    ``extend_start_loc[b]:`` of ``q_extend``/``k_extend``/``v_extend``); the prefix is read from
+    the cache through ``req_to_token``. New tokens attend causally. A tree mask (topk > 1 verify)
+    is not supported.
+    """
+    _check_plain_attention(is_cross, window_plus_one - 1, sinks, "extend_attention_cpu")
+    if tree_mask is not None and tree_mask.numel() > 0:
+        raise NotImplementedError("sglang-hsd's torch extend_attention_cpu has no tree mask")
+    for b in range(seq_lens.shape[0]):
+        start, length = int(extend_start_loc[b]), int(extend_seq_lens[b])
+        prefix = int(seq_lens[b]) - length
+        slots = req_to_token[req_pool_indices[b], :prefix].long()
+        keys = torch.cat([k_buffer[slots].float() * k_scale, k_extend[start : start + length].float()])
+        values = torch.cat([v_buffer[slots].float() * v_scale,
+                            v_extend[start : start + length].float()])
+        out = _attend(q_extend[start : start + length], keys, values, sm_scale, logit_cap,
+                      causal_offset=prefix if is_causal else None)
+        o_extend[start : start + length] = out.to(o_extend.dtype)
+
+
+def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, topk, num_steps,
+                                    pool_len):
+    """Torch version of ``sgl_kernel.build_draft_decode_metadata_cpu`` for topk = 1 chains.
+
+    With one draft branch the draft tokens sit in the request's own ``req_to_token`` row right
+    after the prefix, so the expanded table is the batch's rows. Returns int [bs, pool_len].
+    """
+    if topk != 1:
+        raise NotImplementedError("sglang-hsd's torch draft metadata supports topk = 1 only")
+    return req_to_token[req_pool_indices.long(), :pool_len].clone()
+
+
+def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                 out_cache_loc, pool_len) -> None:
+    """Torch version of ``sgl_kernel.assign_req_to_token_pool_cpu``.
+
+    For request b, ``req_to_token[req_pool_indices[b], start_offset[b]:end_offset[b]]`` receives
+    the next ``end_offset[b] - start_offset[b]`` entries of the flat ``out_cache_loc``.
+    """
+    lengths = (end_offset - start_offset).tolist()
+    begin = 0
+    for b, length in enumerate(lengths):
+        row, start = int(req_pool_indices[b]), int(start_offset[b])
+        req_to_token[row, start : start + length] = out_cache_loc[begin : begin + length].to(
+            req_to_token.dtype)
+        begin += length
+
+
+def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc,
+                                           pool_len, topk, num_cols) -> None:
+    """``out_cache_loc[b*w:(b+1)*w] = req_to_token[req_pool_indices[b], seq_lens[b]:+w]``,
+    w = topk * num_cols (the draft steps' slots, reserved right after the prefix)."""
+    width = topk * num_cols
+    for b in range(seq_lens.shape[0]):
+        start = int(seq_lens[b])
+        out_cache_loc[b * width : (b + 1) * width] = req_to_token[
+            int(req_pool_indices[b]), start : start + width].to(out_cache_loc.dtype)
+
+
+def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                 out_cache_loc, pool_len) -> None:
+    """Gather ``req_to_token[req_pool_indices[b], start[b]:end[b]]`` for every b, concatenated
+    into ``out_cache_loc`` (the inverse of ``assign_req_to_token_pool_cpu``)."""
+    begin = 0
+    for b in range(start_offset.shape[0]):
+        start, end = int(start_offset[b]), int(end_offset[b])
+        out_cache_loc[begin : begin + end - start] = req_to_token[
+            int(req_pool_indices[b]), start:end].to(out_cache_loc.dtype)
+        begin += end - start
+
+
+def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride) -> None:
+    """``bonus_tokens[b] = accept_tokens.flat[accept_stride * b + accept_lens[b] - 1]``."""
+    flat = accept_tokens.reshape(-1)
+    index = torch.arange(accept_lens.shape[0]) * int(accept_stride) + accept_lens.long() - 1
+    bonus_tokens.copy_(flat[index].to(bonus_tokens.dtype))
+
+
+def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc) -> None:
+    """Compact the cache slots of accepted nodes: entries of ``accept_index`` != -1, in order."""
+    flat = accept_index.reshape(-1).long()
+    kept = flat[flat != -1]
+    accept_out_cache_loc[: kept.numel()] = out_cache_loc[kept].to(accept_out_cache_loc.dtype)
+
+
+def build_tree_kernel_efficient_cpu(parent_list, top_scores_index, seq_lens, tree_mask, positions,
+                                    retrive_index, retrive_next_token, retrive_next_sibling, topk,
+                                    spec_steps, num_verify_tokens, tree_mask_mode) -> None:
+    """``sgl_kernel.build_tree_kernel_efficient_cpu`` for topk = 1 (a chain: root + drafts).
+
+    Node j of request b is global index b*N + j, its position seq_lens[b] + j, its next token
+    j + 1 and it has no siblings. The tree mask is a causal chain: the full mask (N x (prefix+N)
+    per request, flattened) or the draft-only N x N mask, whichever size ``tree_mask`` has.
+    """
+    if topk != 1:
+        raise NotImplementedError("sglang-hsd's torch tree builder supports topk = 1 only")
+    bs, n = seq_lens.shape[0], int(num_verify_tokens)
+    slot = torch.arange(n)
+    positions.copy_((seq_lens.long().unsqueeze(1) + slot).reshape(-1).to(positions.dtype))
+    retrive_index.copy_((torch.arange(bs).unsqueeze(1) * n + slot).to(retrive_index.dtype))
+    nxt = torch.where(slot + 1 < n, slot + 1, -1).expand(bs, n)
+    retrive_next_token.copy_(nxt.to(retrive_next_token.dtype))
+    retrive_next_sibling.fill_(-1)
+    causal = slot.unsqueeze(0) <= slot.unsqueeze(1)  # [N, N]
+    if tree_mask.numel() == bs * n * n:
+        tree_mask.copy_(causal.expand(bs, n, n).reshape(tree_mask.shape).to(tree_mask.dtype))
+        return
+    total = int((seq_lens.long() * n + n * n).sum())
+    if tree_mask.numel() >= total:
+        begin = 0
+        for b in range(bs):
+            prefix = int(seq_lens[b])
+            rows = torch.cat([torch.ones(n, prefix, dtype=torch.bool), causal], dim=1)
+            tree_mask.view(-1)[begin : begin + rows.numel()] = rows.reshape(-1).to(tree_mask.dtype)
+            begin += rows.numel()
+        return
+    raise NotImplementedError(
+        f"sglang-hsd's torch tree builder: unexpected tree_mask size {tree_mask.numel()} "
+        f"(mode {tree_mask_mode})")
+
+
+def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                           retrive_next_token, retrive_next_sibling, target_predict) -> None:
+    """``sgl_kernel.verify_tree_greedy_cpu``: walk the tree from the root, following the child
+    whose token equals the target argmax at the current node (siblings in order)."""
+    bs = candidates.shape[0]
+    for b in range(bs):
+        cur, accepted = 0, 0
+        accept_index[b, 0] = retrive_index[b, 0]
+        while True:
+            child = int(retrive_next_token[b, cur])
+            want = int(target_predict[b, cur])
+            while child != -1 and int(candidates[b, child]) != want:
+                child = int(retrive_next_sibling[b, child])
+            if child == -1 or accepted + 1 >= accept_index.shape[1]:
+                break
+            predicts[int(retrive_index[b, cur])] = want
+            accepted += 1
+            accept_index[b, accepted] = retrive_index[b, child]
+            cur = child
+        predicts[int(retrive_index[b, cur])] = int(target_predict[b, cur])
+        accept_token_num[b] = accepted
+
+
+# Ops SGLang's CPU speculative path reaches in 0.5.23 (found by running the CPU server).
+SGL_KERNEL_CPU_OPS = {
+    "copy_all_layer_kv_cache_cpu": copy_all_layer_kv_cache_cpu,
+    "build_draft_decode_metadata_cpu": build_draft_decode_metadata_cpu,
+    "assign_req_to_token_pool_cpu": assign_req_to_token_pool_cpu,
+    "assign_draft_cache_locs_contiguous_cpu": assign_draft_cache_locs_contiguous_cpu,
+    "assign_extend_cache_locs_cpu": assign_extend_cache_locs_cpu,
+    "fill_bonus_tokens_cpu": fill_bonus_tokens_cpu,
+    "fill_accept_out_cache_loc_cpu": fill_accept_out_cache_loc_cpu,
+    "build_tree_kernel_efficient_cpu": build_tree_kernel_efficient_cpu,
+    "verify_tree_greedy_cpu": verify_tree_greedy_cpu,
+}
+# Ops SGLang reaches as ``torch.ops.sgl_kernel.<name>`` (the intel_amx attention backend, the only
+# CPU backend SGLang's EAGLE draft path accepts).
+SGL_KERNEL_TORCH_OPS = {
+    "decode_attention_cpu": decode_attention_cpu,
+    "extend_attention_cpu": extend_attention_cpu,
+}
+
+
+class _Placeholder:
+    """Any torchvision object: importable, fails loudly when used."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{self._name} comes from sglang-hsd's torchvision import stub (torchvision is not "
+            "installed); install a CPU torchvision to use multimodal models"
+        )
+
+    def __getattr__(self, item: str):
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return _Placeholder(f"{self._name}.{item}")
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, item: str):
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return _Placeholder(f"{self.__name__}.{item}")
+
+
+class _TorchvisionStubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``torchvision`` and every ``torchvision.*`` submodule as a stub package."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torchvision" or fullname.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        module.__version__ = "0.0.0+sglang-hsd-stub"
+        setattr(module, SHIM_MARKER, True)
+        return module
+
+    def exec_module(self, module):
+        return None
+
+
+def torchvision_works() -> bool:
+    """True when a real torchvision imports (a broken CUDA wheel counts as absent)."""
+    if "torchvision" in sys.modules:
+        return not getattr(sys.modules["torchvision"], SHIM_MARKER, False)
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        sys.modules.pop("torchvision", None)
+        return False
+    return True
+
+
+def install_torchvision_stub() -> bool:
+    """Install the stub unless a working torchvision exists. Returns True if installed."""
+    if torchvision_works():
+        return False
+    if not any(isinstance(f, _TorchvisionStubFinder) for f in sys.meta_path):
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.meta_path.insert(0, _TorchvisionStubFinder())
+    return True
+
+
+def _missing_op(name: str):
+    def op(*args, **kwargs):
+        raise NotImplementedError(
+            f"sgl_kernel.{name} was called, but sgl_kernel is not installed and sglang-hsd's CPU "
+            f"shim only implements {sorted(SGL_KERNEL_CPU_OPS)}; add a torch version to "
+            "sglang_hsd/sglang_plugin/cpu_shims.py"
+        )
+
+    op.__name__ = name
+    setattr(op, SHIM_MARKER, True)
+    return op
+
+
+def _sgl_kernel_getattr(name: str):
+    # SGLang imports CPU ops at module level (``if _is_cpu: from sgl_kernel import x``) long
+    # before it calls them, so every name must import; only calling an unimplemented one fails.
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _missing_op(name)
+
+
+def install_sgl_kernel_shim() -> bool:
+    """Install the torch ``sgl_kernel`` shim unless the real package is present."""
+    existing = sys.modules.get("sgl_kernel")
+    if existing is not None:
+        return bool(getattr(existing, SHIM_MARKER, False))
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        return False
+    module = types.ModuleType("sgl_kernel")
+    module.__doc__ = "sglang-hsd CPU shim for sgl_kernel (torch implementations)."
+    module.__version__ = "0.0.0+sglang-hsd-shim"
+    setattr(module, SHIM_MARKER, True)
+    module.__dict__.update(SGL_KERNEL_CPU_OPS)
+    module.__getattr__ = _sgl_kernel_getattr
+    sys.modules["sgl_kernel"] = module
+    # torch.ops.sgl_kernel is a plain namespace object that caches looked-up ops as attributes;
+    # setting ours there serves ``torch.ops.sgl_kernel.<name>`` without a compiled library.
+    for name, fn in SGL_KERNEL_TORCH_OPS.items():
+        setattr(torch.ops.sgl_kernel, name, fn)
+    return True
+
+
+def install_cpu_shims() -> dict:
+    """Install both stand-ins where needed; returns which ones were installed."""
+    return {
+        "torchvision": install_torchvision_stub(),
+        "sgl_kernel": install_sgl_kernel_shim(),
+    }

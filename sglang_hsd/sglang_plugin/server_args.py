@@ -1,0 +1,111 @@
+"""Server-argument resolution and validation for ``--speculative-algorithm HSD``.
+
+SGLang calls ``HSDSpecAlgo.handle_server_args`` (through ``record_foreign_defaults``, which hands a
+recorder: reads see the resolving view, writes become declared resolutions) and then
+``validate_server_args``. We do not reuse SGLang's ``_handle_eagle_family``: it compares the
+algorithm *name* against ("EAGLE", "EAGLE3") and refuses rejection sampling for anything else.
+What it does that matters for a topk=1 EAGLE-3 chain is repeated here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_hsd.sglang_plugin.config import DEFAULT_NUM_STEPS, DEFAULT_TOPK
+
+logger = logging.getLogger(__name__)
+
+
+class HSDServerArgsError(ValueError):
+    """An option combination the HSD algorithm cannot serve; the message says what to change."""
+
+
+def tree_verifier_available() -> bool:
+    """Whether a lossless tree verifier ships with this build (topk > 1). Not yet."""
+    try:
+        from sglang_hsd.verify import tree  # noqa: F401
+    except ImportError:
+        return False
+    return False  # the tree verifier is not wired into the server path yet
+
+
+def resolve_hsd_server_args(args) -> None:
+    """Fill defaults in place. ``args`` is a ServerArgs or SGLang's write recorder."""
+    if args.max_running_requests is None:
+        args.max_running_requests = 48
+    if args.device == "cpu" and not args.disable_overlap_schedule:
+        logger.warning("HSD: overlap scheduling is not implemented on CPU; disabling it.")
+        args.disable_overlap_schedule = True
+    if args.enable_mixed_chunk:
+        args.enable_mixed_chunk = False
+    if args.speculative_num_steps is None:
+        if args.speculative_eagle_topk not in (None, 1) or args.speculative_num_draft_tokens:
+            raise HSDServerArgsError(
+                "--speculative-algorithm HSD: give --speculative-num-steps too when setting "
+                "--speculative-eagle-topk or --speculative-num-draft-tokens"
+            )
+        args.speculative_num_steps = DEFAULT_NUM_STEPS
+    if args.speculative_eagle_topk is None:
+        args.speculative_eagle_topk = DEFAULT_TOPK
+    if args.speculative_eagle_topk == 1:
+        args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+    # Drafts must be *sampled* and carry their full q: this is SGLang's rejection-sampling
+    # plumbing (EagleDraftWorker samples via sample_draft_proposal and keeps draft_probs).
+    if not args.speculative_use_rejection_sampling:
+        args.speculative_use_rejection_sampling = True
+    validate_hsd_server_args(args)
+
+
+def validate_hsd_server_args(args) -> None:
+    """Refuse unsupported combinations with a message naming the option to change."""
+    problems = []
+    topk = args.speculative_eagle_topk
+    if topk not in (None, 1) and not tree_verifier_available():
+        problems.append(
+            f"--speculative-eagle-topk {topk}: HSD verifies chains only (no lossless tree "
+            "verifier is wired in yet); use --speculative-eagle-topk 1"
+        )
+    steps = args.speculative_num_steps
+    if steps is not None and steps < 1:
+        problems.append(f"--speculative-num-steps {steps}: must be >= 1")
+    if (topk in (None, 1) and steps is not None and args.speculative_num_draft_tokens
+            not in (None, steps + 1)):
+        problems.append(
+            f"--speculative-num-draft-tokens {args.speculative_num_draft_tokens}: a chain of "
+            f"{steps} steps verifies {steps + 1} tokens; drop the flag or set it to {steps + 1}"
+        )
+    if args.speculative_draft_model_path is None:
+        problems.append("--speculative-draft-model-path: HSD needs an EAGLE-3 draft head")
+    if (args.speculative_accept_threshold_single != 1.0
+            or args.speculative_accept_threshold_acc != 1.0):
+        problems.append(
+            "--speculative-accept-threshold-single/-acc: thresholds make verification lossy; "
+            "remove them"
+        )
+    if args.speculative_use_block_verification:
+        problems.append(
+            "--speculative-use-block-verification: HSD replaces SGLang's chain sampler; choose "
+            "the verifier with --hsd-verify-method {hsd,tokenwise} instead"
+        )
+    if getattr(args, "speculative_adaptive", False):
+        problems.append("--speculative-adaptive: not supported with HSD; remove it")
+    if getattr(args, "enable_multi_layer_eagle", False):
+        problems.append("--enable-multi-layer-eagle: not supported with HSD; remove it")
+    if getattr(args, "enable_deterministic_inference", False) and args.device != "cuda":
+        problems.append(
+            "--enable-deterministic-inference: SGLang's seeded draft sampling needs CUDA; remove "
+            "it on this device"
+        )
+    if getattr(args, "enable_unified_memory", False):
+        problems.append("--enable-unified-memory: not supported with HSD; remove it")
+    if getattr(args, "enable_watermark", False):
+        problems.append("--enable-watermark: incompatible with sampled drafts; remove it")
+    if getattr(args, "pp_size", 1) > 1:
+        problems.append("--pp-size > 1: not supported with HSD; use tensor parallelism")
+    if getattr(args, "disaggregation_mode", "null") not in ("null", None):
+        problems.append("--disaggregation-mode: not supported with HSD; remove it")
+    if problems:
+        raise HSDServerArgsError(
+            "--speculative-algorithm HSD cannot run with these options:\n  - "
+            + "\n  - ".join(problems)
+        )

@@ -1,0 +1,108 @@
+"""Signature checks for every SGLang symbol the plugin subclasses, wraps or replaces.
+
+The plugin is written against SGLang 0.5.23. Before touching a symbol it compares the symbol's
+parameters (names and kinds) with the ones recorded here and refuses with ``SGLangSignatureError``
+naming the symbol, the expected and the found signature. A silent drift would otherwise surface
+as a wrong keyword deep inside a scheduler process, or worse, as a verifier that never runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+# Expected parameter lists, written the way ``inspect.signature`` prints them.
+EXPECTED_SIGNATURES: dict[str, str] = {
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register":
+        "(name, *, supports_overlap=False, validate_server_args=None, spec_class=CustomSpecAlgo)",
+    "sglang.srt.speculative.spec_registry.CustomSpecAlgo.__init__":
+        "(self, name, factory, *, supports_overlap=False, validate_server_args=None)",
+    "sglang.srt.speculative.spec_registry.CustomSpecAlgo.handle_server_args":
+        "(self, server_args)",
+    "sglang.srt.speculative.spec_registry.CustomSpecAlgo.create_worker":
+        "(self, server_args)",
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_future_map":
+        "(self, device, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)",
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.build_disagg_draft_input":
+        "(self, batch, last_tokens_tensor, future_map)",
+    "sglang.srt.speculative.eagle_utils.chain_speculative_sampling_triton":
+        "(predicts, accept_index, accept_token_num, candidates, retrive_index, "
+        "retrive_next_token, retrive_next_sibling, uniform_samples, "
+        "uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single, "
+        "threshold_acc, deterministic, *, block_verification=False)",
+    "sglang.srt.speculative.eagle_utils._verify_uses_greedy":
+        "(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling)",
+    "sglang.srt.speculative.eagle_utils.eagle_sample":
+        "(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *, "
+        "watermark_state=None, watermark_full_mask=True)",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.__init__":
+        "(self, server_args, gpu_id, nccl_port, target_worker)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.alloc_memory_pool":
+        "(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward":
+        "(self, forward_batch)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_cuda_graphs":
+        "(self)",
+    "sglang.srt.speculative.spec_utils.row_argmax": "(x)",
+    "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",
+}
+
+
+class SGLangSignatureError(RuntimeError):
+    """An SGLang symbol the plugin relies on changed shape."""
+
+
+def resolve_symbol(path: str):
+    """Import ``a.b.module.Class.attr`` and return the object (functions unwrapped)."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(path)
+
+
+def _shape(sig: inspect.Signature) -> list[tuple[str, str]]:
+    return [(p.name, p.kind.name) for p in sig.parameters.values()]
+
+
+def _parse_expected(expected: str) -> list[tuple[str, str]]:
+    # Evaluate the recorded text as a real signature; defaults are irrelevant, keep names/kinds.
+    params = expected.strip()[1:-1]
+    cleaned = []
+    for chunk in [c.strip() for c in params.split(",") if c.strip()]:
+        cleaned.append(chunk.split("=")[0].strip())
+    namespace: dict = {}
+    exec(f"def _f({', '.join(cleaned)}): pass", namespace)  # noqa: S102 - constant text above
+    return _shape(inspect.signature(namespace["_f"]))
+
+
+def check_signature(path: str, obj=None, expected: str | None = None) -> None:
+    """Raise ``SGLangSignatureError`` unless ``path`` has the recorded parameter names/kinds."""
+    expected = expected or EXPECTED_SIGNATURES[path]
+    if obj is None:
+        try:
+            obj = resolve_symbol(path)
+        except (ImportError, AttributeError) as exc:
+            raise SGLangSignatureError(
+                f"sglang-hsd needs SGLang symbol {path} with signature {expected}, but it does "
+                f"not exist in the installed SGLang ({exc!r}). sglang-hsd supports sglang==0.5.23."
+            ) from exc
+    obj = inspect.unwrap(getattr(obj, "__sglang_hsd_original__", obj))
+    found = inspect.signature(obj)
+    if _shape(found) != _parse_expected(expected):
+        raise SGLangSignatureError(
+            f"SGLang symbol {path} changed: sglang-hsd expects {path.rsplit('.', 1)[-1]}"
+            f"{expected} but found {found}. The HSD plugin refuses to patch it; "
+            "use sglang==0.5.23 or update sglang_hsd/sglang_plugin for this version."
+        )
+
+
+def check_all_signatures(paths=None) -> None:
+    """Check every recorded symbol (or ``paths``); collects nothing, fails on the first drift."""
+    for path in paths or EXPECTED_SIGNATURES:
+        check_signature(path)

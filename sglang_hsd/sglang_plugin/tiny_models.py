@@ -1,0 +1,70 @@
+"""Tiny random Llama targets with a self-made tokenizer, for tests that launch SGLang on CPU.
+
+No model hub is reachable from CI, so the tokenizer is a byte-level BPE trained in a second on a
+fixed built-in text; it has a chat template so ``/v1/chat/completions`` works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens with a small "
+    "model and verifies them with a large one. A lossless verifier keeps the output distribution "
+    "of the target model. Hello world, how are you today? I am fine, thank you. Once upon a time "
+    "there was a little robot who liked to count: one, two, three, four, five, six, seven. "
+    "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n"
+)
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|eos|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def build_tiny_tokenizer(directory: str, vocab_size: int = 512) -> None:
+    """Train and save a byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(directory)
+
+
+def build_tiny_llama(directory: str, vocab_size: int = 512, hidden_size: int = 64,
+                     num_layers: int = 4, seed: int = 0, init_std: float = 0.02):
+    """Save a random ``LlamaForCausalLM`` plus tokenizer to ``directory``; returns its config.
+
+    The config's ``vocab_size`` equals the tokenizer length rounded up, so every id is valid.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    os.makedirs(directory, exist_ok=True)
+    build_tiny_tokenizer(directory, vocab_size)
+    with open(os.path.join(directory, "tokenizer.json")) as f:
+        n_tokens = len(json.load(f)["model"]["vocab"])
+    config = LlamaConfig(
+        vocab_size=max(vocab_size, n_tokens), hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size, num_hidden_layers=num_layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        initializer_range=init_std, torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).float()
+    model.save_pretrained(directory)
+    return config

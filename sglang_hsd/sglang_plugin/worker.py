@@ -1,0 +1,107 @@
+"""The HSD speculative worker: SGLang's EAGLE-3 V2 worker with full-vocabulary draft q.
+
+EAGLE-3 heads usually predict over a reduced draft vocabulary. SGLang samples the draft from
+q = softmax(draft_logits / T) over that vocabulary and maps each sampled draft id to a target id
+with the head's ``d2t`` offsets (``hot_token_id = arange(Vd) + d2t``), but it refuses rejection
+sampling in that case (``EagleDraftWorker.alloc_memory_pool``, upstream FIXME) because q has the
+wrong width for the verifier. ``HSDDraftWorker`` lifts the refusal and scatters q into the target
+vocabulary (``scatter_draft_probs``) before verification; target ids outside the draft vocabulary
+get q = 0, which is exactly the distribution the mapped draft token was drawn from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def scatter_draft_probs(draft_probs: torch.Tensor, hot_token_id: torch.Tensor,
+                        target_vocab_size: int) -> torch.Tensor:
+    """Scatter q from the draft vocabulary into the target vocabulary.
+
+    Args:
+        draft_probs: float [..., Vd], rows of q over draft ids.
+        hot_token_id: int [Vd], target id of each draft id (draft_id + d2t[draft_id]); distinct.
+        target_vocab_size: Vt >= Vd.
+    Returns:
+        float [..., Vt] with ``out[..., hot_token_id[d]] = draft_probs[..., d]`` and 0 elsewhere.
+    """
+    if draft_probs.shape[-1] == target_vocab_size:
+        return draft_probs
+    out = draft_probs.new_zeros(*draft_probs.shape[:-1], target_vocab_size)
+    index = hot_token_id.to(device=draft_probs.device, dtype=torch.int64)
+    return out.index_copy_(-1, index, draft_probs)
+
+
+def build_worker_classes():
+    """Create the worker classes (SGLang is imported here, lazily)."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
+
+    class HSDDraftWorker(EagleDraftWorker):
+        """``EagleDraftWorker`` whose draft q always has the target vocabulary's width.
+
+        Instances are not constructed directly: ``HSDWorker`` re-classes the draft worker that
+        ``EAGLEWorkerV2.__init__`` builds, so no SGLang constructor code is copied.
+        """
+
+        def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
+                              token_to_kv_pool_allocator=None):
+            # Same steps as EagleDraftWorker.alloc_memory_pool without the reduced-vocabulary
+            # refusal; q is scattered to the target vocabulary in draft_forward instead.
+            self.req_to_token_pool = req_to_token_pool
+            self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+            self.draft_worker.alloc_memory_pool(
+                memory_pool_config=memory_pool_config,
+                req_to_token_pool=req_to_token_pool,
+                token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+            )
+            self.init_token_map()
+            self.init_lm_head()
+            self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
+            draft_vocab = (self.hot_token_id.shape[0] if self.hot_token_id is not None
+                           else self.hsd_target_vocab_size)
+            if draft_vocab > self.hsd_target_vocab_size:
+                raise ValueError(
+                    f"HSD: draft vocabulary ({draft_vocab}) is larger than the target's "
+                    f"({self.hsd_target_vocab_size}); the EAGLE-3 head does not match the target"
+                )
+
+        def _hsd_full_vocab(self, draft_probs):
+            if draft_probs is None or self.hot_token_id is None:
+                return draft_probs
+            return scatter_draft_probs(draft_probs, self.hot_token_id, self.hsd_target_vocab_size)
+
+        def draft_forward(self, forward_batch):
+            parents, scores_index, draft_tokens, draft_probs = super().draft_forward(forward_batch)
+            return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)
+
+        def init_cuda_graphs(self):
+            super().init_cuda_graphs()
+            runner = getattr(self, "cuda_graph_runner", None)
+            if runner is not None:  # the graph path returns q from the captured draft_forward
+                execute = runner.execute
+
+                def execute_full_vocab(forward_batch, *args, **kwargs):
+                    out = execute(forward_batch, *args, **kwargs)
+                    return (*out[:3], self._hsd_full_vocab(out[3]))
+
+                runner.execute = execute_full_vocab
+
+    class HSDWorker(EAGLEWorkerV2):
+        """EAGLE-3 V2 worker for ``--speculative-algorithm HSD`` (verification: verify_hook)."""
+
+        def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
+            draft = getattr(self, "_draft_worker", "missing")
+            if draft == "missing":
+                raise RuntimeError(
+                    "HSD: EAGLEWorkerV2 no longer keeps its draft worker in `_draft_worker`; "
+                    "sglang-hsd supports sglang==0.5.23"
+                )
+            if draft is not None:  # None on non-last pipeline stages
+                if type(draft) is not EagleDraftWorker:
+                    raise RuntimeError(
+                        f"HSD: expected an EagleDraftWorker, got {type(draft).__name__}"
+                    )
+                draft.__class__ = HSDDraftWorker
+
+    return HSDWorker, HSDDraftWorker

@@ -1,0 +1,238 @@
+"""Plugin registration, server-arg resolution, signature refusal and the verify entry point.
+
+Regimes: the real entry-point load (``load_plugins``), SGLang's own verify function
+``eagle_utils.eagle_sample`` driven with CPU tensors (sampled batch -> our verifier, all-greedy
+batch -> SGLang's argmax path), a drifted SGLang signature, a reduced draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.sglang
+
+from sglang_hsd.sglang_plugin import verify_hook  # noqa: E402
+from sglang_hsd.verify.chain import verify_chain  # noqa: E402
+from sglang_hsd.verify.common import ChainUniforms  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plugin_loaded():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # the installed entry point imports sglang_hsd.sglang_plugin:register
+    import sglang_hsd.sglang_plugin as plugin
+
+    assert plugin._REGISTERED, "the sglang.srt.plugins entry point did not run register()"
+    return plugin
+
+
+def test_entry_point_registers_hsd_as_eagle3_family(plugin_loaded):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string("hsd")
+    assert algo.name == "HSD" and algo.is_eagle() and algo.is_eagle3()
+    assert algo.carries_draft_hidden_states() and algo.need_topk()
+    assert algo.get_platform_worker_cls() is None
+    for name in plugin_loaded.DUCK_TYPED_METHODS:
+        assert callable(getattr(algo, name)), name
+    plugin_loaded.register()  # idempotent
+    assert SpeculativeAlgorithm.from_string("HSD") is algo
+
+
+def _args(**overrides):
+    base = dict(
+        max_running_requests=None, device="cpu", disable_overlap_schedule=False,
+        enable_mixed_chunk=True, speculative_num_steps=None, speculative_eagle_topk=None,
+        speculative_num_draft_tokens=None, speculative_use_rejection_sampling=False,
+        speculative_draft_model_path="/head", speculative_accept_threshold_single=1.0,
+        speculative_accept_threshold_acc=1.0, speculative_use_block_verification=False,
+        speculative_adaptive=False, enable_multi_layer_eagle=False,
+        enable_deterministic_inference=False, enable_unified_memory=False,
+        enable_watermark=False, pp_size=1, disaggregation_mode="null",
+    )
+    base.update(overrides)
+    return types.SimpleNamespace(**base)
+
+
+def test_server_args_defaults_turn_on_sampled_chain_drafting(plugin_loaded):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    args = _args()
+    SpeculativeAlgorithm.from_string("HSD").handle_server_args(args)
+    assert (args.speculative_num_steps, args.speculative_eagle_topk,
+            args.speculative_num_draft_tokens) == (4, 1, 5)
+    assert args.speculative_use_rejection_sampling is True
+    assert args.disable_overlap_schedule is True and args.enable_mixed_chunk is False
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (dict(speculative_num_steps=3, speculative_eagle_topk=4), "--speculative-eagle-topk 1"),
+    (dict(speculative_accept_threshold_single=0.5), "remove them"),
+    (dict(speculative_use_block_verification=True), "--hsd-verify-method"),
+    (dict(speculative_draft_model_path=None), "EAGLE-3 draft head"),
+])
+def test_server_args_refuse_unsupported_combinations(plugin_loaded, overrides, says):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
+
+    algo = SpeculativeAlgorithm.from_string("HSD")
+    with pytest.raises(HSDServerArgsError, match="HSD") as err:
+        algo.validate_server_args(_args(**overrides))
+    assert says in str(err.value)
+
+
+def test_cli_flag_sets_verify_method(plugin_loaded, monkeypatch):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.delenv("SGLANG_HSD_VERIFY_METHOD", raising=False)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "x", "--hsd-verify-method", "tokenwise"])
+    assert not hasattr(ns, "hsd_verify_method")  # never reaches the ServerArgs dataclass
+    import os
+
+    assert os.environ["SGLANG_HSD_VERIFY_METHOD"] == "tokenwise"
+
+
+def test_plugin_refuses_drifted_signature(plugin_loaded, monkeypatch):
+    from sglang.srt.speculative import eagle_utils
+
+    from sglang_hsd.sglang_plugin.signatures import SGLangSignatureError, check_signature
+
+    def fake_verify_uses_greedy(*, is_all_greedy, is_cpu):  # SGLang changed its parameters
+        return is_all_greedy
+
+    monkeypatch.setattr(eagle_utils, "_verify_uses_greedy", fake_verify_uses_greedy)
+    monkeypatch.setattr(plugin_loaded, "_REGISTERED", False)
+    with pytest.raises(SGLangSignatureError) as err:
+        plugin_loaded.register()
+    message = str(err.value)
+    assert "sglang.srt.speculative.eagle_utils._verify_uses_greedy" in message
+    assert "use_rejection_sampling" in message  # the expected signature
+    assert "(*, is_all_greedy, is_cpu)" in message  # the one found
+    with pytest.raises(SGLangSignatureError, match="does not exist"):
+        check_signature("sglang.srt.speculative.eagle_utils.no_such_symbol",
+                        expected="(x)")
+
+
+# --- SGLang's own verify entry point (eagle_utils.eagle_sample) on CPU tensors --------------
+
+def _fake_sglang_state(monkeypatch, algorithm="HSD"):
+    from sglang.srt import runtime_context
+    from sglang.srt.layers import dp_attention
+    from sglang.srt.speculative import eagle_utils
+
+    spec = types.SimpleNamespace(
+        speculative_algorithm=algorithm, speculative_use_rejection_sampling=True,
+        speculative_use_block_verification=False, speculative_accept_threshold_single=1.0,
+        speculative_accept_threshold_acc=1.0,
+    )
+    parallel = types.SimpleNamespace(tp_group=types.SimpleNamespace(world_size=1),
+                                     attn_tp_group=types.SimpleNamespace(world_size=1))
+    monkeypatch.setattr(eagle_utils, "get_spec", lambda: spec)
+    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: parallel)
+    monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: False)
+
+
+def _chain_batch(bs, num_steps, vocab, all_greedy, seed):
+    gen = torch.Generator().manual_seed(seed)
+    n = num_steps + 1
+    q = torch.softmax(torch.randn(bs, num_steps, vocab, generator=gen) * 2, -1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(bs, num_steps)
+    root = torch.randint(vocab, (bs, 1), generator=gen)
+    verify_input = types.SimpleNamespace(
+        draft_token=torch.cat([root, drafts], 1).reshape(-1),
+        draft_token_num=n, max_tree_depth=n, tree_topk=1, draft_probs=q,
+        retrieve_index=torch.arange(bs * n).reshape(bs, n),
+        retrieve_next_token=torch.where(torch.arange(n) + 1 < n, torch.arange(n) + 1, -1)
+        .expand(bs, n).contiguous(),
+        retrieve_next_sibling=torch.full((bs, n), -1), custom_mask=None, positions=None,
+    )
+    sampling_info = types.SimpleNamespace(
+        is_all_greedy=all_greedy, acc_additive_penalties=None, acc_scaling_penalties=None,
+        logit_bias=None, temperatures=torch.ones(bs, 1), need_top_k_sampling=False,
+        need_top_p_sampling=False, sampling_seed=None, has_watermark_candidates=False,
+    )
+    batch = types.SimpleNamespace(
+        device="cpu", seq_lens=torch.full((bs,), 7), sampling_info=sampling_info,
+        forward_mode=types.SimpleNamespace(is_idle=lambda: False), return_logprob=False,
+    )
+    logits = types.SimpleNamespace(next_token_logits=torch.randn(bs * n, vocab, generator=gen))
+    return verify_input, batch, logits
+
+
+@pytest.mark.parametrize("method", ["hsd", "tokenwise"])
+def test_eagle_sample_runs_our_verifier(plugin_loaded, monkeypatch, method):
+    from sglang.srt.speculative import eagle_utils
+
+    _fake_sglang_state(monkeypatch)
+    monkeypatch.setenv("SGLANG_HSD_VERIFY_METHOD", method)
+    bs, steps, vocab = 6, 3, 11
+    verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=False, seed=1)
+    target_probs = torch.softmax(logits.next_token_logits, -1).reshape(bs, steps + 1, vocab)
+    before = verify_hook.STATS["hsd_calls"]
+
+    torch.manual_seed(123)  # eagle_sample draws its coins with torch.rand
+    predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
+    assert verify_hook.STATS["hsd_calls"] == before + 1
+
+    torch.manual_seed(123)
+    coins = torch.rand(bs, steps + 1)
+    final = torch.rand(bs)
+    candidates = verify_input.draft_token.reshape(bs, steps + 1)
+    direct = verify_chain(candidates[:, 1:], verify_input.draft_probs, target_probs, method,
+                          uniforms=ChainUniforms(accept=coins[:, :steps], sample=final))
+    assert torch.equal(accept_lens.long(), direct.num_accepted + 1)
+    for b in range(bs):
+        n = int(direct.num_accepted[b])
+        rows = accept_index[b, : n + 1].long()
+        assert torch.equal(rows, torch.arange(n + 1) + b * (steps + 1))
+        assert torch.equal(predict[rows].long(), direct.tokens[b, : n + 1])
+        assert (accept_index[b, n + 1:] == -1).all()
+
+
+def test_all_greedy_batch_takes_sglang_argmax_path(plugin_loaded, monkeypatch):
+    from sglang.srt.speculative import eagle_utils
+
+    _fake_sglang_state(monkeypatch)
+    bs, steps, vocab = 4, 3, 9
+    verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=True, seed=2)
+    argmax = logits.next_token_logits.argmax(-1).reshape(bs, steps + 1)
+    # Make request 0 match the target argmax on its first two drafts.
+    tokens = verify_input.draft_token.reshape(bs, steps + 1)
+    tokens[0, 1:3] = argmax[0, :2]
+    before = verify_hook.STATS["hsd_calls"]
+    predict, accept_lens, _ = eagle_utils.eagle_sample(verify_input, batch, logits)
+    assert verify_hook.STATS["hsd_calls"] == before
+    assert int(accept_lens[0]) >= 3
+    assert int(predict[2]) == int(argmax[0, 2])
+
+
+def test_other_algorithms_keep_sglang_sampler(plugin_loaded, monkeypatch):
+    from sglang.srt.speculative import eagle_utils
+
+    _fake_sglang_state(monkeypatch, algorithm="EAGLE3")
+    assert verify_hook.hsd_is_active() is False
+    assert eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False,
+                                           is_xpu=False, use_rejection_sampling=True) is True
+
+
+def test_scatter_draft_probs_to_target_vocab():
+    from sglang_hsd.sglang_plugin.worker import scatter_draft_probs
+
+    q = torch.softmax(torch.randn(2, 3, 4), -1)
+    hot = torch.tensor([0, 2, 5, 7])  # d2t = [0, 1, 3, 4]
+    full = scatter_draft_probs(q, hot, 9)
+    assert full.shape == (2, 3, 9)
+    assert torch.equal(full[..., hot], q)
+    assert full.sum(-1).sub(1).abs().max() < 1e-6
+    assert (full[..., [1, 3, 4, 6, 8]] == 0).all()
