@@ -20,15 +20,18 @@ dependent p, q and find TV < 1e-12 to the target; the q update must match the dr
 same tests show the mismatched pairings are lossy). Cost per node: one entry (O(1)) and at most
 one fold (O(V) on the parent's rows), so O(N V) per request, like one pass over the target rows.
 
-It loses to ``target-only`` on deterministic top-k trees, where target-only is already optimal
-(expected tokens = 1 + the target mass of every drafted path), and on sampled trees only in worlds
-where q ignores p so much that sampling children wastes slots that top-k would have spent on the
-target's mode (see ``test_tree_expected_accepted_table`` for the per-world numbers).
+Where it loses to ``target-only``: on deterministic top-k trees target-only is already optimal
+(expected tokens = 1 + the target mass of every drafted path) and hsd cannot run there (the tree
+is not a sample from q). Against the stock top-k tree + target-only with the same drafter, sampled
+hsd wins on average but loses in peaked worlds where q's top-k already holds nearly all target
+mass: sampling then sometimes spends a slot on a token the target rarely picks (2 of 8 peaked
+worlds, -0.28 and -0.14 tokens per round; see ``tests/verify/test_tree_expected_accepted.py``).
 
 Other methods (one registry, ``TREE_METHODS``): ``rrs`` top-down recursive rejection sampling with
 real q (arXiv 2402.14160), ``target-only`` SGLang's ``tree_speculative_sampling_target_only``
 semantics (nodes treated as one-hot, one coin per accepted node walks its children by cumulative
-target mass; lossless for any tree whose siblings are distinct), ``greedy`` (follow the argmax).
+target mass, ``threshold_single = threshold_acc = 1``; lossless for any tree whose siblings are
+distinct), ``greedy`` (follow the argmax).
 """
 
 from __future__ import annotations
@@ -229,11 +232,16 @@ def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms):
     node = first.clamp_min(0)
     phase = torch.where(first >= 0, enter, test)
     tiny = torch.finfo(dtype).tiny
+    mb_flat, ms_flat, weight_flat = mb.view(-1, mb.shape[-1]), ms.view(-1, ms.shape[-1]), weight.view(-1)
+    row_base = rows * num_nodes
+    coins = uniforms.accept.to(dtype)
     for _ in range(2 * num_nodes):
-        parent = tree.parents[rows, node].clamp_min(0)
-        token = tree.candidates[rows, node].unsqueeze(-1)
-        mb_parent, ms_parent = mb[rows, parent], ms[rows, parent]  # [B, V]
-        w_parent, w_node = weight[rows, parent], weight[rows, node]
+        parent = tree.parents.gather(1, node.unsqueeze(-1)).squeeze(-1).clamp_min(0)
+        token = tree.candidates.gather(1, node.unsqueeze(-1))
+        # Flat row indices: index_select / index_copy_ are much faster than 2-D fancy indexing.
+        flat_parent, flat_node = row_base + parent, row_base + node
+        mb_parent, ms_parent = mb_flat.index_select(0, flat_parent), ms_flat.index_select(0, flat_parent)  # [B, V]
+        w_parent, w_node = weight_flat.index_select(0, flat_parent), weight_flat.index_select(0, flat_node)
         # Enter: the node's weight from its parent's current state.
         ms_tok = ms_parent.gather(1, token).squeeze(-1)
         ratio = mb_parent.gather(1, token).squeeze(-1) / ms_tok.clamp_min(tiny)
@@ -242,7 +250,7 @@ def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms):
         w_node = torch.where(entering, entered, w_node)
         # Test a leaf of the current tree; the root always accepts.
         testing = phase == test
-        accept = testing & ((node == 0) | (uniforms.accept[rows, node] < w_node))
+        accept = testing & ((node == 0) | (coins.gather(1, node.unsqueeze(-1)).squeeze(-1) < w_node))
         reject = testing & ~accept
         # Fold a rejected leaf into its parent (old Ms in the residual, then drop the token).
         residual = (w_parent.unsqueeze(-1) * mb_parent - ms_parent).clamp_min(0)
@@ -251,13 +259,13 @@ def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms):
         folded_w = torch.where(parent == 0, 1.0, torch.where(denom > tiny, mass / denom.clamp_min(tiny), 0.0))
         folded_mb = torch.where(mass.unsqueeze(-1) > tiny, residual / mass.clamp_min(tiny).unsqueeze(-1), residual)
         folded_ms = _remove_token(ms_parent, token.squeeze(-1)) if tree.remove_rejected else ms_parent
-        weight[rows, node] = w_node
-        weight[rows, parent] = torch.where(reject, folded_w, w_parent)
-        mb[rows, parent] = torch.where(reject.unsqueeze(-1), folded_mb, mb_parent)
-        ms[rows, parent] = torch.where(reject.unsqueeze(-1), folded_ms, ms_parent)
+        weight_flat.index_copy_(0, flat_node, w_node)
+        weight_flat.index_copy_(0, flat_parent, torch.where(reject, folded_w, w_parent))
+        mb_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_mb, mb_parent))
+        ms_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_ms, ms_parent))
         # Next state.
-        child = tree.first_child[rows, node]
-        sibling = tree.next_sibling[rows, node]
+        child = tree.first_child.gather(1, node.unsqueeze(-1)).squeeze(-1)
+        sibling = tree.next_sibling.gather(1, node.unsqueeze(-1)).squeeze(-1)
         next_node = torch.where(entering & (child >= 0), child, node)
         next_phase = torch.where(entering, torch.where(child >= 0, enter, test), phase)
         next_node = torch.where(reject, torch.where(sibling >= 0, sibling, parent), next_node)
@@ -296,7 +304,13 @@ def rrs_final_node(tree: TreeBatch, uniforms: TreeUniforms):
 
 
 def target_only_final_node(tree: TreeBatch, uniforms: TreeUniforms):
-    """SGLang's target-only walk: one coin per accepted node against the children's cumulative p."""
+    """SGLang's target-only walk: one coin per accepted node against the children's cumulative p.
+
+    As SGLang's kernel: the coin of node n is ``uniforms.accept[:, n]``, child j is accepted when
+    the coin falls below p(x_1) + ... + p(x_j), and when every child fails the next token comes
+    from p with the children's tokens removed. The comparison is strict (SGLang: ``<=``) so that a
+    coin of exactly 0 can never accept a child the target gives probability 0.
+    """
     dtype = _compute_dtype(tree)
     p = tree.target_probs.to(dtype)
     rows = torch.arange(p.shape[0], device=p.device)

@@ -21,6 +21,7 @@ SHAPES = [  # (vocab, topk, depth): every shape the brief covers, sized to stay 
     (3, 3, 2),
     (4, 2, 2),
     (4, 3, 2),
+    (3, 3, 3),  # topk = V: without replacement the tree holds every token; i.i.d. trees repeat them
 ]
 
 
