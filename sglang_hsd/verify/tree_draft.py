@@ -98,7 +98,7 @@ def sample_tree(
         topk, depth: tree shape (topk >= 1, depth >= 1).
         generator: torch generator for the draws.
         replacement: ``False`` draws children without replacement (needs topk tokens of positive
-            q in every row; raises otherwise), ``True`` i.i.d.
+            q in every row; checking that costs one host sync), ``True`` i.i.d.
         root_tokens: int64 [B], the last verified token of each request.
     """
     return _build_tree(q_fn, topk, depth, root_tokens, lambda q: _sample_children(q, topk, replacement, generator))

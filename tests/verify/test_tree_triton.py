@@ -86,3 +86,52 @@ def test_kernel_wide_vocabulary_uses_several_blocks(monkeypatch):
 
 def test_auto_backend_uses_torch_on_cpu():
     assert not tree_module._use_triton("auto", "hsd", tree_module.TREE_METHODS["hsd"], torch.zeros(1))
+
+
+def _links(parents):
+    """First-child / next-sibling links of a parent list whose children appear in index order."""
+    n = len(parents)
+    first, sibling, last = [-1] * n, [-1] * n, {}
+    for node, parent in enumerate(parents):
+        if parent < 0:
+            continue
+        if parent in last:
+            sibling[last[parent]] = node
+        else:
+            first[parent] = node
+        last[parent] = node
+    return first, sibling
+
+
+def test_kernel_matches_reference_on_irregular_trees():
+    # Different shapes in one batch: a bushy root, a chain, and a lopsided tree.
+    shapes = [[-1, 0, 0, 0, 1, 1, 4], [-1, 0, 1, 2, 3, 4, 5], [-1, 0, 1, 0, 2, 1, 3]]
+    gen = torch.Generator().manual_seed(11)
+    batch, num_nodes, vocab = 24, 7, 6
+    parents = [shapes[b % 3] for b in range(batch)]
+    links = [_links(p) for p in parents]
+    first = torch.tensor([l[0] for l in links])
+    sibling = torch.tensor([l[1] for l in links])
+    draft = _rows(gen, (batch, num_nodes), vocab, 1.0)
+    target = _rows(gen, (batch, num_nodes), vocab, 1.0)
+    candidates = torch.zeros(batch, num_nodes, dtype=torch.long)
+    for b, plist in enumerate(parents):  # distinct sibling tokens drawn from the parent's q
+        for parent in set(plist) - {-1}:
+            kids = [n for n, p in enumerate(plist) if p == parent]
+            tokens = torch.multinomial(draft[b, parent], len(kids), replacement=False, generator=gen)
+            candidates[b, kids] = tokens
+    uniforms = TreeUniforms.draw(batch, num_nodes, generator=gen)
+    args = (candidates, first, sibling, draft, target)
+    reference = verify_tree(*args, method="hsd", uniforms=uniforms, backend="torch")
+    kernel = verify_tree(*args, method="hsd", uniforms=uniforms, backend="triton")
+    assert torch.equal(kernel.accept_index, reference.accept_index)
+    assert torch.equal(kernel.tokens, reference.tokens)
+    assert len(set(reference.num_accepted.tolist())) > 1
+
+
+def test_root_only_tree_emits_one_target_token():
+    target = torch.tensor([[[0.0, 1.0, 0.0]]])
+    args = (torch.zeros(1, 1, dtype=torch.long), torch.tensor([[-1]]), torch.tensor([[-1]]), target.clone(), target)
+    for backend in ("torch", "triton"):
+        res = verify_tree(*args, method="hsd", backend=backend)
+        assert res.tokens.tolist() == [[1]] and res.num_accepted.tolist() == [0]
