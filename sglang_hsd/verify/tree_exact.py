@@ -12,6 +12,9 @@ or is rejected as a whole, after which the parent's state changes deterministica
 recursion enumerates sibling sequences lazily (shared prefixes computed once) and never has to
 enumerate coin outcomes or whole trees.
 
+Trees of any shape fixed in advance are covered through ``shape`` (nested tuples: a node's shape
+is the tuple of its children's shapes); the round-level helpers use full topk/depth trees.
+
 Drafting modes: ``"without-replacement"`` (children sequentially, earlier siblings removed from q
 and renormalised), ``"iid"`` (children i.i.d. from q), ``"top-k"`` (SGLang's deterministic top-k;
 the tree has probability one).
@@ -68,31 +71,31 @@ def _leaf(weight: float, dist: np.ndarray) -> Outcomes:
 class _Traversal:
     """Traversal verification (``hsd``): ``subtree`` -> (accept outcomes, probability all rejected)."""
 
-    def __init__(self, world, topk, depth, drafting, q_update: QUpdate):
-        self.world, self.topk, self.depth, self.drafting, self.q_update = world, topk, depth, drafting, q_update
+    def __init__(self, world, drafting, q_update: QUpdate):
+        self.world, self.drafting, self.q_update = world, drafting, q_update
         self.memo: dict = {}
 
-    def subtree(self, ctx: tuple[int, ...], weight: float, levels: int, is_root: bool):
-        key = (ctx, weight, levels, is_root)
+    def subtree(self, ctx: tuple[int, ...], weight: float, shape: tuple, is_root: bool):
+        key = (ctx, weight, shape, is_root)
         if key not in self.memo:
             p, q = self.world.p(ctx), self.world.q(ctx)
-            if levels == 0:
+            if not shape:
                 self.memo[key] = (_leaf(weight, p), 1.0 - weight)
             else:
-                self.memo[key] = self._siblings(ctx, levels, is_root, q, (weight, p, q), ())
+                self.memo[key] = self._siblings(ctx, shape, is_root, q, (weight, p, q), ())
         return self.memo[key]
 
-    def _siblings(self, ctx, levels, is_root, q_row, state, taken):
+    def _siblings(self, ctx, shape, is_root, q_row, state, taken):
         """Outcomes from the point where ``taken`` children were drafted and all rejected."""
         weight, mb, ms = state
-        if len(taken) == self.topk:  # the node is now a leaf of the current tree
+        if len(taken) == len(shape):  # the node is now a leaf of the current tree
             if is_root:
                 return _leaf(1.0, mb if mb.sum() > 0 else self.world.p(ctx)), 0.0
             return _leaf(weight, mb), 1.0 - weight
         outcomes, rejected = {}, 0.0
         for token, draw_prob in _sibling_draws(q_row, taken, self.drafting):
             child_w = min(1.0, weight * mb[token] / ms[token]) if ms[token] > 0 else 0.0
-            sub, sub_rejected = self.subtree(ctx + (token,), child_w, levels - 1, False)
+            sub, sub_rejected = self.subtree(ctx + (token,), child_w, shape[len(taken)], False)
             _add(outcomes, sub, draw_prob, token)
             if sub_rejected <= 0:
                 continue
@@ -101,18 +104,27 @@ class _Traversal:
             denom = mass + 1.0 - weight
             new_w = 1.0 if is_root else (mass / denom if denom > 0 else 0.0)
             new_state = (new_w, residual / mass if mass > 0 else residual, self.q_update(ms, token, self.drafting))
-            rest, rest_rejected = self._siblings(ctx, levels, is_root, q_row, new_state, taken + (token,))
+            rest, rest_rejected = self._siblings(ctx, shape, is_root, q_row, new_state, taken + (token,))
             _add(outcomes, rest, draw_prob * sub_rejected)
             rejected += draw_prob * sub_rejected * rest_rejected
         return outcomes, rejected
 
 
-def traversal_outcomes(world, prefix, topk, depth, drafting, q_update: QUpdate = matching_q_update) -> Outcomes:
-    """Law of (accepted path, next token) of one ``hsd`` round; ``q_update`` is the fold's q rule."""
-    return _Traversal(world, topk, depth, drafting, q_update).subtree(tuple(prefix), 1.0, depth, True)[0]
+def full_shape(topk: int, depth: int) -> tuple:
+    """Shape of a full tree: a node's shape is the tuple of its children's shapes (leaf: ())."""
+    return () if depth == 0 else tuple(full_shape(topk, depth - 1) for _ in range(topk))
 
 
-def _top_down(world, ctx, levels, topk, drafting, child_accept, start, memo=None) -> Outcomes:
+def traversal_outcomes(world, prefix, topk, depth, drafting, q_update: QUpdate = matching_q_update, shape=None) -> Outcomes:
+    """Law of (accepted path, next token) of one ``hsd`` round; ``q_update`` is the fold's q rule.
+
+    ``shape`` (default: the full topk/depth tree) fixes the tree's shape in advance: the k-th
+    drafted child of a node gets the node's ``shape[k]``."""
+    shape = full_shape(topk, depth) if shape is None else shape
+    return _Traversal(world, drafting, q_update).subtree(tuple(prefix), 1.0, shape, True)[0]
+
+
+def _top_down(world, ctx, shape, drafting, child_accept, start, memo=None) -> Outcomes:
     """Top-down walk shared by ``rrs`` and ``target-only``.
 
     ``child_accept(state, token) -> (accept probability, state after a rejection)``; the state
@@ -120,31 +132,31 @@ def _top_down(world, ctx, levels, topk, drafting, child_accept, start, memo=None
     token when every child is rejected.
     """
     memo = {} if memo is None else memo
-    if (ctx, levels) in memo:  # a child's subtree law depends only on its path
-        return memo[(ctx, levels)]
+    if (ctx, shape) in memo:  # a child's subtree law depends only on its path and shape
+        return memo[(ctx, shape)]
     p, q = world.p(ctx), world.q(ctx)
-    if levels == 0:
+    if not shape:
         return _leaf(1.0, p)
 
     def siblings(state, taken) -> Outcomes:
-        if len(taken) == topk:
+        if len(taken) == len(shape):
             mb = state[0]
             return _leaf(1.0, mb / mb.sum() if mb.sum() > 0 else p)
         out: Outcomes = {}
         for token, draw_prob in _sibling_draws(q, taken, drafting):
             accept, rejected_state = child_accept(state, token)
             if accept > 0:
-                sub = _top_down(world, ctx + (token,), levels - 1, topk, drafting, child_accept, start, memo)
+                sub = _top_down(world, ctx + (token,), shape[len(taken)], drafting, child_accept, start, memo)
                 _add(out, sub, draw_prob * accept, token)
             if accept < 1:
                 _add(out, siblings(rejected_state, taken + (token,)), draw_prob * (1.0 - accept))
         return out
 
-    memo[(ctx, levels)] = siblings(start(p, q), ())
-    return memo[(ctx, levels)]
+    memo[(ctx, shape)] = siblings(start(p, q), ())
+    return memo[(ctx, shape)]
 
 
-def rrs_outcomes(world, prefix, topk, depth, drafting, q_update: QUpdate = matching_q_update) -> Outcomes:
+def rrs_outcomes(world, prefix, topk, depth, drafting, q_update: QUpdate = matching_q_update, shape=None) -> Outcomes:
     """Recursive rejection sampling: accept child x with min(1, Mb(x)/Ms(x)); fold on rejection."""
 
     def child_accept(state, token):
@@ -154,10 +166,11 @@ def rrs_outcomes(world, prefix, topk, depth, drafting, q_update: QUpdate = match
         mass = residual.sum()
         return accept, (residual / mass if mass > 0 else residual, q_update(ms, token, drafting))
 
-    return _top_down(world, tuple(prefix), depth, topk, drafting, child_accept, lambda p, q: (p, q))
+    shape = full_shape(topk, depth) if shape is None else shape
+    return _top_down(world, tuple(prefix), shape, drafting, child_accept, lambda p, q: (p, q))
 
 
-def target_only_outcomes(world, prefix, topk, depth, drafting) -> Outcomes:
+def target_only_outcomes(world, prefix, topk, depth, drafting, shape=None) -> Outcomes:
     """SGLang's target-only walk: child j is accepted iff the coin falls in its slice of p."""
 
     def child_accept(state, token):
@@ -170,7 +183,8 @@ def target_only_outcomes(world, prefix, topk, depth, drafting) -> Outcomes:
         masked[token] = 0.0
         return accept, (masked, p, reached + p[token])
 
-    return _top_down(world, tuple(prefix), depth, topk, drafting, child_accept, lambda p, q: (p, p, 0.0))
+    shape = full_shape(topk, depth) if shape is None else shape
+    return _top_down(world, tuple(prefix), shape, drafting, child_accept, lambda p, q: (p, p, 0.0))
 
 
 def greedy_outcomes(world, prefix, topk, depth, drafting) -> Outcomes:

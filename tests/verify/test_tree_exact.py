@@ -4,6 +4,8 @@ Worlds are context dependent (every prefix has its own p and q); the laws compar
 first 3 emitted tokens, which span several rounds, from the empty prefix.
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,22 @@ def test_target_only_on_top_k_tree_has_closed_form():
         expected += sum(mass for _, mass in grown)
         paths = grown
     assert tree_exact.tree_expected_accepted(world, "target-only", 2, 2, (), "top-k") == pytest.approx(expected, abs=1e-13)
+
+
+# Root with three children: the first has two children (the first of which has one child), the
+# second is a leaf, the third has one child. Shapes fixed in advance are valid drafting plans.
+IRREGULAR_SHAPE = ((((),), ()), (), ((),))
+
+
+@pytest.mark.parametrize("method", ["hsd", "rrs", "target-only"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lossless_on_an_irregular_tree_shape(method, seed):
+    laws = {
+        "hsd": tree_exact.traversal_outcomes,
+        "rrs": tree_exact.rrs_outcomes,
+        "target-only": tree_exact.target_only_outcomes,
+    }
+    law = functools.partial(laws[method], shape=IRREGULAR_SHAPE)
+    world = exact.random_world(4, PREFIX_LEN - 1 + 3, seed=seed)
+    tv = tree_exact.tree_prefix_tv(world, method, 3, 3, PREFIX_LEN, "without-replacement", law)
+    assert tv < LOSSLESS_TV, f"{method} on an irregular tree: TV {tv:.3g}"
