@@ -107,7 +107,7 @@ class TreeMethod:
     reads_q: bool
     lossless: bool
     distinct_siblings: bool  # lossless only when siblings carry distinct tokens
-    has_triton: bool = False
+    triton_kernel: str | None = None  # name of the kernel wrapper in ``tree_triton``
 
 
 def verify_tree(
@@ -168,9 +168,9 @@ def verify_tree(
         draft_probs, target_probs, remove_rejected=(draft_mode == "without-replacement"),
     )
     if _use_triton(backend, method, rule, target_probs):
-        from sglang_hsd.verify.tree_triton import hsd_final_node_triton
+        from sglang_hsd.verify import tree_triton
 
-        final_node, weights = hsd_final_node_triton(tree, uniforms)
+        final_node, weights = getattr(tree_triton, rule.triton_kernel)(tree, uniforms)
     else:
         final_node, weights = rule.final_node(tree, uniforms)
     if method == "greedy":
@@ -351,9 +351,11 @@ def greedy_final_node(tree: TreeBatch, uniforms: TreeUniforms):
 
 
 TREE_METHODS: dict[str, TreeMethod] = {
-    "hsd": TreeMethod(hsd_final_node, reads_q=True, lossless=True, distinct_siblings=True, has_triton=True),
+    "hsd": TreeMethod(hsd_final_node, reads_q=True, lossless=True, distinct_siblings=True,
+                      triton_kernel="hsd_final_node_triton"),
     "rrs": TreeMethod(rrs_final_node, reads_q=True, lossless=True, distinct_siblings=True),
-    "target-only": TreeMethod(target_only_final_node, reads_q=False, lossless=True, distinct_siblings=True),
+    "target-only": TreeMethod(target_only_final_node, reads_q=False, lossless=True, distinct_siblings=True,
+                              triton_kernel="target_only_final_node_triton"),
     "greedy": TreeMethod(greedy_final_node, reads_q=False, lossless=False, distinct_siblings=False),
 }
 
@@ -363,8 +365,10 @@ def _use_triton(backend: str, method: str, rule: TreeMethod, target_probs: torch
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     if backend == "torch":
         return False
+    has_kernel = rule.triton_kernel is not None
     if backend == "triton":
-        if not rule.has_triton:
-            raise ValueError(f"the Triton tree kernel implements 'hsd' only, not {method!r}")
+        if not has_kernel:
+            with_kernel = sorted(name for name, r in TREE_METHODS.items() if r.triton_kernel)
+            raise ValueError(f"the Triton tree kernels implement {with_kernel}, not {method!r}")
         return True
-    return rule.has_triton and target_probs.is_cuda
+    return has_kernel and target_probs.is_cuda

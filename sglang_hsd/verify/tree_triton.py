@@ -1,4 +1,4 @@
-"""Triton kernel for the hot loop of tree ``hsd`` (traversal verification).
+"""Triton kernels for the hot loops of tree ``hsd`` (traversal verification) and ``target-only``.
 
 One program per request runs the state machine of ``tree.hsd_final_node`` (the reference and the
 CPU path): 2N steps, each entering one node (its weight from the parent's current Mb/Ms) or
@@ -11,6 +11,10 @@ Mb and Ms live in float32 work copies of the probability rows, so after the kern
 node's Mb row *is* the distribution of the next token; the final inverse-CDF draw reuses the
 torch helper with ``uniforms.sample``. Same uniforms, same tokens as the reference (up to float32
 rounding of the residual sums, which only matters for coins within ~1e-7 of a threshold).
+
+``target-only`` is SGLang's walk (one coin per accepted node against the children's cumulative
+target mass, at most N steps); the kernel returns the accepted node and the residual (its target
+row without its children's tokens) is built in torch.
 """
 
 from __future__ import annotations
@@ -111,3 +115,49 @@ def hsd_final_node_triton(tree, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
     weights = mb[rows, final]
     fallback = tree.target_probs.float()[rows, final]
     return final, torch.where(weights.sum(-1, keepdim=True) > 0, weights, fallback)
+
+
+@triton.jit
+def _target_only_tree_kernel(
+    cand_ptr, first_ptr, sibling_ptr,  # int64 [B, N]
+    target_ptr,  # float32 [B, N, V]
+    accept_u_ptr,  # float32 [B, N]
+    final_ptr,  # int64 [B] output
+    num_nodes, vocab,
+):
+    b = tl.program_id(0).to(tl.int64)
+    base = b * num_nodes
+    node = tl.zeros((), dtype=tl.int64)
+    child = tl.load(first_ptr + base)
+    coin = tl.load(accept_u_ptr + base)
+    cumulative = 0.0
+    for _step in range(num_nodes):
+        active = child >= 0
+        c = tl.maximum(child, 0)
+        token = tl.load(cand_ptr + base + c)
+        reached = cumulative + tl.load(target_ptr + (base + node) * vocab + token)
+        accept = active & (coin < reached)
+        reject = active & (coin >= reached)
+        cumulative = tl.where(accept, 0.0, tl.where(reject, reached, cumulative))
+        node = tl.where(accept, c, node)
+        coin = tl.load(accept_u_ptr + base + node)
+        child = tl.where(accept, tl.load(first_ptr + base + c), tl.where(reject, tl.load(sibling_ptr + base + c), child))
+    tl.store(final_ptr + b, node)
+
+
+def target_only_final_node_triton(tree, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel version of ``tree.target_only_final_node``: (accepted node [B], next-token weights [B, V])."""
+    target = tree.target_probs.float().contiguous()
+    batch, num_nodes, vocab = target.shape
+    final = torch.empty(batch, dtype=torch.long, device=target.device)
+    _target_only_tree_kernel[(batch,)](
+        tree.candidates.contiguous(), tree.first_child.contiguous(), tree.next_sibling.contiguous(),
+        target, uniforms.accept.float().contiguous(), final, num_nodes, vocab,
+    )
+    # The walk stopped at ``final`` after rejecting all of its children (or at a leaf).
+    rows = torch.arange(batch, device=target.device)
+    is_child = (tree.parents == final.unsqueeze(-1)).to(target.dtype)
+    removed = torch.zeros(batch, vocab, dtype=target.dtype, device=target.device).scatter_add(1, tree.candidates, is_child)
+    row = target[rows, final]
+    weights = torch.where(removed > 0, 0.0, row)
+    return final, torch.where(weights.sum(-1, keepdim=True) > 0, weights, row)

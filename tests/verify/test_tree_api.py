@@ -169,5 +169,5 @@ def test_duplicate_siblings_need_iid_mode():
 
 def test_triton_backend_refuses_methods_without_a_kernel():
     tree, target = _random_tree(batch=1)
-    with pytest.raises(ValueError, match="Triton tree kernel"):
+    with pytest.raises(ValueError, match="Triton tree kernels implement"):
         verify_tree(*_args(tree, target), method="rrs", backend="triton")

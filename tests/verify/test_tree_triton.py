@@ -1,4 +1,4 @@
-"""Triton tree-``hsd`` kernel vs the torch reference, token for token, under TRITON_INTERPRET=1.
+"""Triton tree kernels (``hsd``, ``target-only``) vs the torch reference, token for token, under TRITON_INTERPRET=1.
 
 Shapes stay tiny (V <= 16, N <= 7) because the interpreter runs the kernel in Python. Regimes:
 mixture drafters (q close to p: long accepts), unrelated drafters (frequent folds up to the
@@ -82,6 +82,17 @@ def test_kernel_wide_vocabulary_uses_several_blocks(monkeypatch):
     reference = verify_tree(*args, method="hsd", uniforms=uniforms, backend="torch")
     kernel = verify_tree(*args, method="hsd", uniforms=uniforms, backend="triton")
     assert torch.equal(kernel.tokens, reference.tokens)
+
+
+@pytest.mark.parametrize("seed,topk,depth", [(0, 2, 2), (1, 3, 1)])
+def test_target_only_kernel_matches_reference(seed, topk, depth):
+    tree, target, uniforms = _case(seed, 12, topk, depth, 8, True)
+    args = (tree.candidates, tree.retrive_next_token, tree.retrive_next_sibling, None, target)
+    reference = verify_tree(*args, method="target-only", uniforms=uniforms, backend="torch")
+    kernel = verify_tree(*args, method="target-only", uniforms=uniforms, backend="triton")
+    assert torch.equal(kernel.accept_index, reference.accept_index)
+    assert torch.equal(kernel.tokens, reference.tokens)
+    assert len(set(reference.num_accepted.tolist())) > 1
 
 
 def test_auto_backend_uses_torch_on_cpu():
