@@ -127,3 +127,75 @@ def target_prefix_probs(world: TabularWorld, length: int) -> torch.Tensor:
         rows = torch.as_tensor(world.target[first : first + vocab**position])
         probs = (probs.unsqueeze(-1) * rows).reshape(-1)
     return probs
+
+
+def simulate_tree(
+    world: TabularWorld,
+    method: str,
+    topk: int,
+    depth: int,
+    length: int,
+    num_sequences: int,
+    generator: torch.Generator,
+    drafting: str = "without-replacement",
+    dtype: torch.dtype = torch.float32,
+) -> SimulationResult:
+    """Tree version of ``simulate_chain``: each round drafts a full tree (``sample_tree`` or, for
+    ``drafting="top-k"``, ``topk_tree``) and verifies it with one ``verify_tree`` call."""
+    from sglang_hsd.verify.tree import verify_tree
+    from sglang_hsd.verify.tree_draft import sample_tree, topk_tree
+
+    vocab = world.vocab_size
+    p_table = torch.as_tensor(world.target, dtype=dtype)
+    q_table = torch.as_tensor(world.draft, dtype=dtype)
+    offsets = torch.tensor([prefix_offset(vocab, n) for n in range(world.max_len + 1)])
+    tokens = torch.zeros(num_sequences, length, dtype=torch.long)
+    seq_len = torch.zeros(num_sequences, dtype=torch.long)
+    value = torch.zeros(num_sequences, dtype=torch.long)
+    first_round = None
+    while bool((seq_len < length).any()):
+        active = (seq_len < length).nonzero().squeeze(-1)
+        if int(seq_len[active].max()) + depth > world.max_len:
+            raise ValueError("the world's max_len is too small for this simulation length and depth")
+        base_len, base_value = seq_len[active], value[active]
+
+        def rows_of(table, paths):  # paths [B, M, d + 1]; column 0 is the root placeholder
+            drafted = paths[..., 1:]
+            place = vocab ** torch.arange(drafted.shape[-1] - 1, -1, -1)
+            code_value = base_value[:, None] * vocab ** drafted.shape[-1] + (drafted * place).sum(-1)
+            return table[offsets[base_len[:, None] + drafted.shape[-1]] + code_value]
+
+        roots = torch.zeros(active.shape[0], dtype=torch.long)
+        q_fn = lambda paths: rows_of(q_table, paths)  # noqa: E731
+        if drafting == "top-k":
+            tree = topk_tree(q_fn, topk, depth, root_tokens=roots)
+        else:
+            tree = sample_tree(q_fn, topk, depth, generator, replacement=(drafting == "iid"), root_tokens=roots)
+        target_probs = _node_rows(p_table, tree, base_len, base_value, offsets, vocab, depth)
+        result = verify_tree(
+            tree.candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs, target_probs,
+            method=method, generator=generator, validate=False,
+            draft_mode="iid" if drafting == "iid" else "without-replacement",
+        )
+        if first_round is None:
+            first_round = result.num_accepted.clone()
+        for slot in range(depth + 1):
+            emitted = result.tokens[:, slot]
+            write = (emitted >= 0) & (seq_len[active] < length)
+            rows = active[write]
+            tokens[rows, seq_len[rows]] = emitted[write]
+            value[rows] = value[rows] * vocab + emitted[write]
+            seq_len[rows] += 1
+    return SimulationResult(tokens, first_round)
+
+
+def _node_rows(table, tree, base_len, base_value, offsets, vocab, depth) -> torch.Tensor:
+    """Rows of ``table`` after the committed prefix plus each node's path. float [B, N, V]."""
+    parents, tokens = tree.parents, tree.candidates
+    path_value = torch.zeros_like(tokens)
+    for _ in range(depth):  # after d rounds every node of depth <= d has its full path value
+        path_value = torch.where(parents >= 0, path_value.gather(1, parents.clamp_min(0)) * vocab + tokens, 0)
+    node_depth = tree.depths
+    code = offsets[base_len[:, None] + node_depth] + base_value[:, None] * vocab**node_depth + path_value
+    return table[code]
+

@@ -1,0 +1,374 @@
+"""Tree (topk > 1) verification: traversal verification and its baselines.
+
+``hsd`` is traversal verification (Weng et al., arXiv 2505.12398) paired with the drafting mode.
+Each node keeps a residual target Mb (initially its target row p) and draft row Ms (initially q)
+and a weight w (root: always 1). Entering a child c of P sets w_c = min(1, w_P Mb_P(c) / Ms_P(c)).
+Leaves of the current tree are tested in post-order (children in drafting order) with one coin:
+accept -> emit the path to the leaf, then sample one token from the leaf's Mb; reject -> fold the
+leaf into its parent P:
+
+    r = max(0, w_P Mb_P - Ms_P),  S = sum(r),  w_P <- S / (S + 1 - w_P)  (0 when the denominator
+    is 0: nothing left to resample),  Mb_P <- r / S,  Ms_P <- Ms_P without c, renormalised
+    (``draft_mode="without-replacement"``; ``"iid"`` keeps Ms_P), delete c.
+
+When P's last child is gone, P is a leaf and is tested next; the root always accepts. On a chain
+this is block verification, i.e. chain ``hsd`` (same coins, same tokens).
+
+Why lossless: the exact-enumeration tests (``tests/verify/test_tree_exact.py``) compute the law of
+the first 3 emitted tokens over repeated rounds for topk 2-3, depth 2-3, V 3-4 and context-
+dependent p, q and find TV < 1e-12 to the target; the q update must match the drafting mode (the
+same tests show the mismatched pairings are lossy). Cost per node: one entry (O(1)) and at most
+one fold (O(V) on the parent's rows), so O(N V) per request, like one pass over the target rows.
+
+Where it loses to ``target-only``: on deterministic top-k trees target-only is already optimal
+(expected tokens = 1 + the target mass of every drafted path) and hsd cannot run there (the tree
+is not a sample from q). Against the stock top-k tree + target-only with the same drafter, sampled
+hsd wins on average but loses in peaked worlds where q's top-k already holds nearly all target
+mass: sampling then sometimes spends a slot on a token the target rarely picks (2 of 8 peaked
+worlds, -0.28 and -0.14 tokens per round; see ``tests/verify/test_tree_expected_accepted.py``).
+
+Other methods (one registry, ``TREE_METHODS``): ``rrs`` top-down recursive rejection sampling with
+real q (arXiv 2402.14160), ``target-only`` SGLang's ``tree_speculative_sampling_target_only``
+semantics (nodes treated as one-hot, one coin per accepted node walks its children by cumulative
+target mass, ``threshold_single = threshold_acc = 1``; lossless for any tree whose siblings are
+distinct), ``greedy`` (follow the argmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from sglang_hsd.verify.common import PLACEHOLDER_TOKEN_ID, assemble_emitted, inverse_cdf_sample
+from sglang_hsd.verify.tree_layout import depths_from_parents, parents_from_links
+from sglang_hsd.verify.tree_validation import validate_tree_inputs
+
+DRAFT_MODES = ("without-replacement", "iid")
+
+
+@dataclass
+class TreeUniforms:
+    """Pre-drawn uniforms in [0, 1) for one tree verification (same uniforms, same tokens).
+
+    Fields:
+        accept: float [B, N]. ``hsd``: column n is the coin that tests node n as a leaf (column 0
+            unused, the root always accepts). ``rrs``: the coin that tests child n against its
+            parent. ``target-only``: the coin that walks the children of node n (as SGLang's
+            ``uniform_samples[b, n]``).
+        sample: float [B], the inverse-CDF draw of the corrected or bonus token.
+    """
+
+    accept: torch.Tensor
+    sample: torch.Tensor
+
+    @classmethod
+    def draw(cls, batch_size: int, num_nodes: int, device="cpu", generator=None) -> "TreeUniforms":
+        accept = torch.rand(batch_size, num_nodes, device=device, generator=generator)
+        return cls(accept=accept, sample=torch.rand(batch_size, device=device, generator=generator))
+
+
+@dataclass
+class TreeVerifyResult:
+    """Outcome of verifying one draft tree per request (D = the deepest node's depth).
+
+    Fields:
+        accept_index: int64 [B, D + 1], node indices of the accepted path, root at column 0,
+            then -1 padding.
+        num_accepted: int64 [B], accepted draft tokens (the root is not counted), in [0, D].
+        tokens: int64 [B, D + 1], the accepted draft tokens, then the corrected/bonus token, then
+            ``PLACEHOLDER_TOKEN_ID``. Row b emits ``num_accepted[b] + 1`` tokens.
+    """
+
+    accept_index: torch.Tensor
+    num_accepted: torch.Tensor
+    tokens: torch.Tensor
+
+
+@dataclass
+class TreeBatch:
+    """Tensors every tree method reads. [B, N] int64 links, [B, N, V] float rows."""
+
+    candidates: torch.Tensor
+    first_child: torch.Tensor
+    next_sibling: torch.Tensor
+    parents: torch.Tensor
+    draft_probs: torch.Tensor | None
+    target_probs: torch.Tensor
+    remove_rejected: bool  # without-replacement drafting: drop a rejected child's token from q
+
+
+@dataclass(frozen=True)
+class TreeMethod:
+    """One verification rule. ``final_node`` returns (accepted node [B], next-token weights [B, V])."""
+
+    final_node: Callable[[TreeBatch, TreeUniforms], tuple[torch.Tensor, torch.Tensor]]
+    reads_q: bool
+    lossless: bool
+    distinct_siblings: bool  # lossless only when siblings carry distinct tokens
+    triton_kernel: str | None = None  # name of the kernel wrapper in ``tree_triton``
+
+
+def verify_tree(
+    candidates: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    method: str = "hsd",
+    generator: torch.Generator | None = None,
+    uniforms: TreeUniforms | None = None,
+    validate: bool = True,
+    backend: str = "auto",
+    draft_mode: str = "without-replacement",
+    max_depth: int | None = None,
+) -> TreeVerifyResult:
+    """Verify a batch of draft trees (SGLang layout, see ``tree_layout``) against the target.
+
+    Args:
+        candidates: int64 [B, N], node tokens; column 0 is the root (last verified token).
+        retrive_next_token / retrive_next_sibling: int64 [B, N], first child / next sibling, -1 none.
+        draft_probs: float [B, N, V]; row n is q(.|path to n), the distribution n's children were
+            drafted from (rows of leaves are ignored). ``None`` allowed for methods that ignore q.
+        target_probs: float [B, N, V]; row n is p(.|path to n), the target for n's children (and
+            the bonus distribution if n is accepted as a leaf).
+        method: a key of ``TREE_METHODS``.
+        generator / uniforms: randomness (``TreeUniforms`` makes implementations comparable).
+        validate: check inputs (host synchronisation); pass ``False`` on hot paths.
+        backend: ``"auto"`` (Triton on CUDA when the method has a kernel), ``"torch"``, ``"triton"``.
+        draft_mode: how children were drafted: ``"without-replacement"`` (sequentially, earlier
+            siblings removed from q and renormalised; also K independent paths merged into a
+            prefix tree) or ``"iid"`` (children i.i.d. from q, duplicates kept as siblings).
+        max_depth: depth D of the deepest node; computed (one host sync) when ``None``.
+    Returns:
+        ``TreeVerifyResult``.
+    """
+    if method not in TREE_METHODS:
+        raise ValueError(f"method must be one of {sorted(TREE_METHODS)}, got {method!r}")
+    if draft_mode not in DRAFT_MODES:
+        raise ValueError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
+    rule = TREE_METHODS[method]
+    if validate:
+        validate_tree_inputs(
+            candidates, retrive_next_token, retrive_next_sibling, draft_probs, target_probs,
+            reads_q=rule.reads_q,
+            distinct_siblings=rule.distinct_siblings and (draft_mode == "without-replacement" or not rule.reads_q),
+            uniforms=uniforms,
+        )
+    batch, num_nodes = candidates.shape
+    if uniforms is None:
+        uniforms = TreeUniforms.draw(batch, num_nodes, target_probs.device, generator)
+    parents = parents_from_links(retrive_next_token, retrive_next_sibling)
+    depths = depths_from_parents(parents)
+    if max_depth is None:
+        max_depth = int(depths.max())
+    tree = TreeBatch(
+        candidates.long(), retrive_next_token.long(), retrive_next_sibling.long(), parents,
+        draft_probs, target_probs, remove_rejected=(draft_mode == "without-replacement"),
+    )
+    if _use_triton(backend, method, rule, target_probs):
+        from sglang_hsd.verify import tree_triton
+
+        final_node, weights = getattr(tree_triton, rule.triton_kernel)(tree, uniforms)
+    else:
+        final_node, weights = rule.final_node(tree, uniforms)
+    if method == "greedy":
+        next_token = weights.argmax(dim=-1)
+    else:
+        next_token = inverse_cdf_sample(weights, uniforms.sample)
+    return _assemble(tree, depths, max_depth, final_node, next_token)
+
+
+def _assemble(tree: TreeBatch, depths, max_depth: int, final_node, next_token) -> TreeVerifyResult:
+    """Accepted path (root to ``final_node``) and emitted tokens."""
+    batch = final_node.shape[0]
+    rows = torch.arange(batch, device=final_node.device)
+    num_accepted = depths[rows, final_node]
+    # Column max_depth + 1 is a sink for writes past the root; dropped below.
+    accept_index = torch.full((batch, max_depth + 2), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=rows.device)
+    node = final_node
+    for _ in range(max_depth + 1):
+        column = torch.where(node >= 0, depths[rows, node.clamp_min(0)], max_depth + 1)
+        accept_index[rows, column] = torch.where(node >= 0, node, PLACEHOLDER_TOKEN_ID)
+        node = torch.where(node >= 0, tree.parents[rows, node.clamp_min(0)], node)
+    accept_index = accept_index[:, : max_depth + 1]
+    path_tokens = tree.candidates.gather(1, accept_index[:, 1:].clamp_min(0))
+    tokens = assemble_emitted(path_tokens, num_accepted, next_token)
+    return TreeVerifyResult(accept_index, num_accepted, tokens)
+
+
+def _nonempty_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """A residual that rounding left empty falls back to the target row (as the chain verifier)."""
+    return torch.where(weights.sum(-1, keepdim=True) > 0, weights, fallback)
+
+
+def _remove_token(ms: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Ms without ``token`` [B], renormalised (zero rows stay zero). float [B, V]."""
+    kept = ms.scatter(1, token.unsqueeze(-1), 0.0)
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept / total.clamp_min(torch.finfo(kept.dtype).tiny), kept)
+
+
+def _compute_dtype(tree: TreeBatch) -> torch.dtype:
+    return torch.promote_types(tree.target_probs.dtype, torch.float32)
+
+
+def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+    """Traversal verification as a batched state machine: one node entered or tested per step.
+
+    Each node is entered at most once and tested at most once, so 2N steps finish every request
+    with a fixed trip count (no host synchronisation).
+    """
+    dtype = _compute_dtype(tree)
+    mb = tree.target_probs.to(dtype).clone()
+    ms = tree.draft_probs.to(dtype).clone()
+    batch, num_nodes, _ = mb.shape
+    rows = torch.arange(batch, device=mb.device)
+    weight = torch.zeros(batch, num_nodes, dtype=dtype, device=mb.device)
+    weight[:, 0] = 1.0
+    enter, test, done = 0, 1, 2
+    first = tree.first_child[:, 0]
+    node = first.clamp_min(0)
+    phase = torch.where(first >= 0, enter, test)
+    tiny = torch.finfo(dtype).tiny
+    mb_flat, ms_flat, weight_flat = mb.view(-1, mb.shape[-1]), ms.view(-1, ms.shape[-1]), weight.view(-1)
+    row_base = rows * num_nodes
+    coins = uniforms.accept.to(dtype)
+    for _ in range(2 * num_nodes):
+        parent = tree.parents.gather(1, node.unsqueeze(-1)).squeeze(-1).clamp_min(0)
+        token = tree.candidates.gather(1, node.unsqueeze(-1))
+        # Flat row indices: index_select / index_copy_ are much faster than 2-D fancy indexing.
+        flat_parent, flat_node = row_base + parent, row_base + node
+        mb_parent, ms_parent = mb_flat.index_select(0, flat_parent), ms_flat.index_select(0, flat_parent)  # [B, V]
+        w_parent, w_node = weight_flat.index_select(0, flat_parent), weight_flat.index_select(0, flat_node)
+        # Enter: the node's weight from its parent's current state.
+        ms_tok = ms_parent.gather(1, token).squeeze(-1)
+        ratio = mb_parent.gather(1, token).squeeze(-1) / ms_tok.clamp_min(tiny)
+        entered = torch.where(ms_tok > 0, torch.clamp(w_parent * ratio, max=1.0), 0.0)
+        entering = phase == enter
+        w_node = torch.where(entering, entered, w_node)
+        # Test a leaf of the current tree; the root always accepts.
+        testing = phase == test
+        accept = testing & ((node == 0) | (coins.gather(1, node.unsqueeze(-1)).squeeze(-1) < w_node))
+        reject = testing & ~accept
+        # Fold a rejected leaf into its parent (old Ms in the residual, then drop the token).
+        residual = (w_parent.unsqueeze(-1) * mb_parent - ms_parent).clamp_min(0)
+        mass = residual.sum(-1)
+        denom = mass + 1.0 - w_parent
+        folded_w = torch.where(parent == 0, 1.0, torch.where(denom > tiny, mass / denom.clamp_min(tiny), 0.0))
+        folded_mb = torch.where(mass.unsqueeze(-1) > tiny, residual / mass.clamp_min(tiny).unsqueeze(-1), residual)
+        folded_ms = _remove_token(ms_parent, token.squeeze(-1)) if tree.remove_rejected else ms_parent
+        weight_flat.index_copy_(0, flat_node, w_node)
+        weight_flat.index_copy_(0, flat_parent, torch.where(reject, folded_w, w_parent))
+        mb_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_mb, mb_parent))
+        ms_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_ms, ms_parent))
+        # Next state.
+        child = tree.first_child.gather(1, node.unsqueeze(-1)).squeeze(-1)
+        sibling = tree.next_sibling.gather(1, node.unsqueeze(-1)).squeeze(-1)
+        next_node = torch.where(entering & (child >= 0), child, node)
+        next_phase = torch.where(entering, torch.where(child >= 0, enter, test), phase)
+        next_node = torch.where(reject, torch.where(sibling >= 0, sibling, parent), next_node)
+        next_phase = torch.where(reject, torch.where(sibling >= 0, enter, test), next_phase)
+        phase = torch.where(accept, done, next_phase)
+        node = next_node
+    target_rows = tree.target_probs.to(dtype)[rows, node]
+    return node, _nonempty_or(mb[rows, node], target_rows)
+
+
+def rrs_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+    """Recursive rejection sampling, top-down; at most N children are tested per request."""
+    dtype = _compute_dtype(tree)
+    p = tree.target_probs.to(dtype)
+    q = tree.draft_probs.to(dtype)
+    rows = torch.arange(p.shape[0], device=p.device)
+    node = torch.zeros_like(rows)
+    mb, ms = p[:, 0].clone(), q[:, 0].clone()
+    child = tree.first_child[:, 0]
+    tiny = torch.finfo(dtype).tiny
+    for _ in range(p.shape[1]):
+        active = child >= 0
+        c = child.clamp_min(0)
+        token = tree.candidates[rows, c].unsqueeze(-1)
+        accept = active & (uniforms.accept[rows, c] * ms.gather(1, token).squeeze(-1) < mb.gather(1, token).squeeze(-1))
+        reject = active & ~accept
+        residual = (mb - ms).clamp_min(0)
+        mass = residual.sum(-1, keepdim=True)
+        rejected_mb = torch.where(mass > tiny, residual / mass.clamp_min(tiny), residual)
+        rejected_ms = _remove_token(ms, token.squeeze(-1)) if tree.remove_rejected else ms
+        mb = torch.where(accept.unsqueeze(-1), p[rows, c], torch.where(reject.unsqueeze(-1), rejected_mb, mb))
+        ms = torch.where(accept.unsqueeze(-1), q[rows, c], torch.where(reject.unsqueeze(-1), rejected_ms, ms))
+        node = torch.where(accept, c, node)
+        child = torch.where(accept, tree.first_child[rows, c], torch.where(reject, tree.next_sibling[rows, c], child))
+    return node, _nonempty_or(mb, p[rows, node])
+
+
+def target_only_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+    """SGLang's target-only walk: one coin per accepted node against the children's cumulative p.
+
+    As SGLang's kernel: the coin of node n is ``uniforms.accept[:, n]``, child j is accepted when
+    the coin falls below p(x_1) + ... + p(x_j), and when every child fails the next token comes
+    from p with the children's tokens removed. The comparison is strict (SGLang: ``<=``) so that a
+    coin of exactly 0 can never accept a child the target gives probability 0.
+    """
+    dtype = _compute_dtype(tree)
+    p = tree.target_probs.to(dtype)
+    rows = torch.arange(p.shape[0], device=p.device)
+    node = torch.zeros_like(rows)
+    child = tree.first_child[:, 0]
+    cumulative = torch.zeros(p.shape[0], dtype=dtype, device=p.device)
+    kept = torch.ones_like(p[:, 0], dtype=torch.bool)  # tokens of the node's children tried so far: False
+    for _ in range(p.shape[1]):
+        active = child >= 0
+        c = child.clamp_min(0)
+        token = tree.candidates[rows, c]
+        reached = cumulative + p[rows, node, token]
+        accept = active & (uniforms.accept[rows, node] < reached)
+        reject = active & ~accept
+        cumulative = torch.where(accept, 0.0, torch.where(reject, reached, cumulative))
+        tried = kept.scatter(1, token.unsqueeze(-1), False)
+        kept = torch.where(accept.unsqueeze(-1), True, torch.where(reject.unsqueeze(-1), tried, kept))
+        node = torch.where(accept, c, node)
+        child = torch.where(accept, tree.first_child[rows, c], torch.where(reject, tree.next_sibling[rows, c], child))
+    row = p[rows, node]
+    return node, _nonempty_or(row * kept, row)
+
+
+def greedy_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+    """Follow the child whose token is the target argmax; emit the argmax where none matches."""
+    argmax = tree.target_probs.argmax(dim=-1)  # [B, N]
+    rows = torch.arange(argmax.shape[0], device=argmax.device)
+    node = torch.zeros_like(rows)
+    child = tree.first_child[:, 0]
+    for _ in range(argmax.shape[1]):
+        active = child >= 0
+        c = child.clamp_min(0)
+        accept = active & (tree.candidates[rows, c] == argmax[rows, node])
+        reject = active & ~accept
+        node = torch.where(accept, c, node)
+        child = torch.where(accept, tree.first_child[rows, c], torch.where(reject, tree.next_sibling[rows, c], child))
+    return node, tree.target_probs[rows, node]
+
+
+TREE_METHODS: dict[str, TreeMethod] = {
+    "hsd": TreeMethod(hsd_final_node, reads_q=True, lossless=True, distinct_siblings=True,
+                      triton_kernel="hsd_final_node_triton"),
+    "rrs": TreeMethod(rrs_final_node, reads_q=True, lossless=True, distinct_siblings=True),
+    "target-only": TreeMethod(target_only_final_node, reads_q=False, lossless=True, distinct_siblings=True,
+                              triton_kernel="target_only_final_node_triton"),
+    "greedy": TreeMethod(greedy_final_node, reads_q=False, lossless=False, distinct_siblings=False),
+}
+
+
+def _use_triton(backend: str, method: str, rule: TreeMethod, target_probs: torch.Tensor) -> bool:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "torch":
+        return False
+    has_kernel = rule.triton_kernel is not None
+    if backend == "triton":
+        if not has_kernel:
+            with_kernel = sorted(name for name, r in TREE_METHODS.items() if r.triton_kernel)
+            raise ValueError(f"the Triton tree kernels implement {with_kernel}, not {method!r}")
+        return True
+    return has_kernel and target_probs.is_cuda

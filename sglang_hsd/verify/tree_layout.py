@@ -1,0 +1,93 @@
+"""Draft-tree layout helpers shared by the tree verifiers, the drafter and the attention mask.
+
+Layout (SGLang's): per request, N nodes; node 0 is the root (the last verified token) and its
+token is ``candidates[:, 0]``. ``retrive_next_token[b, n]`` is the first child of node n and
+``retrive_next_sibling[b, n]`` the next child of n's parent, -1 meaning none. Children are listed
+in the order they were drafted; the without-replacement verifiers rely on that order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NO_NODE = -1
+
+
+def parents_from_links(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:
+    """Parent of every node from first-child / next-sibling links. int64 [B, N], -1 for the root.
+
+    Vectorised over the batch: a first child learns its parent directly, a later sibling copies
+    its previous sibling's parent; N rounds of copying cover the longest sibling list.
+    Nodes no link reaches (orphans) keep -1; ``check_tree_layout`` rejects those.
+    """
+    batch, num_nodes = next_token.shape
+    node = torch.arange(num_nodes, device=next_token.device).expand(batch, num_nodes)
+    parent = _scatter_links(next_token, node)
+    prev_sibling = _scatter_links(next_sibling, node)
+    has_prev = prev_sibling >= 0
+    for _ in range(num_nodes):
+        parent = torch.where(has_prev, parent.gather(1, prev_sibling.clamp_min(0)), parent)
+    return parent
+
+
+def depths_from_parents(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of every node (root 0). int64 [B, N]; assumes a valid tree."""
+    depth = torch.zeros_like(parents)
+    for _ in range(parents.shape[1]):
+        depth = torch.where(parents >= 0, depth.gather(1, parents.clamp_min(0)) + 1, 0)
+    return depth
+
+
+def _scatter_links(links: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+    """out[b, links[b, n]] = n for every valid link; -1 elsewhere."""
+    batch, num_nodes = links.shape
+    out = torch.full((batch, num_nodes + 1), NO_NODE, dtype=torch.long, device=links.device)
+    target = torch.where(links >= 0, links.long(), num_nodes)  # invalid links land in a spare column
+    out.scatter_(1, target, node)
+    return out[:, :num_nodes]
+
+
+def check_tree_layout(next_token: torch.Tensor, next_sibling: torch.Tensor, name: str = "retrive_next_token") -> None:
+    """Raise ``ValueError`` unless every request's links describe one tree rooted at node 0.
+
+    Rejects: links outside [-1, N), a sibling for the root, cycles, a node reached twice (two
+    parents, or a sibling list that revisits a node) and orphans (nodes unreachable from the root).
+    Walks each request on the host (validation only, never on the hot path).
+    """
+    if next_token.shape != next_sibling.shape or next_token.dim() != 2:
+        raise ValueError(
+            f"retrive_next_token and retrive_next_sibling must both be [B, N], got "
+            f"{list(next_token.shape)} and {list(next_sibling.shape)}"
+        )
+    for label, links in (("retrive_next_token", next_token), ("retrive_next_sibling", next_sibling)):
+        if links.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{label} must be int64 (or int32), got dtype {links.dtype}")
+    num_nodes = next_token.shape[1]
+    for b, (first, sibling) in enumerate(zip(next_token.tolist(), next_sibling.tolist())):
+        _check_one_tree(b, first, sibling, num_nodes)
+
+
+def _check_one_tree(b: int, first: list[int], sibling: list[int], num_nodes: int) -> None:
+    for label, links in (("retrive_next_token", first), ("retrive_next_sibling", sibling)):
+        bad = [n for n, link in enumerate(links) if not -1 <= link < num_nodes]
+        if bad:
+            raise ValueError(f"{label}[{b}, {bad[0]}] = {links[bad[0]]} is outside [-1, {num_nodes})")
+    if sibling[0] != NO_NODE:
+        raise ValueError(f"retrive_next_sibling[{b}, 0] must be -1: the root has no siblings")
+    seen = {0}
+    stack = [0]
+    while stack:
+        node = stack.pop()
+        child = first[node]
+        while child != NO_NODE:
+            if child in seen:
+                raise ValueError(
+                    f"request {b}: node {child} is reached twice (a cycle, two parents or a sibling "
+                    f"list that revisits a node) in retrive_next_token / retrive_next_sibling"
+                )
+            seen.add(child)
+            stack.append(child)
+            child = sibling[child]
+    if len(seen) != num_nodes:
+        orphan = min(set(range(num_nodes)) - seen)
+        raise ValueError(f"request {b}: node {orphan} is an orphan (not reachable from the root node 0)")
