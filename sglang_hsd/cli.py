@@ -65,16 +65,25 @@ def _run_check(args: argparse.Namespace) -> int:
 def _add_demo_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="the main job on the embedded defaults: `check`, then the verifiers on a real model",
-        description="Runs `sglang-hsd check` with its defaults, then the real-model demo (fetching "
-        "the default model on first use).",
+        help="the main job on the embedded defaults: `check`, then speculative generation on SmolLM2",
+        description="Runs `sglang-hsd check` with its defaults, then `sglang-hsd generate --compare` "
+        "on the default model (SmolLM2-135M-Instruct, fetched and converted on first use) with the "
+        "default hierarchy, printing tokens/s against autoregressive decoding in the same run.",
     )
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens generated per prompt (default 48)")
+    parser.add_argument("--skip-check", action="store_true", help="skip the exact check")
     parser.set_defaults(func=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    check_args = build_parser().parse_args(["check"])
-    return _run_check(check_args)
+    parser = build_parser()
+    if not args.skip_check:
+        code = _run_check(parser.parse_args(["check"]))
+        if code:
+            return code
+    print("\n--- speculative generation on the default model ---")
+    generate_args = parser.parse_args(["generate", "--compare", "--max-new-tokens", str(args.max_new_tokens)])
+    return generate_args.func(generate_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live beside the code they drive: (module, function adding the subparser).
 _OPTIONAL_SUBCOMMANDS: list[tuple[str, str]] = [
     ("sglang_hsd.assets.cli", "add_fetch_parser"),
+    ("sglang_hsd.runtime.cli", "add_generate_parser"),
 ]
 
 
