@@ -55,16 +55,18 @@ def add_generate_parser(subparsers) -> None:
 
 @dataclass
 class LoadedModel:
-    """A target (or drafter) with its tokenizer."""
+    """A target (or drafter): our ``CausalLM``, the transformers model it shares weights with, the tokenizer."""
 
     model: object
+    hf: object
     tokenizer: object
     path: Path
 
 
 def load_model(name_or_path: str) -> LoadedModel:
     """Load a registry model (fetching it on first use) or a local folder."""
-    from transformers import AutoTokenizer
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sglang_hsd.runtime.model import CausalLM
 
@@ -73,7 +75,8 @@ def load_model(name_or_path: str) -> LoadedModel:
         from sglang_hsd.assets.fetch import fetch_model
 
         path = fetch_model(name_or_path)  # raises ValueError listing known names
-    return LoadedModel(CausalLM.from_pretrained(str(path)), AutoTokenizer.from_pretrained(str(path)), path)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
+    return LoadedModel(CausalLM.from_hf(hf), hf, AutoTokenizer.from_pretrained(str(path)), path)
 
 
 def check_same_tokenizer(target_tok, drafter_tok, drafter_name: str) -> None:
