@@ -62,14 +62,20 @@ def simulate_chain(
         result = verify_chain(draft, draft_probs, target_probs, method=method, generator=generator)
         if first_round is None:
             first_round = result.num_accepted.clone()
-        for slot in range(num_draft + 1):
-            emitted = result.tokens[:, slot]
-            write = (emitted >= 0) & (seq_len[active] < length)
-            rows = active[write]
-            tokens[rows, seq_len[rows]] = emitted[write]
-            value[rows] = value[rows] * vocab + emitted[write]
-            seq_len[rows] += 1
+        _append_emitted(tokens, seq_len, value, active, result.tokens, vocab)
     return SimulationResult(tokens, first_round)
+
+
+def _append_emitted(tokens, seq_len, value, active, emitted_rows, vocab) -> None:
+    """Append each active sequence's emitted tokens (-1 padded [R, S]) up to its target length, in place."""
+    length = tokens.shape[1]
+    for slot in range(emitted_rows.shape[1]):
+        emitted = emitted_rows[:, slot]
+        write = (emitted >= 0) & (seq_len[active] < length)
+        rows = active[write]
+        tokens[rows, seq_len[rows]] = emitted[write]
+        value[rows] = value[rows] * vocab + emitted[write]
+        seq_len[rows] += 1
 
 
 def _draft_round(world, p_table, q_table, offsets, seq_len, value, num_draft, generator):
@@ -179,13 +185,7 @@ def simulate_tree(
         )
         if first_round is None:
             first_round = result.num_accepted.clone()
-        for slot in range(depth + 1):
-            emitted = result.tokens[:, slot]
-            write = (emitted >= 0) & (seq_len[active] < length)
-            rows = active[write]
-            tokens[rows, seq_len[rows]] = emitted[write]
-            value[rows] = value[rows] * vocab + emitted[write]
-            seq_len[rows] += 1
+        _append_emitted(tokens, seq_len, value, active, result.tokens, vocab)
     return SimulationResult(tokens, first_round)
 
 
