@@ -1,0 +1,1 @@
+"""Plain-PyTorch runtime: compact model forward, KV cache, speculative generation."""
