@@ -219,10 +219,12 @@ class CausalLM(nn.Module):
         rope = self.rotary(position_ids, hidden.dtype)
         masks = build_attention_mask(lengths, num_new, seq, kv_len, attn_mask)
         masks = fold_groups(masks, self.num_heads // self.num_kv_heads)
-        valid = torch.arange(seq, device=device)[None, :] < num_new[:, None]  # [B, T]
+        new_index = torch.arange(seq, device=device)
+        valid = (new_index[None, :] < num_new[:, None])[None]  # [1, B, T]
+        # Per-layer write slots [n, B, T]; padding tokens go to the scratch slot.
+        slots = torch.where(valid, lengths[..., None] + new_index, cache.scratch_slot)
         for offset, layer in enumerate(range(start, end)):
-            slots = torch.where(valid, lengths[offset][:, None] + torch.arange(seq, device=device), cache.scratch_slot)
-            hidden = self.layers[layer](hidden, rope, cache, layer, slots, masks[offset])
+            hidden = self.layers[layer](hidden, rope, cache, layer, slots[offset], masks[offset])
         lengths += num_new[None, :]  # in place: advances cache.lengths[start:end]
 
         self.counters.layer_token_forwards += (end - start) * total_new
