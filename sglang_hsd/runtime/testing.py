@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["decode_chain", "hf_logits", "right_pad", "tiny_llama", "tiny_qwen2"]
+__all__ = ["decode_chain", "hf_logits", "right_pad", "tiny_llama", "tiny_mistral", "tiny_qwen2"]
 
 
 def _common_config(vocab_size: int, num_layers: int, hidden_size: int, heads: int, kv_heads: int, tie: bool) -> dict:
@@ -83,6 +83,25 @@ def tiny_qwen2(
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
     return _build(Qwen2ForCausalLM, config, seed)
+
+
+def tiny_mistral(
+    vocab_size: int = 64,
+    num_layers: int = 4,
+    hidden_size: int = 32,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    tie: bool = False,
+    sliding_window: int | None = None,
+):
+    """A random ``transformers.MistralForCausalLM`` (float32, eval), full attention by default."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        **_common_config(vocab_size, num_layers, hidden_size, heads, kv_heads, tie), sliding_window=sliding_window
+    )
+    return _build(MistralForCausalLM, config, seed)
 
 
 def hf_logits(hf_model, ids: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sglang_hsd.runtime.model import CausalLM
-from sglang_hsd.runtime.testing import tiny_llama
+from sglang_hsd.runtime.testing import tiny_llama, tiny_mistral
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +67,8 @@ def test_unsupported_rope_and_activation():
     hf_model.config.hidden_act = "gelu"
     with pytest.raises(ValueError, match="hidden_act"):
         CausalLM.from_hf(hf_model)
+
+
+def test_sliding_window_is_rejected():
+    with pytest.raises(ValueError, match="sliding-window"):
+        CausalLM.from_hf(tiny_mistral(sliding_window=8))

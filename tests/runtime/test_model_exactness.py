@@ -2,14 +2,14 @@
 
 Regimes: plain MHA-free GQA Llama (untied), tied embeddings, Qwen2 (qkv bias, tied, large
 rope_theta), Llama with attention bias, linear and llama3 rope scaling, MHA (kv_heads == heads),
-multi-query attention (kv_heads == 1).
+multi-query attention (kv_heads == 1), Mistral without sliding window.
 """
 
 import pytest
 import torch
 
 from sglang_hsd.runtime.model import CausalLM
-from sglang_hsd.runtime.testing import decode_chain, hf_logits, right_pad, tiny_llama, tiny_qwen2
+from sglang_hsd.runtime.testing import decode_chain, hf_logits, right_pad, tiny_llama, tiny_mistral, tiny_qwen2
 
 # float32 throughout: our forward and transformers' eager forward differ only in summation
 # order (GQA folding, fused SDPA), measured at ~2e-6 on O(1) logits; 1e-4 is the contract.
@@ -35,6 +35,7 @@ CONFIGS = {
     ),
     "qwen2_tied_bias": lambda: tiny_qwen2(),
     "qwen2_untied": lambda: tiny_qwen2(tie=False, seed=6),
+    "mistral_full_attention": lambda: tiny_mistral(seed=8),
 }
 
 
