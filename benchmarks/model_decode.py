@@ -69,7 +69,8 @@ def main() -> None:
     agree = int((ours_tokens == hf_tokens).cumprod(-1).sum())
     print(f"model={path} threads={args.threads} prompt={args.prompt_len} new_tokens={args.new_tokens}")
     print(f"CausalLM      : {args.new_tokens / ours_s:7.1f} tok/s ({ours_s:.3f} s)")
-    print(f"HF generate   : {args.new_tokens / hf_s:7.1f} tok/s ({hf_s:.3f} s, attn={hf_model.config._attn_implementation})")
+    attn = hf_model.config._attn_implementation
+    print(f"HF generate   : {args.new_tokens / hf_s:7.1f} tok/s ({hf_s:.3f} s, attn={attn})")
     print(f"greedy tokens agree for the first {agree}/{args.new_tokens} positions")
 
 

@@ -233,12 +233,15 @@ class CausalLM(nn.Module):
 
     def _check_forward_args(self, hidden: torch.Tensor, start: int, end: int, cache: KVCache) -> tuple[int, int]:
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= self.num_layers):
-            raise ValueError(f"layer range must satisfy 0 <= start < end <= {self.num_layers}, got start={start}, end={end}")
+            raise ValueError(
+                f"layer range must satisfy 0 <= start < end <= {self.num_layers}, got start={start}, end={end}"
+            )
         if hidden.dim() != 3 or hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden must be [B, T, D={self.hidden_size}], got {tuple(hidden.shape)}")
         if hidden.shape[1] == 0:
             raise ValueError("hidden must hold at least one token (T >= 1)")
-        if cache.num_layers != self.num_layers or cache.num_kv_heads != self.num_kv_heads or cache.head_dim != self.head_dim:
+        layout = (cache.num_layers, cache.num_kv_heads, cache.head_dim)
+        if layout != (self.num_layers, self.num_kv_heads, self.head_dim):
             raise ValueError("cache layout does not match this model; create it with CausalLM.new_cache")
         if cache.batch_size != hidden.shape[0]:
             raise ValueError(f"hidden batch size {hidden.shape[0]} != cache batch size {cache.batch_size}")
