@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
+from sglang_hsd.runtime.layers import DecoderLayer, RMSNorm, build_attention_mask, fold_groups
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "ForwardCounters"]
 
@@ -64,156 +64,6 @@ class ForwardCounters:
 
     def snapshot(self) -> "ForwardCounters":
         return dataclasses.replace(self)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, sharing its ``weight`` with the wrapped HF norm."""
-
-    def __init__(self, weight: nn.Parameter, eps: float) -> None:
-        super().__init__()
-        self.weight = weight
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[..., D]`` -> ``[..., D]``, same dtype."""
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, T, heads, Dh]`` by ``cos``/``sin`` ``[B, T, Dh]`` (half-split layout)."""
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    return x * cos + _rotate_half(x) * sin
-
-
-class Attention(nn.Module):
-    """Grouped-query self-attention over a :class:`KVCache`, projections shared with HF."""
-
-    def __init__(self, hf_attn: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__()
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            if not isinstance(getattr(hf_attn, name, None), nn.Linear):
-                raise ValueError(f"self_attn.{name} must be an nn.Linear (quantized weights are unsupported)")
-        self.q_proj, self.k_proj = hf_attn.q_proj, hf_attn.k_proj
-        self.v_proj, self.o_proj = hf_attn.v_proj, hf_attn.o_proj
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.groups = num_heads // num_kv_heads
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        cache: KVCache,
-        layer: int,
-        slots: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """One attention block.
-
-        Args:
-            x: ``[B, T, D]`` normed hidden states.
-            rope: ``(cos, sin)``, each ``[B, T, Dh]``.
-            cache, layer: where K/V live; new K/V are written at ``slots`` ``LongTensor[B, T]``.
-            mask: ``BoolTensor[B, 1, G*T, W]``, True = may attend (already group-folded).
-
-        Returns:
-            ``[B, T, D]``.
-        """
-        batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        cache.write(layer, k, v, slots)
-        keys, values = cache.window(layer, mask.shape[-1])  # [B, H_kv, W, Dh]
-
-        # Fold the G query heads sharing a K/V head into the query axis: [B, H_kv, G*T, Dh].
-        q = q.view(batch, seq, self.num_kv_heads, self.groups, self.head_dim)
-        q = q.permute(0, 2, 3, 1, 4).reshape(batch, self.num_kv_heads, self.groups * seq, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=self.head_dim**-0.5
-        )
-        out = out.view(batch, self.num_kv_heads, self.groups, seq, self.head_dim)
-        out = out.permute(0, 3, 1, 2, 4).reshape(batch, seq, self.num_heads * self.head_dim)
-        return self.o_proj(out)
-
-
-class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with the HF projections shared."""
-
-    def __init__(self, hf_mlp: nn.Module) -> None:
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = hf_mlp.gate_proj, hf_mlp.up_proj, hf_mlp.down_proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, T, D]`` -> ``[B, T, D]``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    """Pre-norm block: ``h + attn(norm(h))``, then ``h + mlp(norm(h))``."""
-
-    def __init__(self, hf_layer: nn.Module, config, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__()
-        eps = config.rms_norm_eps
-        self.input_norm = RMSNorm(hf_layer.input_layernorm.weight, eps)
-        self.attn = Attention(hf_layer.self_attn, num_heads, num_kv_heads, head_dim)
-        self.post_attn_norm = RMSNorm(hf_layer.post_attention_layernorm.weight, eps)
-        self.mlp = SwiGLU(hf_layer.mlp)
-
-    def forward(self, h, rope, cache, layer, slots, mask) -> torch.Tensor:
-        """``h``: ``[B, T, D]`` -> ``[B, T, D]``; other args as in :meth:`Attention.forward`."""
-        h = h + self.attn(self.input_norm(h), rope, cache, layer, slots, mask)
-        return h + self.mlp(self.post_attn_norm(h))
-
-
-def build_attention_mask(
-    lengths: torch.Tensor,
-    num_new: torch.Tensor,
-    seq_len: int,
-    kv_len: int,
-    attn_mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """Boolean attention masks of ``n`` layers over key slots ``[0, kv_len)``.
-
-    Args:
-        lengths: ``LongTensor[n, B]``, old cache length of each layer in the range.
-        num_new: ``LongTensor[B]``, valid new tokens per row.
-        seq_len: ``T``.
-        kv_len: ``W``, at least ``max(lengths + num_new)``.
-        attn_mask: ``BoolTensor[B, T, T]`` among new tokens (True = may attend), or None for causal.
-
-    Returns:
-        ``BoolTensor[n, B, T, W]``. Query ``t`` of row ``b`` may see slot ``j < L0`` and slot
-        ``L0 + t'`` for a valid new token ``t'`` it is allowed to see. Padding queries see only
-        slot 0 so that no softmax row is empty (their outputs are finite and unspecified).
-    """
-    device = lengths.device
-    slot = torch.arange(kv_len, device=device)  # [W]
-    query = torch.arange(seq_len, device=device)  # [T]
-    rel = slot - lengths[..., None]  # [n, B, W]: index among the new tokens
-    cached = (rel < 0)[:, :, None, :]  # [n, B, 1, W]
-    is_new = ((rel >= 0) & (rel < num_new[None, :, None]))[:, :, None, :]
-    if attn_mask is None:
-        allowed = rel[:, :, None, :] <= query[None, None, :, None]  # [n, B, T, W]
-    else:
-        index = rel.clamp(0, seq_len - 1)[:, :, None, :].expand(-1, -1, seq_len, -1)
-        allowed = attn_mask[None].expand(lengths.shape[0], -1, -1, -1).gather(-1, index)
-    mask = cached | (is_new & allowed)
-    valid_query = (query[None, :] < num_new[:, None])[None, :, :, None]  # [1, B, T, 1]
-    return torch.where(valid_query, mask, slot == 0)
-
-
-def _fold_groups(mask: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[n, B, T, W]`` -> ``[n, B, 1, G*T, W]``, matching the group-folded queries."""
-    n, batch, seq, kv_len = mask.shape
-    return mask[:, :, None, None].expand(n, batch, 1, groups, seq, kv_len).reshape(n, batch, 1, groups * seq, kv_len)
 
 
 def _check_hf_config(hf_model: nn.Module) -> None:
@@ -368,11 +218,13 @@ class CausalLM(nn.Module):
 
         rope = self.rotary(position_ids, hidden.dtype)
         masks = build_attention_mask(lengths, num_new, seq, kv_len, attn_mask)
-        masks = _fold_groups(masks, self.num_heads // self.num_kv_heads)
-        valid = torch.arange(seq, device=device)[None, :] < num_new[:, None]  # [B, T]
+        masks = fold_groups(masks, self.num_heads // self.num_kv_heads)
+        new_index = torch.arange(seq, device=device)
+        valid = (new_index[None, :] < num_new[:, None])[None]  # [1, B, T]
+        # Per-layer write slots [n, B, T]; padding tokens go to the scratch slot.
+        slots = torch.where(valid, lengths[..., None] + new_index, cache.scratch_slot)
         for offset, layer in enumerate(range(start, end)):
-            slots = torch.where(valid, lengths[offset][:, None] + torch.arange(seq, device=device), cache.scratch_slot)
-            hidden = self.layers[layer](hidden, rope, cache, layer, slots, masks[offset])
+            hidden = self.layers[layer](hidden, rope, cache, layer, slots[offset], masks[offset])
         lengths += num_new[None, :]  # in place: advances cache.lengths[start:end]
 
         self.counters.layer_token_forwards += (end - start) * total_new
@@ -381,12 +233,15 @@ class CausalLM(nn.Module):
 
     def _check_forward_args(self, hidden: torch.Tensor, start: int, end: int, cache: KVCache) -> tuple[int, int]:
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= self.num_layers):
-            raise ValueError(f"layer range must satisfy 0 <= start < end <= {self.num_layers}, got start={start}, end={end}")
+            raise ValueError(
+                f"layer range must satisfy 0 <= start < end <= {self.num_layers}, got start={start}, end={end}"
+            )
         if hidden.dim() != 3 or hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden must be [B, T, D={self.hidden_size}], got {tuple(hidden.shape)}")
         if hidden.shape[1] == 0:
             raise ValueError("hidden must hold at least one token (T >= 1)")
-        if cache.num_layers != self.num_layers or cache.num_kv_heads != self.num_kv_heads or cache.head_dim != self.head_dim:
+        layout = (cache.num_layers, cache.num_kv_heads, cache.head_dim)
+        if layout != (self.num_layers, self.num_kv_heads, self.head_dim):
             raise ValueError("cache layout does not match this model; create it with CausalLM.new_cache")
         if cache.batch_size != hidden.shape[0]:
             raise ValueError(f"hidden batch size {hidden.shape[0]} != cache batch size {cache.batch_size}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["tiny_llama", "tiny_qwen2"]
+__all__ = ["decode_chain", "hf_logits", "right_pad", "tiny_llama", "tiny_mistral", "tiny_qwen2"]
 
 
 def _common_config(vocab_size: int, num_layers: int, hidden_size: int, heads: int, kv_heads: int, tie: bool) -> dict:
@@ -18,6 +18,9 @@ def _common_config(vocab_size: int, num_layers: int, hidden_size: int, heads: in
         max_position_embeddings=512,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tie,
+        # Larger than HF's 0.02 so attention is far from uniform and logits are O(1):
+        # exactness tests then compare numbers that differ between wrong implementations.
+        initializer_range=0.15,
         attn_implementation="eager",
     )
 
@@ -80,3 +83,42 @@ def tiny_qwen2(
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
     return _build(Qwen2ForCausalLM, config, seed)
+
+
+def tiny_mistral(
+    vocab_size: int = 64,
+    num_layers: int = 4,
+    hidden_size: int = 32,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    tie: bool = False,
+    sliding_window: int | None = None,
+):
+    """A random ``transformers.MistralForCausalLM`` (float32, eval), full attention by default."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        **_common_config(vocab_size, num_layers, hidden_size, heads, kv_heads, tie), sliding_window=sliding_window
+    )
+    return _build(MistralForCausalLM, config, seed)
+
+
+def hf_logits(hf_model, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' logits for unpadded ``ids`` ``LongTensor[B, T]`` -> ``[B, T, V]``."""
+    with torch.inference_mode():
+        return hf_model(ids).logits
+
+
+def decode_chain(model, cache, tokens: torch.Tensor) -> torch.Tensor:
+    """Feed ``tokens`` ``LongTensor[B, T]`` to a ``CausalLM`` one at a time -> logits ``[B, T, V]``."""
+    return torch.cat([model(tokens[:, i : i + 1], cache) for i in range(tokens.shape[1])], dim=1)
+
+
+def right_pad(rows: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D LongTensors -> (right-padded ids ``LongTensor[B, T_max]``, lengths ``LongTensor[B]``)."""
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    out = torch.full((len(rows), int(lengths.max())), pad, dtype=torch.long)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = row
+    return out, lengths
