@@ -188,6 +188,41 @@ def hsd_weights(
     return h, r_star
 
 
+def expected_accepted_per_length(
+    tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, method: str
+) -> torch.Tensor:
+    """Exact expected accepted tokens given each draft, for every draft length K' = 1..K.
+
+    No coins are drawn: this is the expectation over the verifier's randomness for the fixed draft
+    (truncated to its first K' tokens), which is what benchmarks compare methods on.
+
+    Args:
+        tokens: int64 [N, K]; draft_probs: float [N, K, V]; target_probs: float [N, K + 1, V].
+        method: ``tokenwise``, ``hsd`` or ``hsd-paper``.
+    Returns:
+        float64 [N, K]; column K' - 1 is E[accepted | first K' draft tokens].
+    """
+    q, p = draft_probs, target_probs
+    idx = tokens.unsqueeze(-1)
+    p_draft = p[:, :-1].gather(-1, idx).squeeze(-1).double()
+    q_draft = q.gather(-1, idx).squeeze(-1).double()
+    num_draft = tokens.shape[1]
+    out = torch.zeros(tokens.shape[0], num_draft, dtype=torch.float64)
+    for k in range(1, num_draft + 1):
+        if method == "tokenwise":
+            accept = (p_draft[:, :k] / q_draft[:, :k]).clamp(max=1.0)
+            out[:, k - 1] = torch.cumprod(accept, dim=-1).sum(-1)
+            continue
+        h, _ = hsd_weights(p_draft[:, :k], q_draft[:, :k], q[:, :k].double(), p[:, : k + 1].double(),
+                           capped=(method == "hsd"))
+        # P(tau = t) = h_t * prod_{s > t} (1 - h_s), scanning from t = k down to 0.
+        survive = torch.flip(torch.cumprod(torch.flip(1 - h, [-1]), -1), [-1])
+        after = torch.cat([survive[:, 1:], torch.ones_like(survive[:, :1])], -1)
+        stop = h * after
+        out[:, k - 1] = (stop * torch.arange(k + 1, dtype=torch.float64)).sum(-1)
+    return out
+
+
 def _backward_scan_stop(h: torch.Tensor, accept_u: torch.Tensor) -> torch.Tensor:
     """tau = the largest t whose coin u_t < h_t succeeds (t = 0 always succeeds). int64 [B]."""
     success = torch.cat([torch.ones_like(accept_u[:, :1], dtype=torch.bool), accept_u < h[:, 1:]], 1)

@@ -79,3 +79,25 @@ def test_one_hot_draft_makes_hsd_equal_tokenwise(seed):
 def test_oracle_rejects_too_short_world():
     with pytest.raises(ValueError, match="max_len"):
         exact.prefix_tv(exact.random_world(3, 3, seed=0), "hsd", 3, 3)
+
+
+@pytest.mark.parametrize("method", ["tokenwise", "hsd", "hsd-paper"])
+def test_expected_accepted_per_length_matches_the_oracle_laws(method):
+    # The batched expectation used by benchmarks/bench_verify.py against the oracle's per-draft laws.
+    import numpy as np
+    import torch
+
+    from sglang_hsd.verify.chain import expected_accepted_per_length
+
+    rng = np.random.default_rng(0)
+    vocab, num_draft = 5, 4
+    q = rng.dirichlet(np.ones(vocab), size=(6, num_draft))
+    p = rng.dirichlet(np.ones(vocab), size=(6, num_draft + 1))
+    p[:, :num_draft] = 0.6 * q + 0.4 * p[:, :num_draft]  # ratios above and below 1
+    draft = np.array([[rng.choice(vocab, p=q[n, t]) for t in range(num_draft)] for n in range(6)])
+    ours = expected_accepted_per_length(torch.as_tensor(draft), torch.as_tensor(q), torch.as_tensor(p), method)
+    for n in range(6):
+        for k in range(1, num_draft + 1):
+            law = exact.OUTCOME_LAWS[method](p[n, : k + 1], q[n, :k], tuple(draft[n, :k]))
+            oracle = sum(prob * accepted for (accepted, _), prob in law.items())
+            assert float(ours[n, k - 1]) == pytest.approx(oracle, abs=1e-12)
