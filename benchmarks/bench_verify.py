@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_hsd.runtime.cli import encode_prompts, load_model
+from sglang_hsd.runtime.cli import encode_prompts, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify.chain import expected_accepted_per_length
 
@@ -32,7 +32,7 @@ METHODS = ("tokenwise", "hsd", "hsd-paper")
 
 
 @torch.inference_mode()
-def record_drafts(target, drafter_spec, drafter, prompts, params, num_draft, positions, seed):
+def record_drafts(target, drafter_spec, drafter, prompts, params, num_draft, positions, seed, exit_heads=None):
     """Sample drafts and score them. Returns tokens [N, K], q [N, K, V], p [N, K+1, V]."""
     gen = torch.Generator().manual_seed(seed)
     hf = target.hf
@@ -42,7 +42,7 @@ def record_drafts(target, drafter_spec, drafter, prompts, params, num_draft, pos
         for _ in range(positions):
             draft, q_rows = [], []
             for _ in range(num_draft):
-                q_rows.append(_draft_probs(hf, drafter_spec, drafter, context + draft, params))
+                q_rows.append(_draft_probs(hf, drafter_spec, drafter, context + draft, params, exit_heads or {}))
                 draft.append(int(torch.multinomial(q_rows[-1], 1, generator=gen)))
             logits = hf(torch.tensor([context + draft])).logits[0, len(context) - 1 :]
             p_rows = logits_to_probs(logits.unsqueeze(0), params)[0]
@@ -56,12 +56,13 @@ def record_drafts(target, drafter_spec, drafter, prompts, params, num_draft, pos
     return torch.stack(all_tokens), torch.stack(all_q), torch.stack(all_p)
 
 
-def _draft_probs(hf, drafter_spec, drafter, ids, params):
+def _draft_probs(hf, drafter_spec, drafter, ids, params, exit_heads):
     if drafter_spec.startswith("exit:"):
         layer = int(drafter_spec.split(":")[1])
         out = hf.model(torch.tensor([ids]), output_hidden_states=True)
         hidden = out.hidden_states[layer][:, -1:]  # output of layer `layer` (index 0 = embeddings)
-        logits = hf.lm_head(hf.model.norm(hidden))[0]
+        head = exit_heads.get(layer)
+        logits = (head(hidden) if head is not None else hf.lm_head(hf.model.norm(hidden)))[0]
     else:
         logits = drafter.hf(torch.tensor([ids])).logits[0, -1:]
     return logits_to_probs(logits, params)[0]
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=4, help="drafts per prompt")
     parser.add_argument("--max-draft", type=int, default=8)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.6, 1.0])
+    parser.add_argument("--exit-heads", default="auto", help="trained exit heads: 'auto', 'none' or a folder")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="verify")
     args = parser.parse_args()
@@ -85,6 +87,7 @@ def main() -> None:
     from sglang_hsd.assets.prompts import load_prompts
 
     target = load_model(args.model)
+    exit_heads = load_exit_heads_option(target, args.exit_heads)
     rows = []
     for drafter_spec in args.drafters:
         drafter = None if drafter_spec.startswith("exit:") else load_model(drafter_spec)
@@ -94,10 +97,12 @@ def main() -> None:
             for temperature in args.temperatures:
                 params = SamplingParams(temperature=temperature)
                 tokens, q, p = record_drafts(target, drafter_spec, drafter, prompts, params,
-                                             args.max_draft, args.positions, seed=0)
+                                             args.max_draft, args.positions, seed=0, exit_heads=exit_heads)
                 means = {m: expected_accepted_per_length(tokens, q, p, m).mean(0) for m in METHODS}
                 for k in range(2, args.max_draft + 1):
-                    row = {"drafter": drafter_spec, "prompt_set": prompt_set, "temperature": temperature,
+                    trained = drafter_spec.startswith("exit:") and int(drafter_spec[5:]) in exit_heads
+                    row = {"drafter": drafter_spec + (" (trained head)" if trained else ""),
+                           "prompt_set": prompt_set, "temperature": temperature,
                            "K": k, "drafts": tokens.shape[0]}
                     row.update({f"block_eff_{m}": 1 + float(means[m][k - 1]) for m in METHODS})
                     rows.append(row)

@@ -121,11 +121,11 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         loaded = load_model(config.levels[0].model_path)
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, config.levels[0].model_path)
         drafter = loaded.model
-    heads = _load_exit_heads(target, exit_heads)
+    heads = load_exit_heads_option(target, exit_heads)
     return SpeculativeGenerator(target.model, config, drafter=drafter, exit_heads=heads)
 
 
-def _load_exit_heads(target: LoadedModel, exit_heads: str) -> dict:
+def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
     if exit_heads == "none":
         return {}
     try:
