@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that live beside the code they drive: (module, function adding the subparser).
 _OPTIONAL_SUBCOMMANDS: list[tuple[str, str]] = [
     ("sglang_hsd.assets.cli", "add_fetch_parser"),
+    ("eagle_heads.cli", "add_train_heads_parser"),
 ]
 
 
