@@ -102,3 +102,38 @@ def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: Fe
     }
     save_exit_heads(str(out), heads, manifest)
     return metrics
+
+
+def build_eagle3_head(target, train: FeatureSet, draft_vocab: int, seed: int = 0):
+    """A target-initialised ``Eagle3Head`` (see ``eagle3_train``) and its ``Eagle3HeadConfig``."""
+    from eagle_heads.eagle3 import Eagle3HeadConfig
+    from eagle_heads.eagle3_train import init_head_from_target, select_draft_vocab
+    from sglang_hsd.runtime.eagle3 import Eagle3Head
+
+    captures = eagle3_capture_layers(target.num_layers)
+    kept = select_draft_vocab(target, train, draft_vocab)
+    config = Eagle3HeadConfig.for_target(target.config, len(kept), aux_layer_ids=[c - 1 for c in captures])
+    head = Eagle3Head(config.to_hf_dict(), target)
+    init_head_from_target(head, target, kept, seed)
+    return head, config
+
+
+def train_and_save_eagle3(target, model: str, train: FeatureSet, heldout: FeatureSet, out: Path, budget_minutes: float, draft_vocab: int = 8192, progress: bool = True) -> dict:
+    """Train an EAGLE-3 head (resuming from ``out/train_state.pt``), evaluate it on the held-out
+    features, export it in SGLang's format to ``out`` with a ``training.json``; returns metrics."""
+    import json
+
+    from eagle_heads.eagle3 import save_eagle3_head
+    from eagle_heads.eagle3_train import evaluate_eagle3, train_eagle3
+
+    head, config = build_eagle3_head(target, train, draft_vocab)
+    untrained = evaluate_eagle3(head, target, heldout)
+    log = train_eagle3(head, target, train, budget_minutes=budget_minutes, checkpoint_dir=str(out), progress=progress)
+    metrics = {"T=1": evaluate_eagle3(head, target, heldout), "untrained_T=1": untrained}
+    save_eagle3_head(str(out), config, {k: v.detach().contiguous() for k, v in head.state_dict().items()})
+    with open(out / "training.json", "w") as f:
+        json.dump({"model": model, "budget_minutes": budget_minutes, "draft_vocab": draft_vocab,
+                   "steps": log[-1]["step"] if log else 0, "heldout_metrics": metrics,
+                   "train_positions": train.num_positions, "heldout_positions": heldout.num_positions,
+                   "training_log": log}, f, indent=2)
+    return metrics
