@@ -73,7 +73,7 @@ def prepare_features(target, tokenizer, out: Path, spec: FeatureSpec, boundaries
     splits = (("train", spec.train_sets, spec.train_prompts, spec.train_new_tokens),
               ("heldout", spec.heldout_sets, spec.heldout_prompts, spec.heldout_new_tokens))
     for split, sets, count, new_tokens in splits:
-        path = out / f"features-{split}.pt"
+        path = out / f"features-{split}-{'+'.join(sets)}-{count}x{new_tokens}.pt"
         if path.exists():
             features = FeatureSet.load(str(path))
             if set(boundaries) <= set(features.hidden):

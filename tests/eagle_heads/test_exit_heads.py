@@ -63,12 +63,22 @@ def test_training_reduces_kl_and_raises_acceptance(target):
     train = _random_features(target, seed=0)
     heldout = _random_features(target, num_seqs=6, seed=1)
     before = evaluate_exit_heads(target, heldout, {}, layers=[2, 3])
-    heads, log = train_exit_heads(target, train, [2, 3], max_steps=60, batch_positions=64, lr=3e-3, progress=False)
+    heads, log = train_exit_heads(target, train, [2, 3], max_steps=60, batch_positions=64, lr=3e-3, progress=False,
+                                  init="zero")
     after = evaluate_exit_heads(target, heldout, heads)
     for layer in (2, 3):
         assert log[-1][f"kl@{layer}"] < log[0][f"kl@{layer}"]
         assert after[f"exit:{layer}"]["head_1-tv"] > before[f"exit:{layer}"]["lens_1-tv"] + 0.01
         assert after[f"exit:{layer}"]["lens_1-tv"] == before[f"exit:{layer}"]["lens_1-tv"]
+
+
+def test_lstsq_init_beats_the_logit_lens(target):
+    train, heldout = _random_features(target, seed=0), _random_features(target, num_seqs=6, seed=1)
+    heads, _ = train_exit_heads(target, train, [2, 3], max_steps=0, progress=False)
+    before = evaluate_exit_heads(target, heldout, {}, layers=[2, 3])
+    after = evaluate_exit_heads(target, heldout, heads)
+    for layer in (2, 3):
+        assert after[f"exit:{layer}"]["head_1-tv"] > before[f"exit:{layer}"]["lens_1-tv"]
 
 
 def test_kl_is_zero_on_equal_distributions():
