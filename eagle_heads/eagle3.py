@@ -73,7 +73,7 @@ class Eagle3HeadConfig:
             intermediate_size=target_config.intermediate_size,
             aux_layer_ids=aux,
             max_position_embeddings=target_config.max_position_embeddings,
-            rope_theta=float(getattr(target_config, "rope_theta", None) or 10000.0),
+            rope_theta=_rope_theta(target_config),
             rms_norm_eps=target_config.rms_norm_eps,
         )
         values.update(overrides)
@@ -104,6 +104,12 @@ class Eagle3HeadConfig:
                 "use_aux_hidden_state": True,
             },
         }
+
+
+def _rope_theta(target_config) -> float:
+    """The target's rotary base (transformers >= 5 keeps it in ``rope_parameters``)."""
+    params = getattr(target_config, "rope_parameters", None) or {}
+    return float(getattr(target_config, "rope_theta", None) or params.get("rope_theta") or 10000.0)
 
 
 def draft_vocab_maps(draft_to_target: torch.Tensor, target_vocab_size: int):

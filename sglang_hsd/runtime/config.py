@@ -13,13 +13,15 @@ class LevelSpec:
 
     Fields:
         kind: ``"exit"`` (the target's first ``layer`` layers plus an exit head), ``"model"``
-            (a separate small model with the target's tokenizer; drafter only) or ``"target"``.
+            (a separate small model with the target's tokenizer; drafter only), ``"eagle3"`` (an
+            EAGLE-3 head over the target's hidden states; drafter only) or ``"target"``.
         layer: exit layer L for ``"exit"`` (1 <= L < number of target layers).
         buffer: tokens this level hands up per proposal: for the drafter, the draft length N_d;
             for an intermediate level, how many provisional tokens it accumulates (N_i) before
             the level above verifies them. Unused for the target.
         method: chain rule this level uses to verify the level below (unused for the drafter).
-        model_path: for ``"model"``: a folder loadable by ``CausalLM.from_pretrained``.
+        model_path: for ``"model"``: a folder loadable by ``CausalLM.from_pretrained``; for
+            ``"eagle3"``: an exported head folder (``Eagle3Head.from_pretrained``).
     """
 
     kind: str
@@ -29,12 +31,12 @@ class LevelSpec:
     model_path: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("exit", "model", "target"):
-            raise ValueError(f"level kind must be 'exit', 'model' or 'target', got {self.kind!r}")
+        if self.kind not in ("exit", "model", "eagle3", "target"):
+            raise ValueError(f"level kind must be 'exit', 'model', 'eagle3' or 'target', got {self.kind!r}")
         if self.kind == "exit" and (self.layer is None or self.layer < 1):
             raise ValueError(f"an 'exit' level needs a layer index >= 1, got {self.layer}")
-        if self.kind == "model" and not self.model_path:
-            raise ValueError("a 'model' level needs model_path")
+        if self.kind in ("model", "eagle3") and not self.model_path:
+            raise ValueError(f"a {self.kind!r} level needs model_path")
         if self.buffer < 1:
             raise ValueError(f"buffer must be >= 1, got {self.buffer}")
         if self.method not in CHAIN_METHODS:
@@ -44,8 +46,8 @@ class LevelSpec:
     def name(self) -> str:
         if self.kind == "exit":
             return f"exit:{self.layer}"
-        if self.kind == "model":
-            return f"model:{self.model_path}"
+        if self.kind in ("model", "eagle3"):
+            return f"{self.kind}:{self.model_path}"
         return "target"
 
 
@@ -69,8 +71,8 @@ class HierarchyConfig:
             raise ValueError("the last level must be the target")
         if any(level.kind == "target" for level in self.levels[:-1]):
             raise ValueError("only the last level may be the target")
-        if any(level.kind == "model" for level in self.levels[1:]):
-            raise ValueError("a separate 'model' level can only be the drafter (first level)")
+        if any(level.kind in ("model", "eagle3") for level in self.levels[1:]):
+            raise ValueError("a separate 'model' or 'eagle3' level can only be the drafter (first level)")
         exits = [level.layer for level in self.levels if level.kind == "exit"]
         if exits != sorted(set(exits)):
             raise ValueError(
@@ -90,7 +92,8 @@ class HierarchyConfig:
 def parse_levels(
     spec: str, buffers: list[int] | None = None, methods: list[str] | None = None
 ) -> HierarchyConfig:
-    """Parse ``"exit:4,exit:12,target"`` (or ``"model:/path,target"``, or ``"target"``).
+    """Parse ``"exit:4,exit:12,target"`` (or ``"model:/path,target"``, ``"eagle3:/dir,exit:16,target"``,
+    or ``"target"``).
 
     Args:
         buffers: one per non-target level (N_d for the drafter, N_i for intermediates).
@@ -116,10 +119,10 @@ def parse_levels(
             if not arg.isdigit():
                 raise ValueError(f"level {name!r}: expected exit:<layer index>")
             levels.append(LevelSpec("exit", layer=int(arg), buffer=buffer, method=method))
-        elif kind == "model":
-            levels.append(LevelSpec("model", buffer=buffer, method=method, model_path=arg))
+        elif kind in ("model", "eagle3"):
+            levels.append(LevelSpec(kind, buffer=buffer, method=method, model_path=arg))
         elif kind == "target" and not arg:
             levels.append(LevelSpec("target", method=method))
         else:
-            raise ValueError(f"unknown level {name!r}: expected exit:<layer>, model:<path> or target")
+            raise ValueError(f"unknown level {name!r}: expected exit:<layer>, model:<path>, eagle3:<dir> or target")
     return HierarchyConfig(tuple(levels))

@@ -24,6 +24,10 @@ rule tolerates. By induction the committed tokens follow the target. Tests check
 KV reuse: the target's layers are split into groups at the exit layers (``groups.py``); a position
 runs through each group once and every level reads the stored hidden state of its group, so the
 full verification of a buffer only runs the layers above the highest exit for it.
+
+EAGLE-3 drafter (level kind ``eagle3``): extra group boundaries at the head's capture layers store
+the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_drafter.py``) owns
+the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_verify``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import time
 import torch
 
 from sglang_hsd.runtime.config import HierarchyConfig
+from sglang_hsd.runtime.eagle3 import Eagle3Head
+from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats
@@ -49,6 +55,8 @@ class SpeculativeGenerator:
         drafter: a separate small ``CausalLM`` when the first level is of kind ``"model"``.
         exit_heads: optional trained exit heads by exit layer (hidden [.., D] -> logits [.., V]);
             an exit without one uses the target's final norm + LM head.
+        eagle3_head: the ``Eagle3Head`` when the first level is of kind ``"eagle3"`` (default:
+            loaded from the level's ``model_path``).
         validate: validate verifier inputs every round (slower; for tests and debugging).
     """
 
@@ -59,6 +67,7 @@ class SpeculativeGenerator:
         drafter: CausalLM | None = None,
         exit_heads: dict[int, torch.nn.Module] | None = None,
         validate: bool = False,
+        eagle3_head: Eagle3Head | None = None,
     ) -> None:
         config.check_depth(target.num_layers)
         first = config.levels[0]
@@ -70,6 +79,12 @@ class SpeculativeGenerator:
                     f"drafter vocabulary ({drafter.vocab_size}) differs from the target's "
                     f"({target.vocab_size}): the drafter must share the target's tokenizer"
                 )
+        if first.kind == "eagle3":
+            eagle3_head = eagle3_head or Eagle3Head.from_pretrained(first.model_path, target)
+            if not all(1 <= layer <= target.num_layers for layer in eagle3_head.capture_layers):
+                raise ValueError(f"EAGLE-3 capture layers {eagle3_head.capture_layers} outside the target's "
+                                 f"{target.num_layers} layers")
+        self.eagle3_head = eagle3_head if first.kind == "eagle3" else None
         self.target = target
         self.config = config
         self.drafter = drafter
@@ -140,10 +155,13 @@ class _Run:
 
     def _build_groups(self, batch: int) -> None:
         exits = [level.layer for level in self.levels if level.kind == "exit"]
-        target_groups = build_groups(self.gen.target, exits, batch, self.max_len, self.gen.config.reuse_kv)
+        head = self.gen.eagle3_head
+        captures = head.capture_layers if head is not None else []
+        target_groups = build_groups(self.gen.target, exits, batch, self.max_len, self.gen.config.reuse_kv, captures)
+        by_end = {group.end: group for group in target_groups}
+        self.eagle = Eagle3Drafter(head, [by_end[c] for c in captures], batch, self.max_len) if head is not None else None
         self.level_group: list[LayerGroup] = []
         self.level_head: list[torch.nn.Module | None] = []
-        exit_index = 0
         for level in self.levels:
             if level.kind == "model":
                 drafter = self.gen.drafter
@@ -151,8 +169,9 @@ class _Run:
                 group = LayerGroup.create(drafter, 0, drafter.num_layers, cache, None, batch, self.max_len)
                 self.drafter_group = group
             elif level.kind == "exit":
-                group = target_groups[exit_index]
-                exit_index += 1
+                group = by_end[level.layer]
+            elif level.kind == "eagle3":
+                group = by_end[max(captures)]  # not read: the drafter has its own state
             else:
                 group = target_groups[-1]
             self.level_group.append(group)
@@ -197,8 +216,12 @@ class _Run:
             idx = (rows & (self.seq_len - self.buf_start[0] < self.levels[0].buffer)).nonzero().squeeze(-1)
             if idx.numel() == 0:
                 break
-            advance(group, self.tokens, self.seq_len)
-            q = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
+            if self.eagle is not None:
+                params = BatchSamplingParams(self.params.temperature[idx], self.params.top_k[idx], self.params.top_p[idx])
+                q = self.eagle.propose(idx, self.tokens, self.seq_len, self.buf_start[self.top - 1], params)
+            else:
+                advance(group, self.tokens, self.seq_len)
+                q = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
             token = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
             slot = self.seq_len[idx]
             self.tokens[idx, slot] = token
@@ -230,6 +253,8 @@ class _Run:
         keep = self.seq_len.clone()
         keep[idx] = start + accepted  # the first changed position
         truncate_all(self.all_groups, keep)
+        if self.eagle is not None:
+            self.eagle.truncate(keep)
         self.seq_len[idx] = new_len
         for lower in range(k):
             self.buf_start[lower][idx] = new_len

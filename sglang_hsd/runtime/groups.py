@@ -90,14 +90,17 @@ def build_groups(
     batch_size: int,
     max_len: int,
     reuse_kv: bool,
+    capture_layers: list[int] = (),
 ) -> list[LayerGroup]:
-    """Groups whose outputs are the target's hidden states at each exit and at the last layer.
+    """Groups whose outputs are the target's hidden states at each boundary and at the last layer.
 
-    Returns one group per exit (in order) plus one for the full depth, the last. With
-    ``reuse_kv`` they chain over one shared cache; without it each exit gets its own cache and
-    runs from layer 0 (recomputing the shared layers).
+    Boundaries are the exit layers plus ``capture_layers`` (hidden states a drafter reads, e.g.
+    an EAGLE-3 head's aux layers; they are not levels). Returns one group per boundary in
+    increasing order plus one for the full depth, the last (``group.end`` tells which is which).
+    With ``reuse_kv`` they chain over one shared cache; without it each boundary gets its own
+    cache and runs from layer 0 (recomputing the shared layers).
     """
-    bounds = list(exit_layers) + [target.num_layers]
+    bounds = sorted((set(exit_layers) | set(capture_layers)) - {target.num_layers}) + [target.num_layers]
     groups: list[LayerGroup] = []
     if reuse_kv:
         cache = target.new_cache(batch_size, max_len)

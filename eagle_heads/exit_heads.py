@@ -1,0 +1,269 @@
+"""Early-exit heads (tuned-lens style): a trained map from the target's hidden state at layer L
+to next-token logits.
+
+    ExitHead(h) = lm_head(final_norm(h + A h + b))
+
+``final_norm`` and ``lm_head`` are the target's own (shared, frozen); only the D x D matrix ``A``
+and the bias ``b`` train. Both start at zero, so an untrained head *is* the logit lens
+(``CausalLM.exit_logits`` without a head), bit for bit.
+
+Training starts (``init="lstsq"``) from the ridge least-squares map that sends the RMS-normalised
+exit hidden state x = h_L / rms(h_L) to the normalised final one, x + A x ~ h_N / rms(h_N) (no
+bias, so the fit is scale-free under the final norm: a few seconds of linear algebra that beats
+hundreds of KL steps on a 2-core CPU), then minimises KL(p_final || p_exit) at temperature 1 over target hidden states on real
+prompts (``data.FeatureSet``); acceptance of an exit level against the level above is
+alpha = 1 - TV(p_exit, p_final) (DESIGN.md section 3), which ``evaluate_exit_heads`` reports
+next to top-1 agreement, for the logit lens and the trained head.
+
+On disk (``save_exit_heads``): ``manifest.json`` (model, layers, training budget, data, metrics)
+and ``exit_heads.safetensors`` with ``layer<L>.A`` [D, D] and ``layer<L>.b`` [D].
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+from torch import nn
+
+from sglang_hsd.runtime.model import CausalLM
+
+MANIFEST = "manifest.json"
+WEIGHTS = "exit_heads.safetensors"
+
+
+class ExitHead(nn.Module):
+    """hidden [..., D] -> logits [..., V] for one exit layer of ``target``.
+
+    The target's final norm and LM head are referenced, not copied; they are excluded from
+    ``trainable_parameters``.
+    """
+
+    def __init__(self, target: CausalLM, layer: int) -> None:
+        super().__init__()
+        dim = target.hidden_size
+        self.layer = layer
+        self.A = nn.Parameter(torch.zeros(dim, dim, dtype=target.embed_tokens.weight.dtype))
+        self.b = nn.Parameter(torch.zeros(dim, dtype=target.embed_tokens.weight.dtype))
+        # A plain attribute tuple keeps the target's modules out of this module's state_dict.
+        self._shared = (target.norm, target.lm_head)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [self.A, self.b]
+
+    def transform(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The corrected hidden state ``h + A h + b``, same shape as ``hidden``."""
+        return hidden + hidden @ self.A.T + self.b
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        norm, lm_head = self._shared
+        return lm_head(norm(self.transform(hidden)))
+
+
+def exit_and_target_logprobs(target: CausalLM, head: ExitHead | None, hidden_exit: torch.Tensor, hidden_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log-softmax of the exit's and the target's logits, float32 [M, V] each."""
+    exit_logits = head(hidden_exit) if head is not None else target.lm_head(target.norm(hidden_exit))
+    with torch.no_grad():
+        final_logits = target.lm_head(target.norm(hidden_final))
+    return torch.log_softmax(exit_logits.float(), -1), torch.log_softmax(final_logits.float(), -1)
+
+
+def kl_final_exit(logp_exit: torch.Tensor, logp_final: torch.Tensor) -> torch.Tensor:
+    """KL(p_final || p_exit) per row, float32 [M]."""
+    return (logp_final.exp() * (logp_final - logp_exit)).sum(-1)
+
+
+def save_exit_heads(directory: str, heads: dict[int, ExitHead], manifest: dict | None = None) -> str:
+    """Write the heads' A, b and a JSON manifest into ``directory``; returns it."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    tensors = {}
+    for layer, head in heads.items():
+        tensors[f"layer{layer}.A"] = head.A.detach().contiguous().cpu()
+        tensors[f"layer{layer}.b"] = head.b.detach().contiguous().cpu()
+    save_file(tensors, os.path.join(directory, WEIGHTS))
+    info = dict(manifest or {})
+    info["layers"] = sorted(heads)
+    info["format"] = "h -> lm_head(norm(h + A h + b)); A [D, D], b [D]"
+    with open(os.path.join(directory, MANIFEST), "w") as f:
+        json.dump(info, f, indent=2)
+    return directory
+
+
+def load_exit_heads(directory: str, target: CausalLM, layers: list[int] | None = None) -> dict[int, ExitHead]:
+    """Load heads saved by ``save_exit_heads`` onto ``target``: {exit layer: ExitHead}.
+
+    ``layers`` selects a subset (default: all in the manifest). Raises if the hidden size of the
+    stored maps does not match ``target``.
+    """
+    from safetensors.torch import load_file
+
+    with open(os.path.join(directory, MANIFEST)) as f:
+        manifest = json.load(f)
+    tensors = load_file(os.path.join(directory, WEIGHTS))
+    heads = {}
+    for layer in layers or manifest["layers"]:
+        if f"layer{layer}.A" not in tensors:
+            raise KeyError(f"no exit head for layer {layer} in {directory} (has {manifest['layers']})")
+        head = ExitHead(target, layer)
+        A, b = tensors[f"layer{layer}.A"], tensors[f"layer{layer}.b"]
+        if A.shape != head.A.shape:
+            raise ValueError(f"exit head for layer {layer} has shape {tuple(A.shape)}, target needs {tuple(head.A.shape)}")
+        with torch.no_grad():
+            head.A.copy_(A)
+            head.b.copy_(b)
+        heads[layer] = head.eval().requires_grad_(False)
+    return heads
+
+
+def read_manifest(directory: str) -> dict:
+    with open(os.path.join(directory, MANIFEST)) as f:
+        return json.load(f)
+
+
+# ----------------------------------------------------------------------------- training
+@torch.no_grad()
+def lstsq_init(head: ExitHead, hidden_exit: torch.Tensor, hidden_final: torch.Tensor, ridge: float = 1e-3) -> None:
+    """Set ``head.A`` to the ridge least-squares solution of x + A x ~ y (module doc), b = 0.
+
+    Args:
+        hidden_exit, hidden_final: float [M, D], the exit's and the last layer's hidden states.
+    """
+    x = hidden_exit.double() * torch.rsqrt(hidden_exit.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    y = hidden_final.double() * torch.rsqrt(hidden_final.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    gram = x.T @ x
+    gram += ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=gram.dtype)
+    solution = torch.linalg.solve(gram, x.T @ (y - x))  # [D, D]: (y - x) ~ x @ solution
+    head.A.copy_(solution.T.to(head.A.dtype))
+    head.b.zero_()
+
+
+def train_exit_heads(
+    target: CausalLM,
+    features,
+    layers: list[int],
+    budget_minutes: float = 10.0,
+    max_steps: int | None = None,
+    batch_positions: int = 128,
+    lr: float = 2e-3,
+    weight_decay: float = 0.0,
+    checkpoint_dir: str | None = None,
+    checkpoint_every_s: float = 60.0,
+    seed: int = 0,
+    progress: bool = True,
+    log_every: int = 10,
+    init: str = "lstsq",
+) -> tuple[dict[int, ExitHead], list[dict]]:
+    """Train one ``ExitHead`` per layer on ``features`` (a ``data.FeatureSet``) within a budget.
+
+    All layers share each batch (and its teacher distribution). Stops at ``budget_minutes`` of
+    wall time or ``max_steps``. With ``checkpoint_dir``, resumes from ``checkpoint_dir/train_state.pt``
+    when present and writes it every ``checkpoint_every_s`` seconds and at the end.
+
+    ``init``: ``"lstsq"`` (``lstsq_init`` on all training positions) or ``"zero"`` (logit lens).
+
+    Returns the heads and a log: dicts ``{step, seconds, kl[layer], one_minus_tv[layer]}`` on the
+    training batches (moving average over ``log_every`` steps).
+    """
+    from tqdm import tqdm
+
+    torch.manual_seed(seed)
+    heads = {layer: ExitHead(target, layer) for layer in layers}
+    if init == "lstsq":
+        for layer, head in heads.items():
+            lstsq_init(head, features.hidden[layer], features.hidden[target.num_layers])
+    elif init != "zero":
+        raise ValueError(f"init must be 'lstsq' or 'zero', got {init!r}")
+    params = [p for head in heads.values() for p in head.trainable_parameters()]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    pos, _ = features.next_token_pairs()
+    step, elapsed0, log = 0, 0.0, []
+    state_path = os.path.join(checkpoint_dir, "train_state.pt") if checkpoint_dir else None
+    if state_path and os.path.exists(state_path):
+        state = torch.load(state_path, weights_only=False)
+        for layer, head in heads.items():
+            head.load_state_dict(state["heads"][layer])
+        optimizer.load_state_dict(state["optimizer"])
+        step, elapsed0, log = state["step"], state["seconds"], state["log"]
+
+    def save_state(seconds):
+        if state_path:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            torch.save({"heads": {l: h.state_dict() for l, h in heads.items()}, "optimizer": optimizer.state_dict(),
+                        "step": step, "seconds": seconds, "log": log}, state_path + ".tmp")
+            os.replace(state_path + ".tmp", state_path)
+
+    gen = torch.Generator().manual_seed(seed + step)
+    start, last_ckpt = time.perf_counter(), time.perf_counter()
+    window: dict[int, list] = {layer: [] for layer in layers}
+    bar = tqdm(total=max_steps, initial=step, desc="exit heads", disable=not progress)
+    while True:
+        seconds = elapsed0 + time.perf_counter() - start
+        if seconds >= budget_minutes * 60 or (max_steps is not None and step >= max_steps):
+            break
+        batch = pos[torch.randint(len(pos), (batch_positions,), generator=gen)]
+        with torch.no_grad():
+            logp_final = torch.log_softmax(target.lm_head(target.norm(features.hidden[target.num_layers][batch])).float(), -1)
+        optimizer.zero_grad(set_to_none=True)
+        for layer, head in heads.items():
+            logp_exit = torch.log_softmax(head(features.hidden[layer][batch]).float(), -1)
+            loss = kl_final_exit(logp_exit, logp_final).mean()
+            loss.backward()
+            with torch.no_grad():
+                tv = 0.5 * (logp_exit.exp() - logp_final.exp()).abs().sum(-1).mean()
+            window[layer].append((float(loss.detach()), 1.0 - float(tv)))
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        if step % log_every == 0:
+            entry = {"step": step, "seconds": round(seconds, 1)}
+            for layer in layers:
+                kl = sum(w[0] for w in window[layer]) / len(window[layer])
+                acc = sum(w[1] for w in window[layer]) / len(window[layer])
+                entry[f"kl@{layer}"], entry[f"1-tv@{layer}"] = round(kl, 4), round(acc, 4)
+                window[layer].clear()
+            log.append(entry)
+            bar.set_postfix({k: v for k, v in entry.items() if k.startswith("1-tv")})
+        if time.perf_counter() - last_ckpt > checkpoint_every_s:
+            save_state(seconds)
+            last_ckpt = time.perf_counter()
+    bar.close()
+    save_state(elapsed0 + time.perf_counter() - start)
+    for head in heads.values():
+        head.eval().requires_grad_(False)
+    return heads, log
+
+
+# ----------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def evaluate_exit_heads(target: CausalLM, features, heads: dict[int, ExitHead], layers: list[int] | None = None, chunk: int = 512, temperature: float = 1.0) -> dict[str, dict]:
+    """Per exit layer on ``features`` (held-out): mean 1 - TV(p_exit, p_final) and top-1
+    agreement, for the logit lens and (when a head is given) the trained head.
+
+    ``temperature`` is applied to both distributions (1.0 = sampling at T=1).
+    Returns ``{"exit:L": {"lens_1-tv", "lens_top1", "head_1-tv", "head_top1", "positions"}}``.
+    """
+    layers = layers or sorted(heads)
+    totals: dict[int, dict[str, float]] = {l: {} for l in layers}
+    count = features.num_positions
+    for lo in range(0, count, chunk):
+        hi = min(lo + chunk, count)
+        final = target.lm_head(target.norm(features.hidden[target.num_layers][lo:hi])).float() / temperature
+        p_final, top_final = torch.softmax(final, -1), final.argmax(-1)
+        for layer in layers:
+            variants = {"lens": None, "head": heads.get(layer)}
+            for name, head in variants.items():
+                if name == "head" and head is None:
+                    continue
+                hidden = features.hidden[layer][lo:hi]
+                logits = (head(hidden) if head is not None else target.lm_head(target.norm(hidden))).float() / temperature
+                p_exit = torch.softmax(logits, -1)
+                acc = (1 - 0.5 * (p_exit - p_final).abs().sum(-1)).sum()
+                agree = (logits.argmax(-1) == top_final).sum()
+                t = totals[layer]
+                t[f"{name}_1-tv"] = t.get(f"{name}_1-tv", 0.0) + float(acc)
+                t[f"{name}_top1"] = t.get(f"{name}_top1", 0.0) + float(agree)
+    return {f"exit:{l}": {**{k: round(v / count, 4) for k, v in totals[l].items()}, "positions": count} for l in layers}

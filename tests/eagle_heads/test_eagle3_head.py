@@ -1,0 +1,108 @@
+"""EAGLE-3 head: training forward == cached runtime forward, export round trip, TTT training."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from eagle_heads.data import FeatureSet, target_hidden_states  # noqa: E402
+from eagle_heads.eagle3 import Eagle3HeadConfig, save_eagle3_head  # noqa: E402
+from eagle_heads.eagle3_train import (  # noqa: E402
+    evaluate_eagle3,
+    init_head_from_target,
+    select_draft_vocab,
+    train_eagle3,
+)
+from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
+from sglang_hsd.runtime.model import CausalLM  # noqa: E402
+from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
+
+CAPTURES = [1, 3, 5]  # after 1, 3 and 5 of the 6 layers
+
+
+@pytest.fixture(scope="module")
+def target():
+    hf = tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(4.0)
+    return CausalLM.from_hf(hf).requires_grad_(False)
+
+
+def features_for(target, num_seqs=10, length=24, seed=0) -> FeatureSet:
+    gen = torch.Generator().manual_seed(seed)
+    tokens, hidden = [], {b: [] for b in (*CAPTURES, target.num_layers)}
+    for _ in range(num_seqs):
+        seq = torch.randint(target.vocab_size, (length,), generator=gen).tolist()
+        states = target_hidden_states(target, seq, CAPTURES)
+        tokens.append(torch.tensor(seq))
+        for b in hidden:
+            hidden[b].append(states[b])
+    return FeatureSet(torch.cat(tokens), torch.arange(num_seqs + 1) * length, torch.full((num_seqs,), 4),
+                      {b: torch.cat(v) for b, v in hidden.items()}, {})
+
+
+def make_head(target, features, draft_vocab=32, seed=0):
+    kept = select_draft_vocab(target, features, draft_vocab)
+    config = Eagle3HeadConfig.for_target(target.config, len(kept), aux_layer_ids=[c - 1 for c in CAPTURES])
+    head = Eagle3Head(config.to_hf_dict(), target)
+    init_head_from_target(head, target, kept, seed, std=0.2)
+    return head.eval(), config
+
+
+def test_ttt_step0_equals_the_cached_runtime_forward(target):
+    features = features_for(target)
+    head, _ = make_head(target, features)
+    ids = torch.randint(48, (2, 10))
+    aux = torch.randn(2, 8, 3 * target.hidden_size)
+    with torch.no_grad():
+        outs = head.ttt_forward(ids, aux, steps=3)
+        cache = head.new_cache(2, 16)
+        # Runtime: entries 0..7 from the target (fused aux), then self-fed entries 8, 9 for row 0
+        # at steps 1, 2 must reproduce TTT's step j at entry t = 7 (last window position).
+        first = head.forward_cached(ids[:, :8], head.fuse(aux), cache, torch.tensor([8, 8]))
+        torch.testing.assert_close(first, outs[0], rtol=1e-4, atol=1e-5)
+        # Step 1 at entry t reads (x_{t+2}, out_0(t)) and sees step-0 entries <= t: for t = 7 this
+        # is exactly a cached append after all eight target-fed entries.
+        second = head.forward_cached(ids[:, 8:9], first[:, 7:8], cache, torch.tensor([1, 1]))
+        torch.testing.assert_close(second[:, 0], outs[1][:, 7], rtol=1e-4, atol=1e-5)
+
+
+def test_target_logits_scatter_the_draft_vocabulary(target):
+    head, _ = make_head(target, features_for(target), draft_vocab=20)
+    out = torch.randn(1, 3, target.hidden_size)
+    full = head.target_logits(out)
+    kept = head.draft_to_target
+    assert torch.equal(full[..., kept], head.draft_logits(out).float())
+    outside = torch.ones(target.vocab_size, dtype=torch.bool)
+    outside[kept] = False
+    assert torch.isinf(full[..., outside]).all()
+    assert torch.equal(head.t2d.nonzero().squeeze(-1), kept)
+
+
+def test_export_round_trip_gives_identical_logits(target, tmp_path):
+    head, config = make_head(target, features_for(target), draft_vocab=24)
+    save_eagle3_head(str(tmp_path), config, head.state_dict())
+    loaded = Eagle3Head.from_pretrained(str(tmp_path), target)
+    ids, aux = torch.randint(48, (1, 7)), torch.randn(1, 5, 3 * target.hidden_size)
+    with torch.no_grad():
+        for a, b in zip(head.ttt_forward(ids, aux, 2), loaded.ttt_forward(ids, aux, 2)):
+            assert torch.equal(head.target_logits(a), loaded.target_logits(b))
+    assert loaded.capture_layers == CAPTURES
+
+
+def test_ttt_training_raises_held_out_acceptance(target, tmp_path):
+    torch.manual_seed(0)
+    train, heldout = features_for(target, seed=0), features_for(target, num_seqs=4, seed=1)
+    head, _ = make_head(target, train, draft_vocab=48)
+    before = evaluate_eagle3(head, target, heldout, steps=2)
+    log = train_eagle3(head, target, train, max_steps=40, steps=2, batch=4, window=12, lr=3e-3,
+                       progress=False, checkpoint_dir=str(tmp_path), log_every=5)
+    after = evaluate_eagle3(head, target, heldout, steps=2)
+    assert log[-1]["loss"] < log[0]["loss"]
+    assert after["step0"]["1-tv"] > before["step0"]["1-tv"] + 0.02
+    # Resume continues the step count.
+    head2, _ = make_head(target, train, draft_vocab=48)
+    log2 = train_eagle3(head2, target, train, max_steps=45, steps=2, batch=4, window=12, progress=False,
+                        checkpoint_dir=str(tmp_path), log_every=5)
+    assert log2[-1]["step"] == 45

@@ -1,0 +1,165 @@
+"""Early-exit heads: logit-lens start, training reduces KL, save/load, lossless runtime; slow real-model checks."""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from eagle_heads.data import FeatureSet, collect_features, target_hidden_states  # noqa: E402
+from eagle_heads.exit_heads import (  # noqa: E402
+    ExitHead,
+    evaluate_exit_heads,
+    kl_final_exit,
+    load_exit_heads,
+    save_exit_heads,
+    train_exit_heads,
+)
+from sglang_hsd.runtime.config import parse_levels  # noqa: E402
+from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
+from sglang_hsd.runtime.model import CausalLM  # noqa: E402
+from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
+from sglang_hsd.sampling import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def target():
+    hf = tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(4.0)  # peaked rows, so exits disagree with the target in a learnable way
+    return CausalLM.from_hf(hf).requires_grad_(False)
+
+
+def _random_features(target, num_seqs=12, length=20, layers=(2, 3), seed=0) -> FeatureSet:
+    gen = torch.Generator().manual_seed(seed)
+    tokens, hidden = [], {b: [] for b in (*layers, target.num_layers)}
+    for _ in range(num_seqs):
+        seq = torch.randint(target.vocab_size, (length,), generator=gen).tolist()
+        states = target_hidden_states(target, seq, list(layers))
+        tokens.append(torch.tensor(seq))
+        for b in hidden:
+            hidden[b].append(states[b])
+    indptr = torch.arange(num_seqs + 1) * length
+    return FeatureSet(torch.cat(tokens), indptr, torch.full((num_seqs,), 4), {b: torch.cat(v) for b, v in hidden.items()}, {})
+
+
+def test_zero_init_head_is_the_logit_lens_exactly(target):
+    hidden = torch.randn(2, 5, target.hidden_size)
+    head = ExitHead(target, 3)
+    assert torch.equal(target.exit_logits(hidden, head), target.exit_logits(hidden))
+
+
+def test_hidden_states_match_a_full_forward(target):
+    seq = [1, 5, 7, 9, 11]
+    states = target_hidden_states(target, seq, [2])
+    with torch.inference_mode():
+        logits = target(torch.tensor([seq]), target.new_cache(1, 8))
+    torch.testing.assert_close(target.exit_logits(states[target.num_layers][None]), logits)
+
+
+def test_training_reduces_kl_and_raises_acceptance(target):
+    torch.manual_seed(0)
+    train = _random_features(target, seed=0)
+    heldout = _random_features(target, num_seqs=6, seed=1)
+    before = evaluate_exit_heads(target, heldout, {}, layers=[2, 3])
+    heads, log = train_exit_heads(target, train, [2, 3], max_steps=60, batch_positions=64, lr=3e-3, progress=False,
+                                  init="zero")
+    after = evaluate_exit_heads(target, heldout, heads)
+    for layer in (2, 3):
+        assert log[-1][f"kl@{layer}"] < log[0][f"kl@{layer}"]
+        assert after[f"exit:{layer}"]["head_1-tv"] > before[f"exit:{layer}"]["lens_1-tv"] + 0.01
+        assert after[f"exit:{layer}"]["lens_1-tv"] == before[f"exit:{layer}"]["lens_1-tv"]
+
+
+def test_lstsq_init_beats_the_logit_lens(target):
+    train, heldout = _random_features(target, seed=0), _random_features(target, num_seqs=6, seed=1)
+    heads, _ = train_exit_heads(target, train, [2, 3], max_steps=0, progress=False)
+    before = evaluate_exit_heads(target, heldout, {}, layers=[2, 3])
+    after = evaluate_exit_heads(target, heldout, heads)
+    for layer in (2, 3):
+        assert after[f"exit:{layer}"]["head_1-tv"] > before[f"exit:{layer}"]["lens_1-tv"]
+
+
+def test_kl_is_zero_on_equal_distributions():
+    logp = torch.log_softmax(torch.randn(4, 10), -1)
+    assert torch.allclose(kl_final_exit(logp, logp), torch.zeros(4), atol=1e-6)
+
+
+def test_save_load_round_trip_and_resume(target, tmp_path):
+    train = _random_features(target)
+    heads, _ = train_exit_heads(target, train, [2, 3], max_steps=5, batch_positions=32, progress=False,
+                                checkpoint_dir=str(tmp_path / "ckpt"))
+    save_exit_heads(str(tmp_path / "heads"), heads, {"model": "tiny"})
+    loaded = load_exit_heads(str(tmp_path / "heads"), target)
+    hidden = torch.randn(3, 4, target.hidden_size)
+    for layer in (2, 3):
+        assert torch.equal(loaded[layer](hidden), heads[layer](hidden))
+    # Resuming continues from step 5 instead of starting over.
+    _, log = train_exit_heads(target, train, [2, 3], max_steps=10, batch_positions=32, progress=False,
+                              checkpoint_dir=str(tmp_path / "ckpt"), log_every=1)
+    assert log[-1]["step"] == 10 and len([e for e in log if e["step"] > 5]) == 5
+    with pytest.raises(KeyError):
+        load_exit_heads(str(tmp_path / "heads"), target, layers=[4])
+
+
+def _greedy_reference(model, prompt, steps):
+    with torch.inference_mode():
+        cache = model.new_cache(1, len(prompt) + steps + 1)
+        logits = model(torch.tensor([prompt]), cache)
+        out = []
+        for _ in range(steps):
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            logits = model(torch.tensor([[token]]), cache)
+    return out
+
+
+@pytest.mark.parametrize("spec,buffers", [("exit:2,target", [3]), ("exit:2,exit:4,target", [2, 3])])
+def test_runtime_with_trained_heads_stays_lossless_greedy(target, spec, buffers):
+    heads, _ = train_exit_heads(target, _random_features(target, layers=(2, 4)), [2, 4], max_steps=20,
+                                batch_positions=64, lr=3e-3, progress=False)
+    gen = SpeculativeGenerator(target, parse_levels(spec, buffers=buffers), exit_heads=heads, validate=True)
+    prompts = [[3, 4, 5], [9, 1, 2, 7, 8]]
+    result = gen.generate(prompts, SamplingParams(temperature=0.0), max_new_tokens=16)
+    for prompt, tokens in zip(prompts, result.tokens):
+        assert tokens == _greedy_reference(target, prompt, 16)
+    assert gen.target.counters.exit_head_tokens > 0  # the trained heads were really used
+
+
+# ----------------------------------------------------------------------------- real model
+
+@pytest.fixture(scope="module")
+def smollm():
+    from eagle_heads.pipeline import heads_dir, load_target
+
+    path = os.path.expanduser("~/.cache/sglang-hsd/models/smollm2-135m/sglang-hsd-complete.json")
+    if not os.path.exists(path):
+        pytest.skip("SmolLM2 not cached: run `sglang-hsd fetch --model smollm2-135m`")
+    target, tok = load_target("smollm2-135m")
+    return target, tok, heads_dir("smollm2-135m")
+
+
+@pytest.mark.slow
+def test_real_model_trained_exit_heads_beat_the_logit_lens(smollm):
+    target, tok, root = smollm
+    if not (root / "exit" / "manifest.json").exists():
+        pytest.skip("no trained exit heads: run `sglang-hsd train-heads --model smollm2-135m`")
+    heads = load_exit_heads(str(root / "exit"), target)
+    features = collect_features(target, tok, ["mtbench"], 4, sorted(heads), max_new_tokens=16, progress=False)
+    metrics = evaluate_exit_heads(target, features, heads)
+    for name, row in metrics.items():
+        assert row["head_1-tv"] > row["lens_1-tv"], (name, row)
+
+
+@pytest.mark.slow
+def test_real_model_greedy_with_trained_exit_heads_equals_target(smollm):
+    target, tok, root = smollm
+    if not (root / "exit" / "manifest.json").exists():
+        pytest.skip("no trained exit heads: run `sglang-hsd train-heads --model smollm2-135m`")
+    heads = load_exit_heads(str(root / "exit"), target)
+    prompt = tok("Name three colours.", add_special_tokens=False)["input_ids"]
+    plain = SpeculativeGenerator(target, parse_levels("target")).generate([prompt], SamplingParams(temperature=0.0), 24)
+    layers = sorted(heads)[:2]
+    spec = SpeculativeGenerator(target, parse_levels(f"exit:{layers[0]},exit:{layers[1]},target", buffers=[2, 4]), exit_heads=heads)
+    assert spec.generate([prompt], SamplingParams(temperature=0.0), 24).tokens == plain.tokens
