@@ -31,15 +31,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
-from sglang_hsd.runtime.model import (
+from sglang_hsd.runtime.layers import (
     Attention,
-    CausalLM,
     RMSNorm,
     SwiGLU,
-    _fold_groups,
     apply_rotary,
     build_attention_mask,
+    fold_groups,
 )
+from sglang_hsd.runtime.model import CausalLM
 
 
 class Eagle3Head(nn.Module):
@@ -146,7 +146,7 @@ class Eagle3Head(nn.Module):
         kv_len, _ = CausalLM._kv_window(lengths, num_new, seq, cache)
         offsets = torch.arange(seq, device=ids.device)
         positions = lengths[0][:, None] + offsets
-        masks = _fold_groups(build_attention_mask(lengths, num_new, seq, kv_len, None), self.num_heads // self.num_kv_heads)
+        masks = fold_groups(build_attention_mask(lengths, num_new, seq, kv_len, None), self.num_heads // self.num_kv_heads)
         slots = torch.where(offsets[None] < num_new[:, None], positions, cache.scratch_slot)
         x = self._layer_input(ids, hidden)
         attn = self.midlayer.self_attn(x, self._rope(positions, x.dtype), cache, 0, slots, masks[0])
