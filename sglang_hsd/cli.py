@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 _OPTIONAL_SUBCOMMANDS: list[tuple[str, str]] = [
     ("sglang_hsd.assets.cli", "add_fetch_parser"),
     ("sglang_hsd.runtime.cli", "add_generate_parser"),
+    ("sglang_hsd.hierarchy.cli", "add_plan_parser"),
 ]
 
 
