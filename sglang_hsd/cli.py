@@ -105,6 +105,7 @@ _OPTIONAL_SUBCOMMANDS: list[tuple[str, str]] = [
     ("sglang_hsd.assets.cli", "add_fetch_parser"),
     ("sglang_hsd.runtime.cli", "add_generate_parser"),
     ("eagle_heads.cli", "add_train_heads_parser"),
+    ("sglang_hsd.hierarchy.cli", "add_plan_parser"),
 ]
 
 

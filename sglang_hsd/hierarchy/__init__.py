@@ -1,0 +1,1 @@
+"""Hierarchy planner: expected-latency model, exact optimiser, acceptance and cost measurement."""
