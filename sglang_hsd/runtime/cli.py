@@ -34,6 +34,7 @@ def add_generate_parser(subparsers) -> None:
         f"target (last); 'target' alone is autoregressive (default {DEFAULT_LEVELS})",
     )
     parser.add_argument("--buffers", help="comma list, one per level below the target: draft length N_d, then N_i")
+    parser.add_argument("--plan", type=Path, help="take --levels and --buffers from a `sglang-hsd plan` JSON file")
     parser.add_argument("--methods", default="hsd", help="verify rule(s): hsd, tokenwise, greedy; one or one per level")
     parser.add_argument("--exit-heads", default="auto", help="folder of trained exit heads, 'auto' (use the "
                         "trained defaults if present) or 'none' (final norm + LM head: logit lens)")
@@ -150,6 +151,11 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else None
+    if args.plan:
+        from sglang_hsd.hierarchy.cli import load_plan
+
+        args.levels, buffers = load_plan(args.plan)
+        buffers = buffers or None
     methods = args.methods.split(",")
     target = load_model(args.model)
     gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse)
