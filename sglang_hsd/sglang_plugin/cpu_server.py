@@ -29,7 +29,10 @@ def free_port() -> int:
 
 def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
                        draft_path: str | None = None, num_steps: int | None = None,
-                       extra: list[str] | None = None) -> list[str]:
+                       extra: list[str] | None = None,
+                       eagle3_rejection_sampling: bool = True) -> list[str]:
+    """``eagle3_rejection_sampling``: for ``EAGLE3``, sample drafts and carry q (SGLang refuses
+    this for a reduced draft vocabulary); False gives SGLang's argmax drafts."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
            "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
            "--max-total-tokens", "8192", "--attention-backend", "torch_native",
@@ -38,8 +41,10 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
         cmd += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft_path,
                 "--decode-attention-backend", "intel_amx", "--speculative-attention-mode",
                 "decode", "--speculative-draft-attention-backend", "intel_amx"]
-        if algorithm.upper() == "EAGLE3":  # sampled drafts with q for the built-in sampler too
-            cmd += ["--speculative-use-rejection-sampling", "--speculative-eagle-topk", "1"]
+        if algorithm.upper() == "EAGLE3":
+            cmd += ["--speculative-eagle-topk", "1"]
+            if eagle3_rejection_sampling:  # sampled drafts with q for the built-in sampler too
+                cmd += ["--speculative-use-rejection-sampling"]
         if num_steps:
             cmd += ["--speculative-num-steps", str(num_steps)]
             if algorithm.upper() == "EAGLE3":

@@ -57,6 +57,9 @@ def build_worker_classes():
             self.init_token_map()
             self.init_lm_head()
             self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
+            # patches/0002 makes the upstream draft_forward read this attribute (and scatter
+            # q itself; _hsd_full_vocab then sees the full width and passes it through).
+            self.target_vocab_size = self.hsd_target_vocab_size
             draft_vocab = (self.hot_token_id.shape[0] if self.hot_token_id is not None
                            else self.hsd_target_vocab_size)
             if draft_vocab > self.hsd_target_vocab_size:

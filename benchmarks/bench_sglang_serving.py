@@ -1,0 +1,277 @@
+"""Serving benchmark on CPU: SGLang 0.5.23 with ``--speculative-algorithm HSD`` vs the alternatives.
+
+For each configuration a CPU server (``sglang_hsd.sglang_plugin.cpu_server``) is started on
+127.0.0.1 with a tiny random Llama target and a random EAGLE-3 head over half its vocabulary (as
+in ``tests/sglang_plugin/test_server_e2e.py``), SGLang's own client ``python -m
+sglang.benchmark.serving --backend sglang --dataset-name random`` sends a bounded number of
+requests, and its result line (throughput, latencies, ``accept_length`` from ``/server_info``) is
+kept. The server is always killed afterwards.
+
+Configurations:
+* ``hsd``        --speculative-algorithm HSD --hsd-verify-method hsd
+* ``tokenwise``  --speculative-algorithm HSD --hsd-verify-method tokenwise
+* ``eagle3``     --speculative-algorithm EAGLE3 with the same head. On SGLang 0.5.23 this runs only
+                 with argmax drafts (``--speculative-use-rejection-sampling`` is refused for a
+                 reduced draft vocabulary), and its CPU verify path commits the target argmax for
+                 every batch, i.e. it ignores ``--temperature`` (patches/0003). So its numbers are
+                 those of greedy speculative decoding, not of sampling at the given temperature.
+* ``none``       no speculation (throughput reference).
+
+Random weights: accept lengths here say nothing about real models (the head is untrained; with
+near-uniform p and q on a random model a sampled draft is accepted often, an argmax one rarely).
+The numbers show that the path works end to end and what it costs on this machine, nothing more.
+
+    PYTHONPATH=. python benchmarks/bench_sglang_serving.py            # all four, ~10 min on 2 cores
+    PYTHONPATH=. python benchmarks/bench_sglang_serving.py --configs hsd,none --num-prompts 8
+
+``datasets`` (imported by SGLang's benchmark package for MMMU only) is replaced by an import stub
+in the client process when it is not installed. The ``random`` dataset takes its prompt tokens
+from a ShareGPT-format file; we write one from ``sglang_hsd.assets``' ShareGPT prompts (or the
+tiny tokenizer's built-in text when those cannot be fetched), so no download from the hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglang_hsd.sglang_plugin.cpu_server import (
+    cpu_server_command, free_port, running_server, server_env)
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# The client, run as ``python -c BENCH_CLIENT <args>``: stub ``datasets`` if absent, then run
+# SGLang's module as __main__ (exactly ``python -m sglang.benchmark.serving <args>``).
+BENCH_CLIENT = """
+import importlib.util, runpy, sys, types
+if importlib.util.find_spec("datasets") is None:
+    stub = types.ModuleType("datasets")
+    def load_dataset(*args, **kwargs):
+        raise RuntimeError("the 'datasets' package is not installed (import stub)")
+    stub.load_dataset = load_dataset
+    sys.modules["datasets"] = stub
+sys.argv[0] = "sglang.benchmark.serving"
+runpy.run_module("sglang.benchmark.serving", run_name="__main__", alter_sys=True)
+"""
+# Fields of the client's result line that go into the table and the JSON summary.
+KEPT_METRICS = (
+    "completed", "duration", "total_output_tokens", "request_throughput", "output_throughput",
+    "mean_e2e_latency_ms", "median_tpot_ms", "median_itl_ms", "accept_length",
+)
+
+
+@dataclass
+class ServerConfig:
+    """One server to benchmark.
+
+    Fields:
+        name: key in the results.
+        algorithm: ``--speculative-algorithm`` (None: no speculation).
+        verify_method: ``--hsd-verify-method`` for HSD.
+        note: what the row measures, printed under the table.
+    """
+
+    name: str
+    algorithm: str | None
+    verify_method: str | None = None
+    note: str = ""
+    extra: list[str] = field(default_factory=list)
+
+
+CONFIGS = {
+    "hsd": ServerConfig("hsd", "HSD", "hsd", "HSD, sequence-level verify_chain(method='hsd')"),
+    "tokenwise": ServerConfig("tokenwise", "HSD", "tokenwise",
+                              "HSD plugin with token-wise verify_chain (SGLang's rule, our code)"),
+    "eagle3": ServerConfig(
+        "eagle3", "EAGLE3", None,
+        "SGLang EAGLE3, argmax drafts; CPU verify is argmax for every batch (temperature "
+        "ignored, upstream bug: patches/0003), so this row is greedy speculative decoding"),
+    "none": ServerConfig("none", None, None, "no speculative decoding"),
+}
+
+
+def build_models(root: Path):
+    from eagle_heads.eagle3 import build_random_eagle3_head
+    from sglang_hsd.sglang_plugin.tiny_models import build_tiny_llama
+
+    config = build_tiny_llama(str(root / "target"))
+    build_random_eagle3_head(str(root / "eagle3"), config, draft_vocab_size=config.vocab_size // 2)
+    return root / "target", root / "eagle3"
+
+
+def write_sharegpt_file(path: Path, count: int = 200) -> str:
+    """ShareGPT-format JSON (two turns per record) for ``--dataset-name random``; returns its
+    source."""
+    try:
+        from sglang_hsd.assets import load_prompts
+
+        texts = [p.messages[0]["content"] for p in load_prompts("sharegpt", limit=count)]
+        source = "sharegpt (sglang_hsd.assets)"
+    except Exception as err:  # offline and not cached: any text gives random token ids
+        from sglang_hsd.sglang_plugin.tiny_models import _CORPUS
+
+        texts = [s.strip() + "." for s in _CORPUS.split(".") if s.strip()]
+        source = f"tiny built-in corpus (ShareGPT unavailable: {type(err).__name__})"
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": t},
+                                                {"from": "gpt", "value": "ok"}]}
+               for i, t in enumerate(texts) if t.strip()]
+    path.write_text(json.dumps(records))
+    return source
+
+
+def client_command(url: str, target: Path, dataset: Path, args, output_file: Path) -> list[str]:
+    return [
+        sys.executable, "-c", BENCH_CLIENT, "--backend", "sglang", "--base-url", url,
+        "--model", str(target), "--tokenizer", str(target), "--dataset-name", "random",
+        "--dataset-path", str(dataset), "--num-prompts", str(args.num_prompts),
+        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+        "--random-range-ratio", "1.0", "--max-concurrency", str(args.max_concurrency),
+        "--temperature", str(args.temperature), "--seed", "0", "--disable-tqdm",
+        "--output-file", str(output_file),
+    ]
+
+
+def run_config(config: ServerConfig, target: Path, head: Path, dataset: Path, args,
+               workdir: Path) -> dict:
+    port = free_port()
+    extra = list(config.extra)
+    if config.verify_method:
+        extra += ["--hsd-verify-method", config.verify_method]
+    cmd = cpu_server_command(str(target), port, config.algorithm,
+                             str(head) if config.algorithm else None,
+                             num_steps=args.num_steps if config.algorithm else None,
+                             extra=extra, eagle3_rejection_sampling=False)
+    server_log = workdir / f"server_{config.name}.log"
+    client_log = workdir / f"client_{config.name}.log"
+    output_file = workdir / f"client_{config.name}.jsonl"
+    started = time.monotonic()
+    record = {"config": config.name, "note": config.note,
+              "server_command": " ".join(cmd[1:]).replace(str(workdir), "$WORK")}
+    try:
+        with running_server(cmd, server_env(), str(server_log), timeout=args.server_timeout) as url:
+            record["startup_s"] = round(time.monotonic() - started, 1)
+            client = client_command(url, target, dataset, args, output_file)
+            with open(client_log, "w") as log:
+                proc = subprocess.run(client, env=server_env(), stdout=log,
+                                      stderr=subprocess.STDOUT, timeout=args.client_timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"client exited {proc.returncode}; see {client_log}")
+            result = json.loads(output_file.read_text().strip().splitlines()[-1])
+    except Exception as err:
+        record["error"] = f"{type(err).__name__}: {err}"
+        record["server_log_tail"] = _tail(server_log)
+        return record
+    record.update({k: result.get(k) for k in KEPT_METRICS})
+    record["client_summary"] = _summary_block(client_log)
+    return record
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _summary_block(path: Path) -> str:
+    """The client's printed result table (from '====' to the end)."""
+    text = path.read_text(errors="replace")
+    start = text.find("============ Serving Benchmark Result")
+    return text[start:].strip() if start >= 0 else _tail(path, 40)
+
+
+def _fmt(value, digits=2):
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def markdown_table(records: list[dict], meta: dict) -> str:
+    lines = [
+        "| config | completed | output tok/s | req/s | mean e2e ms | median TPOT ms | "
+        "accept length |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | |")
+            continue
+        lines.append(
+            f"| {r['config']} | {r['completed']}/{meta['num_prompts']} | "
+            f"{_fmt(r['output_throughput'])} | {_fmt(r['request_throughput'], 3)} | "
+            f"{_fmt(r['mean_e2e_latency_ms'], 0)} | {_fmt(r['median_tpot_ms'], 1)} | "
+            f"{_fmt(r['accept_length'])} |")
+    notes = [f"- `{r['config']}`: {r['note']}" for r in records]
+    return "\n".join([
+        f"SGLang {meta['sglang_version']} on CPU ({meta['cpu_count']} cores), tiny random Llama "
+        f"(vocab {meta['vocab_size']}, 4 layers, hidden 64) + random EAGLE-3 head over half the "
+        f"vocabulary; {meta['num_prompts']} prompts, {meta['input_len']} input / "
+        f"{meta['output_len']} output tokens, temperature {meta['temperature']}, max concurrency "
+        f"{meta['max_concurrency']}, {meta['num_steps']} draft steps. Prompts: "
+        f"{meta['prompt_source']}.", "", *lines, "", *notes, "",
+        "Random weights: the accept lengths say nothing about real models.", "",
+        f"Command: `{meta['command']}`", ""])
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="hsd,tokenwise,eagle3,none",
+                        help=f"comma-separated, from {sorted(CONFIGS)}")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--max-concurrency", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--num-steps", type=int, default=3)
+    parser.add_argument("--server-timeout", type=float, default=300.0)
+    parser.add_argument("--client-timeout", type=float, default=600.0)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep models and logs here (default: a temp dir, removed)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown:
+        raise SystemExit(f"unknown configs {unknown}; choose from {sorted(CONFIGS)}")
+    import sglang
+
+    with tempfile.TemporaryDirectory(prefix="hsd_bench_") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        target, head = build_models(workdir)
+        dataset = workdir / "sharegpt_format.json"
+        meta = {
+            "sglang_version": sglang.__version__, "cpu_count": os.cpu_count(),
+            "vocab_size": json.loads((target / "config.json").read_text())["vocab_size"],
+            "num_prompts": args.num_prompts, "input_len": args.input_len,
+            "output_len": args.output_len, "temperature": args.temperature,
+            "max_concurrency": args.max_concurrency, "num_steps": args.num_steps,
+            "prompt_source": write_sharegpt_file(dataset),
+            "command": "PYTHONPATH=. python benchmarks/bench_sglang_serving.py "
+                       + " ".join(argv if argv is not None else sys.argv[1:]),
+        }
+        records = []
+        for name in names:
+            print(f"[bench] {name} ...", flush=True)
+            records.append(run_config(CONFIGS[name], target, head, dataset, args, workdir))
+            print(json.dumps({k: v for k, v in records[-1].items()
+                              if k not in ("client_summary", "server_log_tail")}), flush=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "sglang_serving.json").write_text(
+        json.dumps({"meta": meta, "results": records}, indent=2) + "\n")
+    table = markdown_table(records, meta)
+    (args.out_dir / "sglang_serving.md").write_text(table)
+    print(table)
+    return 1 if any("error" in r for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
