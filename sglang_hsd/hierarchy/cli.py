@@ -63,7 +63,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     from sglang_hsd.hierarchy.measure import measure_acceptance, measure_costs
     from sglang_hsd.hierarchy.planner import plan_hierarchy
-    from sglang_hsd.runtime.cli import _load_exit_heads, encode_prompts, load_model
+    from sglang_hsd.runtime.cli import load_exit_heads_option, encode_prompts, load_model
     from sglang_hsd.sampling import SamplingParams
 
     if args.threads:
@@ -75,7 +75,7 @@ def run_plan(args: argparse.Namespace) -> int:
     texts = _prompt_texts(args.prompts, args.num_prompts)
     prompts = encode_prompts(loaded.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
-    heads = _load_exit_heads(loaded, args.exit_heads)
+    heads = load_exit_heads_option(loaded, args.exit_heads)
     alpha = measure_acceptance(model, prompts, exits, params, args.continuation, heads)
     context = int(sum(len(p) for p in prompts) / len(prompts)) + args.continuation // 2
     head = heads.get(exits[0]) if heads else None

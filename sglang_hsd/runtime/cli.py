@@ -127,20 +127,19 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
 
 
 def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
+    """``--exit-heads``: ``none`` (logit lens), ``auto`` (the trained heads of ``sglang-hsd
+    train-heads`` for this model, if present) or a folder of saved exit heads."""
     if exit_heads == "none":
         return {}
-    try:
-        from eagle_heads.exit_heads import default_heads_dir, load_exit_heads
-    except ImportError:
+    from eagle_heads.exit_heads import load_exit_heads
+    from eagle_heads.pipeline import heads_dir
+
+    folder = heads_dir(target.path.name) / "exit" if exit_heads == "auto" else Path(exit_heads)
+    if not (folder / "manifest.json").is_file():
         if exit_heads != "auto":
-            raise ValueError("--exit-heads needs the eagle_heads package (exit heads are not available)")
+            raise ValueError(f"--exit-heads folder {exit_heads} holds no saved exit heads (manifest.json)")
         return {}
-    folder = default_heads_dir(target.path) if exit_heads == "auto" else Path(exit_heads)
-    if folder is None or not Path(folder).is_dir():
-        if exit_heads != "auto":
-            raise ValueError(f"--exit-heads folder {exit_heads} does not exist")
-        return {}
-    return load_exit_heads(folder, target.model)
+    return load_exit_heads(str(folder), target.model)
 
 
 def run_generate(args: argparse.Namespace) -> int:
