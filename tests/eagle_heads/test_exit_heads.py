@@ -60,7 +60,8 @@ def test_hidden_states_match_a_full_forward(target):
 
 def test_training_reduces_kl_and_raises_acceptance(target):
     torch.manual_seed(0)
-    train = _random_features(target, seed=0)
+    # 48 training sequences: with 12 the held-out gain on this tiny model was within noise (+0.003).
+    train = _random_features(target, num_seqs=48, seed=0)
     heldout = _random_features(target, num_seqs=6, seed=1)
     before = evaluate_exit_heads(target, heldout, {}, layers=[2, 3])
     heads, log = train_exit_heads(target, train, [2, 3], max_steps=60, batch_positions=64, lr=3e-3, progress=False,
@@ -73,7 +74,7 @@ def test_training_reduces_kl_and_raises_acceptance(target):
 
 
 def test_lstsq_init_beats_the_logit_lens(target):
-    train, heldout = _random_features(target, seed=0), _random_features(target, num_seqs=6, seed=1)
+    train, heldout = _random_features(target, num_seqs=48, seed=0), _random_features(target, num_seqs=6, seed=1)
     heads, _ = train_exit_heads(target, train, [2, 3], max_steps=0, progress=False)
     before = evaluate_exit_heads(target, heldout, {}, layers=[2, 3])
     after = evaluate_exit_heads(target, heldout, heads)

@@ -17,7 +17,7 @@ from sglang_hsd.verify.simulate import chi_square_p_value  # noqa: E402
 from tests.runtime.test_engine import PROMPTS, _exact_target_prefix_probs, _greedy_reference, _sharpen  # noqa: E402
 
 
-def _head(model, draft_vocab, captures, seed=0, std=0.3):
+def _head(model, draft_vocab, captures, seed=0, std=0.05):
     """A random head whose lm_head is the target's (rows of the draft vocabulary), so it often agrees."""
     config = Eagle3HeadConfig.for_target(model.config, draft_vocab, aux_layer_ids=[c - 1 for c in captures], init_std=std)
     head = Eagle3Head(config.to_hf_dict(), model)
