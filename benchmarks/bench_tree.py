@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_hsd.runtime.cli import encode_prompts, load_model
+from sglang_hsd.runtime.cli import encode_prompts, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify.tree import verify_tree
 from sglang_hsd.verify.tree_draft import sample_tree, topk_tree
@@ -42,14 +42,18 @@ def _paths_to_nodes(tree) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def _last_probs(hf, layer, prefix, paths, params) -> torch.Tensor:
-    """Distribution after prefix + each path (paths of equal length). float [M, V]."""
+def _last_probs(hf, layer, prefix, paths, params, head=None) -> torch.Tensor:
+    """Distribution after prefix + each path (paths of equal length). float [M, V].
+
+    ``layer`` None = the full target; else the exit at ``layer`` with ``head`` (trained exit head)
+    or the final norm + LM head.
+    """
     ids = torch.tensor([prefix + p for p in paths])
     if layer is None:
         logits = hf(ids).logits[:, -1]
     else:
         hidden = hf.model(ids, output_hidden_states=True).hidden_states[layer][:, -1]
-        logits = hf.lm_head(hf.model.norm(hidden))
+        logits = head(hidden) if head is not None else hf.lm_head(hf.model.norm(hidden))
     return logits_to_probs(logits, params)
 
 
@@ -81,6 +85,7 @@ def main() -> None:
     parser.add_argument("--trees", type=int, default=6)
     parser.add_argument("--coins", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--exit-heads", default="auto", help="trained exit heads: 'auto', 'none' or a folder")
     parser.add_argument("--name", default="tree")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -89,6 +94,7 @@ def main() -> None:
 
     target = load_model(args.model)
     hf, layer = target.hf, int(args.drafter.split(":")[1])
+    head = load_exit_heads_option(target, args.exit_heads).get(layer)
     params = SamplingParams(temperature=args.temperature)
     texts = [p.messages[0]["content"] for p in load_prompts(args.prompt_set, limit=args.num_prompts)]
     gen = torch.Generator().manual_seed(0)
@@ -97,7 +103,7 @@ def main() -> None:
         prefix, root = context[:-1], torch.tensor([context[-1]])
 
         def q_fn(paths, prefix=prefix):  # paths [1, M, d + 1] with the root token first
-            return _last_probs(hf, layer, prefix, paths[0].tolist(), params).unsqueeze(0)
+            return _last_probs(hf, layer, prefix, paths[0].tolist(), params, head).unsqueeze(0)
 
         stock = topk_tree(q_fn, args.topk, args.depth, root_tokens=root)
         row = {"stock target-only": _accepted(stock, hf, prefix, params, "target-only", "without-replacement",
@@ -116,6 +122,7 @@ def main() -> None:
     out_dir.mkdir(exist_ok=True)
     meta = {k: getattr(args, k) for k in ("model", "drafter", "topk", "depth", "prompt_set", "trees", "coins",
                                           "temperature")}
+    meta["exit_head"] = "trained" if head is not None else "logit lens"
     (out_dir / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "mean": means}, indent=1))
     lines = [f"Accepted draft tokens per round (Monte Carlo), {meta}", "",
              "| context | " + " | ".join(means) + " |", "|---" * (len(means) + 1) + "|"]
