@@ -124,7 +124,9 @@ def test_real_model_trained_eagle3_is_lossless_and_accepted():
     if not (directory / "model.safetensors").exists():
         pytest.skip("no trained EAGLE-3 head: run `sglang-hsd train-heads --model smollm2-135m --eagle3`")
     target, tok = load_target("smollm2-135m")
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}], add_generation_prompt=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}], tokenize=False,
+                                   add_generation_prompt=True)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
     greedy = SamplingParams(temperature=0.0)
     plain = SpeculativeGenerator(target, parse_levels("target")).generate([prompt], greedy, 24)
     spec = SpeculativeGenerator(target, parse_levels(f"eagle3:{directory},target", buffers=[3])).generate([prompt], greedy, 24)
