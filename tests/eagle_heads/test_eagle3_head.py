@@ -106,3 +106,29 @@ def test_ttt_training_raises_held_out_acceptance(target, tmp_path):
     log2 = train_eagle3(head2, target, train, max_steps=125, steps=2, batch=4, window=12, progress=False,
                         checkpoint_dir=str(tmp_path), log_every=5)
     assert log2[-1]["step"] == 125
+
+
+# ----------------------------------------------------------------------------- real model
+@pytest.mark.slow
+def test_real_model_trained_eagle3_is_lossless_and_accepted():
+    import os
+
+    from eagle_heads.pipeline import heads_dir, load_target
+    from sglang_hsd.runtime.config import parse_levels
+    from sglang_hsd.runtime.engine import SpeculativeGenerator
+    from sglang_hsd.sampling import SamplingParams
+
+    if not os.path.exists(os.path.expanduser("~/.cache/sglang-hsd/models/smollm2-135m/sglang-hsd-complete.json")):
+        pytest.skip("SmolLM2 not cached: run `sglang-hsd fetch smollm2-135m`")
+    directory = heads_dir("smollm2-135m") / "eagle3"
+    if not (directory / "model.safetensors").exists():
+        pytest.skip("no trained EAGLE-3 head: run `sglang-hsd train-heads --model smollm2-135m --eagle3`")
+    target, tok = load_target("smollm2-135m")
+    text = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}], tokenize=False,
+                                   add_generation_prompt=True)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    greedy = SamplingParams(temperature=0.0)
+    plain = SpeculativeGenerator(target, parse_levels("target")).generate([prompt], greedy, 24)
+    spec = SpeculativeGenerator(target, parse_levels(f"eagle3:{directory},target", buffers=[3])).generate([prompt], greedy, 24)
+    assert spec.tokens == plain.tokens
+    assert spec.levels[1].acceptance_rate > 0.3
