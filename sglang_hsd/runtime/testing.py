@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["decode_chain", "hf_logits", "right_pad", "tiny_llama", "tiny_mistral", "tiny_qwen2"]
+__all__ = ["decode_chain", "greedy_reference", "hf_logits", "right_pad", "tiny_llama", "tiny_mistral", "tiny_qwen2"]
 
 
 def _common_config(vocab_size: int, num_layers: int, hidden_size: int, heads: int, kv_heads: int, tie: bool) -> dict:
@@ -113,6 +113,20 @@ def hf_logits(hf_model, ids: torch.Tensor) -> torch.Tensor:
 def decode_chain(model, cache, tokens: torch.Tensor) -> torch.Tensor:
     """Feed ``tokens`` ``LongTensor[B, T]`` to a ``CausalLM`` one at a time -> logits ``[B, T, V]``."""
     return torch.cat([model(tokens[:, i : i + 1], cache) for i in range(tokens.shape[1])], dim=1)
+
+
+def greedy_reference(model, prompt: list[int], steps: int) -> list[int]:
+    """Plain greedy decoding of ``steps`` tokens with a ``CausalLM``, one token at a time: the
+    oracle every speculative configuration's greedy output is compared with."""
+    with torch.inference_mode():
+        cache = model.new_cache(1, len(prompt) + steps + 1)
+        logits = model(torch.tensor([prompt]), cache)
+        out = []
+        for _ in range(steps):
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            logits = model(torch.tensor([[token]]), cache)
+        return out
 
 
 def right_pad(rows: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ from eagle_heads.exit_heads import (  # noqa: E402
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
+from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
 
 
@@ -104,18 +104,6 @@ def test_save_load_round_trip_and_resume(target, tmp_path):
         load_exit_heads(str(tmp_path / "heads"), target, layers=[4])
 
 
-def _greedy_reference(model, prompt, steps):
-    with torch.inference_mode():
-        cache = model.new_cache(1, len(prompt) + steps + 1)
-        logits = model(torch.tensor([prompt]), cache)
-        out = []
-        for _ in range(steps):
-            token = int(logits[0, -1].argmax())
-            out.append(token)
-            logits = model(torch.tensor([[token]]), cache)
-    return out
-
-
 @pytest.mark.parametrize("spec,buffers", [("exit:2,target", [3]), ("exit:2,exit:4,target", [2, 3])])
 def test_runtime_with_trained_heads_stays_lossless_greedy(target, spec, buffers):
     heads, _ = train_exit_heads(target, _random_features(target, layers=(2, 4)), [2, 4], max_steps=20,
@@ -124,7 +112,7 @@ def test_runtime_with_trained_heads_stays_lossless_greedy(target, spec, buffers)
     prompts = [[3, 4, 5], [9, 1, 2, 7, 8]]
     result = gen.generate(prompts, SamplingParams(temperature=0.0), max_new_tokens=16)
     for prompt, tokens in zip(prompts, result.tokens):
-        assert tokens == _greedy_reference(target, prompt, 16)
+        assert tokens == greedy_reference(target, prompt, 16)
     assert gen.target.counters.exit_head_tokens > 0  # the trained heads were really used
 
 

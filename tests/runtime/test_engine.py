@@ -6,7 +6,7 @@ import torch
 from sglang_hsd.runtime.config import HierarchyConfig, LevelSpec, parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.model import CausalLM
-from sglang_hsd.runtime.testing import tiny_llama
+from sglang_hsd.runtime.testing import greedy_reference, tiny_llama
 from sglang_hsd.sampling import SamplingParams
 from sglang_hsd.verify.simulate import chi_square_p_value
 
@@ -31,19 +31,6 @@ def small_drafter():
     return CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=2), 4.0))
 
 
-def _greedy_reference(model, prompt, steps):
-    """Plain greedy decoding with the full model, one token at a time."""
-    with torch.inference_mode():
-        cache = model.new_cache(1, len(prompt) + steps + 1)
-        logits = model(torch.tensor([prompt]), cache)
-        out = []
-        for _ in range(steps):
-            token = int(logits[0, -1].argmax())
-            out.append(token)
-            logits = model(torch.tensor([[token]]), cache)
-        return out
-
-
 PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12], [3, 3]]
 GREEDY_CONFIGS = {
     "autoregressive": "target",
@@ -62,7 +49,7 @@ def test_greedy_output_equals_target_greedy(target, name, method):
     gen = SpeculativeGenerator(target, config, validate=True)
     result = gen.generate(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=12)
     for prompt, out in zip(PROMPTS, result.tokens):
-        assert out == _greedy_reference(target, prompt, 12), name
+        assert out == greedy_reference(target, prompt, 12), name
 
 
 def test_greedy_with_separate_drafter(target, small_drafter):
@@ -71,20 +58,20 @@ def test_greedy_with_separate_drafter(target, small_drafter):
     result = gen.generate(PROMPTS[:2], SamplingParams(temperature=0.0), max_new_tokens=10)
     assert result.drafter_layer_forwards > 0
     for prompt, out in zip(PROMPTS[:2], result.tokens):
-        assert out == _greedy_reference(target, prompt, 10)
+        assert out == greedy_reference(target, prompt, 10)
 
 
 def test_reference_decoder_matches_transformers_generate():
-    # Guards _greedy_reference itself: the target's own HF generate gives the same tokens.
+    # Guards greedy_reference itself: the target's own HF generate gives the same tokens.
     hf = _sharpen(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0)
     model = CausalLM.from_hf(hf)
     prompt = PROMPTS[2]
     out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert out[0, len(prompt) :].tolist() == _greedy_reference(model, prompt, 10)
+    assert out[0, len(prompt) :].tolist() == greedy_reference(model, prompt, 10)
 
 
 def test_eos_and_per_request_max_new_tokens(target):
-    reference = _greedy_reference(target, PROMPTS[0], 12)
+    reference = greedy_reference(target, PROMPTS[0], 12)
     eos = reference[4]
     config = parse_levels("exit:2,target", buffers=[3])
     gen = SpeculativeGenerator(target, config)

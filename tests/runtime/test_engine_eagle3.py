@@ -11,10 +11,10 @@ from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
+from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
 from sglang_hsd.verify.simulate import chi_square_p_value  # noqa: E402
-from tests.runtime.test_engine import PROMPTS, _exact_target_prefix_probs, _greedy_reference, _sharpen  # noqa: E402
+from tests.runtime.test_engine import PROMPTS, _exact_target_prefix_probs, _sharpen  # noqa: E402
 
 
 def _head(model, draft_vocab, captures, seed=0, std=0.05):
@@ -45,7 +45,7 @@ def test_greedy_output_equals_target_greedy(target, spec, buffers, draft_vocab, 
     gen = SpeculativeGenerator(target, parse_levels(spec, buffers=buffers, methods=[method]), eagle3_head=head, validate=True)
     result = gen.generate(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=14)
     for prompt, out in zip(PROMPTS, result.tokens):
-        assert out == _greedy_reference(target, prompt, 14)
+        assert out == greedy_reference(target, prompt, 14)
     assert result.levels[0].proposed > 0 and result.levels[1].accepted > 0
 
 
