@@ -1,137 +1,226 @@
 """Block efficiency of every chain verifier on the same sampled drafts from real models.
 
-For each prompt, the target samples a continuation; at several positions along it the drafter
-samples a K_max-token draft from its own q, and the target scores the draft in one forward. Each
-verifier's *exact* expected accepted length given that draft (no coin noise) is then computed for
-every K <= K_max, so all methods are compared on identical drafts:
+For each prompt, ``--positions`` rounds of speculative decoding run at the benchmark temperature:
+the drafter samples a K_max-token draft from its own q, the target scores it in one forward, and
+the context advances by what ``hsd`` emits (lossless, so the text is a target sample). Each verifier's *exact* expected accepted length given
+that draft (no coin noise, ``expected_accepted_per_length``) is computed for every K <= K_max, so
+all methods are compared on identical drafts:
 
     block efficiency = 1 + E[accepted draft tokens]   (tokens emitted per target call)
 
-Drafters: ``exit:L`` (the target's first L layers + final norm + LM head, or a trained exit head)
-or a separate model (``--drafter qwen2.5-coder-0.5b``). For chains, ``hsd`` is block verification,
-which Sun et al. (ICLR 2025) prove optimal among lossless verifiers for a given draft
-distribution, so its column is the limit; ``hsd-paper`` (lossy) is shown for reference only.
+Drafters (``verify_drafters.py``): ``exit:L`` (the target's first L layers + a trained exit head,
+or the logit lens without one), ``eagle3`` / ``eagle3:<dir>`` (the trained EAGLE-3 head of
+``sglang-hsd train-heads``, q scattered from its draft vocabulary to target ids) and
+``model:<name>`` (a separate model with the target's tokenizer).
 
-    python benchmarks/bench_verify.py --model smollm2-135m --drafters exit:8 exit:16 \\
-        --prompt-sets mtbench humaneval --temperatures 0.6 1.0
+Columns. ``hsd`` is block verification (DESIGN.md section 1), which Sun et al. (ICLR 2025, arXiv
+2403.10444) prove optimal among lossless verifiers of a chain drawn from the given q: its column
+*is* the exact optimum. ``hsd-paper`` (uncapped, lossy) is for reference only. ``bound`` is the
+sum over k <= K of 1 - TV between the k-token draft and target laws (``bench_report.py``): what a
+verifier could reach if it only had to keep each prefix length's law right separately; the gap
+hsd -> bound is the price of being lossless for every k at once. MT-Bench prompts are taken per
+category (``mtbench/<category>`` rows) and pooled (``mtbench`` rows).
+
+    python benchmarks/bench_verify.py --model smollm2-135m --drafters exit:16 eagle3 \\
+        --prompt-sets mtbench humaneval sharegpt alpacaeval --temperatures 0.6 1.0
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
 from pathlib import Path
 
 import torch
 
-from sglang_hsd.runtime.cli import encode_prompts, load_exit_heads_option, load_model
+from bench_report import (coupling_bound_per_length, format_verify_summary, format_verify_table, plot_verify,
+                          summarize_draft_values)
+from sglang_hsd.runtime.cli import check_same_tokenizer, encode_prompts, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
-from sglang_hsd.verify.chain import expected_accepted_per_length
+from sglang_hsd.verify.chain import expected_accepted_per_length, verify_chain
+from verify_drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter
 
 METHODS = ("tokenwise", "hsd", "hsd-paper")
 
 
-@torch.inference_mode()
-def record_drafts(target, drafter_spec, drafter, prompts, params, num_draft, positions, seed, exit_heads=None):
-    """Sample drafts and score them. Returns tokens [N, K], q [N, K, V], p [N, K+1, V]."""
-    gen = torch.Generator().manual_seed(seed)
-    hf = target.hf
-    all_tokens, all_q, all_p = [], [], []
-    for prompt in prompts:
-        context = list(prompt)
-        for _ in range(positions):
-            draft, q_rows = [], []
-            for _ in range(num_draft):
-                q_rows.append(_draft_probs(hf, drafter_spec, drafter, context + draft, params, exit_heads or {}))
-                draft.append(int(torch.multinomial(q_rows[-1], 1, generator=gen)))
-            logits = hf(torch.tensor([context + draft])).logits[0, len(context) - 1 :]
-            p_rows = logits_to_probs(logits.unsqueeze(0), params)[0]
-            all_tokens.append(torch.tensor(draft))
-            all_q.append(torch.stack(q_rows))
-            all_p.append(p_rows)
-            # Advance the context by target samples, so drafts start from varied positions.
-            for _ in range(4):
-                row = logits_to_probs(hf(torch.tensor([context])).logits[0, -1:], params)[0]
-                context.append(int(torch.multinomial(row, 1, generator=gen)))
-    return torch.stack(all_tokens), torch.stack(all_q), torch.stack(all_p)
-
-
-def _draft_probs(hf, drafter_spec, drafter, ids, params, exit_heads):
-    if drafter_spec.startswith("exit:"):
-        layer = int(drafter_spec.split(":")[1])
-        out = hf.model(torch.tensor([ids]), output_hidden_states=True)
-        hidden = out.hidden_states[layer][:, -1:]  # output of layer `layer` (index 0 = embeddings)
+def build_drafter(spec: str, target, exit_heads: dict):
+    """``spec`` -> (drafter, scorer ``CachedLM`` of the target, label, provenance dict)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "exit":
+        if not arg.isdigit():
+            raise ValueError(f"--drafters {spec!r}: expected exit:<layer>")
+        layer = int(arg)
         head = exit_heads.get(layer)
-        logits = (head(hidden) if head is not None else hf.lm_head(hf.model.norm(hidden)))[0]
-    else:
-        logits = drafter.hf(torch.tensor([ids])).logits[0, -1:]
-    return logits_to_probs(logits, params)[0]
+        label = f"exit:{layer} " + ("trained" if head is not None else "logit lens")
+        return ExitDrafter(target.hf, layer, head), CachedLM(target.hf), label, {}
+    if kind == "eagle3":
+        from eagle_heads.pipeline import heads_dir
+        from sglang_hsd.runtime.eagle3 import Eagle3Head
+
+        folder = Path(arg) if arg else heads_dir(target.path.name) / "eagle3"
+        if not (folder / "model.safetensors").is_file():
+            raise ValueError(f"--drafters {spec!r}: no EAGLE-3 head in {folder} (run sglang-hsd train-heads --eagle3)")
+        head = Eagle3Head.from_pretrained(str(folder), target.model)
+        scorer = CachedLM(target.hf, hidden_layers=tuple(head.capture_layers))
+        return Eagle3Drafter(head, scorer), scorer, "eagle3", {"eagle3": _provenance(folder, "training.json")}
+    if kind == "model" and arg:
+        drafter = load_model(arg)
+        check_same_tokenizer(target.tokenizer, drafter.tokenizer, arg)
+        return ModelDrafter(drafter.hf), CachedLM(target.hf), f"model:{arg}", {}
+    raise ValueError(f"--drafters {spec!r}: expected exit:<layer>, eagle3[:<dir>] or model:<name>")
+
+
+def _provenance(folder: Path, name: str) -> dict:
+    path = folder / name
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(path.stat().st_mtime)) if path.is_file() else None
+    return {"folder": str(folder), "file": name, "mtime": stamp}
+
+
+def prompt_groups(target, prompt_sets, num_prompts, per_category, max_prompt_tokens) -> dict[str, list[list[int]]]:
+    """Group name -> encoded prompts (first prompts of each set, or of each MT-Bench category,
+    whose templated length is at most ``max_prompt_tokens``)."""
+    from sglang_hsd.assets.prompts import load_prompts
+
+    groups: dict[str, list[list[int]]] = {}
+    for prompt_set in prompt_sets:
+        split = prompt_set == "mtbench" and per_category > 0
+        wanted = per_category if split else num_prompts
+        for record in load_prompts(prompt_set):
+            ids = encode_prompts(target.tokenizer, [record.user_text])[0]
+            name = f"mtbench/{record.category}" if split else prompt_set
+            if len(ids) <= max_prompt_tokens and len(groups.setdefault(name, [])) < wanted:
+                groups[name].append(ids)
+            if not split and len(groups.get(name, [])) >= wanted:
+                break
+    return groups
+
+
+@torch.inference_mode()
+def walk_prompt(drafter, scorer: CachedLM, prompt, params, num_draft, positions, eos, seed):
+    """Draft and score ``positions`` consecutive rounds of speculative decoding on ``prompt``.
+
+    Each round the context advances by the tokens ``hsd`` emits for the draft (accepted prefix
+    plus one corrected or bonus token): a lossless rule, so the context is a sample of the target
+    at this temperature, at no extra target forward.
+
+    Returns per-draft expected accepted tokens: name -> float64 [n, K] (n <= positions: the walk
+    stops at EOS).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    context = list(prompt)
+    values: dict[str, list[torch.Tensor]] = {m: [] for m in (*METHODS, "bound")}
+    for _ in range(positions):
+        tokens, q = drafter.propose(context, num_draft, params, gen)
+        logits, _ = scorer.feed(context + tokens.tolist(), len(context) - 1)
+        p = logits_to_probs(logits.unsqueeze(0), params)[0]  # [K + 1, V]
+        for method in METHODS:
+            values[method].append(expected_accepted_per_length(tokens[None], q[None], p[None], method)[0])
+        values["bound"].append(coupling_bound_per_length(tokens[None], q[None], p[None])[0])
+        result = verify_chain(tokens[None], q[None], p[None], "hsd", generator=gen)
+        emitted = result.tokens[0, : int(result.num_accepted[0]) + 1].tolist()
+        context += emitted
+        if eos in emitted:
+            break
+    return {m: torch.stack(v) for m, v in values.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--drafters", nargs="+", default=["exit:8", "exit:16"],
-                        help="exit:<layer> or a model name with the same tokenizer")
-    parser.add_argument("--prompt-sets", nargs="+", default=["mtbench", "humaneval"])
-    parser.add_argument("--num-prompts", type=int, default=3)
-    parser.add_argument("--positions", type=int, default=4, help="drafts per prompt")
-    parser.add_argument("--max-draft", type=int, default=8)
+    parser.add_argument("--drafters", nargs="+", default=["exit:16", "eagle3"],
+                        help="exit:<layer>, eagle3[:<dir>] or model:<name> (same tokenizer as --model)")
+    parser.add_argument("--prompt-sets", nargs="+", default=["mtbench", "humaneval", "sharegpt", "alpacaeval"])
+    parser.add_argument("--num-prompts", type=int, default=2, help="prompts per set (not MT-Bench, see --per-category)")
+    parser.add_argument("--per-category", type=int, default=1,
+                        help="MT-Bench prompts per category (8 categories); 0 = take --num-prompts, unsplit")
+    parser.add_argument("--max-prompt-tokens", type=int, default=384, help="skip longer (templated) prompts")
+    parser.add_argument("--positions", type=int, default=8,
+                        help="drafts per prompt and temperature (consecutive decoding rounds)")
+    parser.add_argument("--max-draft", type=int, default=8, help="K_max; tables show K = 2..K_max")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.6, 1.0])
     parser.add_argument("--exit-heads", default="auto", help="trained exit heads: 'auto', 'none' or a folder")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="verify")
     args = parser.parse_args()
+    if any(t <= 0 for t in args.temperatures):
+        parser.error("--temperatures must be > 0: a greedy draft makes every lossless verifier equal")
+    if args.max_draft < 2 or args.positions < 1:
+        parser.error("--max-draft must be >= 2 and --positions >= 1")
     torch.set_num_threads(args.threads)
-
-    from sglang_hsd.assets.prompts import load_prompts
 
     target = load_model(args.model)
     exit_heads = load_exit_heads_option(target, args.exit_heads)
+    groups = prompt_groups(target, args.prompt_sets, args.num_prompts, args.per_category, args.max_prompt_tokens)
+    eos = target.tokenizer.eos_token_id
+    provenance = {}
+    if exit_heads:
+        from eagle_heads.pipeline import heads_dir
+
+        folder = Path(args.exit_heads) if args.exit_heads != "auto" else heads_dir(target.path.name) / "exit"
+        provenance["exit"] = _provenance(folder, "manifest.json")
     rows = []
-    for drafter_spec in args.drafters:
-        drafter = None if drafter_spec.startswith("exit:") else load_model(drafter_spec)
-        for prompt_set in args.prompt_sets:
-            texts = [p.messages[0]["content"] for p in load_prompts(prompt_set, limit=args.num_prompts)]
-            prompts = encode_prompts(target.tokenizer, texts)
-            for temperature in args.temperatures:
-                params = SamplingParams(temperature=temperature)
-                tokens, q, p = record_drafts(target, drafter_spec, drafter, prompts, params,
-                                             args.max_draft, args.positions, seed=0, exit_heads=exit_heads)
-                means = {m: expected_accepted_per_length(tokens, q, p, m).mean(0) for m in METHODS}
-                for k in range(2, args.max_draft + 1):
-                    trained = drafter_spec.startswith("exit:") and int(drafter_spec[5:]) in exit_heads
-                    row = {"drafter": drafter_spec + (" (trained head)" if trained else ""),
-                           "prompt_set": prompt_set, "temperature": temperature,
-                           "K": k, "drafts": tokens.shape[0]}
-                    row.update({f"block_eff_{m}": 1 + float(means[m][k - 1]) for m in METHODS})
-                    rows.append(row)
-                print(f"{drafter_spec} {prompt_set} T={temperature}: K=8 block efficiency "
-                      + ", ".join(f"{m} {1 + float(means[m][-1]):.3f}" for m in METHODS), flush=True)
+    started = time.perf_counter()
+    for spec in args.drafters:
+        drafter, scorer, label, extra = build_drafter(spec, target, exit_heads)
+        provenance.update(extra)
+        for temperature in args.temperatures:
+            params = SamplingParams(temperature=temperature)
+            per_group = {}
+            for name, prompts in groups.items():
+                walks = [walk_prompt(drafter, scorer, prompt, params, args.max_draft, args.positions,
+                                     eos, seed=args.seed + 1000 * i)
+                         for i, prompt in enumerate(prompts)]
+                per_group[name] = {m: torch.cat([w[m] for w in walks]) for m in walks[0]}
+                _log(label, name, temperature, per_group[name], started)
+            if any("/" in name for name in per_group):  # pooled MT-Bench row
+                pooled = [v for name, v in per_group.items() if name.startswith("mtbench/")]
+                per_group["mtbench"] = {m: torch.cat([v[m] for v in pooled]) for m in pooled[0]}
+            for name in sorted(per_group, key=lambda g: (g.split("/")[0], "/" in g, g)):
+                rows += _rows(label, name, temperature, per_group[name], args.max_draft)
+    meta = {"model": args.model, "drafters": args.drafters, "groups": {g: len(p) for g, p in groups.items()},
+            "positions": args.positions, "max_draft": args.max_draft, "seed": args.seed,
+            "max_prompt_tokens": args.max_prompt_tokens, "heads": provenance, "threads": args.threads,
+            "seconds": round(time.perf_counter() - started, 1)}
+    _write(args.name, meta, rows)
+
+
+def _rows(label, group, temperature, values, max_draft) -> list[dict]:
+    summary = summarize_draft_values(values)
+    out = []
+    for k in range(2, max_draft + 1):
+        row = {"drafter": label, "prompt_set": group, "temperature": temperature, "K": k,
+               "drafts": int(values["hsd"].shape[0])}
+        row.update({key: vals[k - 1] for key, vals in summary.items()})
+        out.append(row)
+    return out
+
+
+def _log(label, group, temperature, values, started) -> None:
+    means = {m: 1 + float(v[:, -1].mean()) for m, v in values.items()}
+    print(f"[{time.perf_counter() - started:6.0f}s] {label} {group} T={temperature} ({values['hsd'].shape[0]} drafts): "
+          f"K_max block efficiency " + ", ".join(f"{m} {v:.3f}" for m, v in means.items()), flush=True)
+
+
+def _write(name: str, meta: dict, rows: list[dict]) -> None:
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
-    (out_dir / f"{args.name}.json").write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
-    table = format_table(rows, args.model)
-    (out_dir / f"{args.name}.md").write_text(table)
-    print(table)
-
-
-def format_table(rows, model) -> str:
-    lines = [
-        f"Block efficiency (tokens per target call, exact expectation per sampled draft), target {model}",
-        "",
-        "| drafter | prompts | T | K | drafts | tokenwise | hsd (= block, optimal) | hsd gain | hsd-paper (lossy) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        gain = r["block_eff_hsd"] / r["block_eff_tokenwise"] - 1
-        lines.append(
-            f"| {r['drafter']} | {r['prompt_set']} | {r['temperature']} | {r['K']} | {r['drafts']} | "
-            f"{r['block_eff_tokenwise']:.3f} | {r['block_eff_hsd']:.3f} | {100 * gain:+.1f}% | "
-            f"{r['block_eff_hsd-paper']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+    (out_dir / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    heads = "; ".join(f"{k} heads {v['folder']} ({v['file']} {v['mtime']})" for k, v in meta["heads"].items())
+    header = (f"Block efficiency (tokens per target call, exact expectation per sampled draft), target "
+              f"{meta['model']}; prompts per group {meta['groups']}; {meta['positions']} drafts per prompt "
+              f"(consecutive hsd decoding rounds); {heads or 'no trained heads'}; {meta['seconds']} s")
+    summary = format_verify_summary(rows)
+    (out_dir / f"{name}.md").write_text(header + "\n\n" + summary + "\n" + format_verify_table(rows, "All rows:"))
+    print(header + "\n\n" + summary)
+    try:
+        print("plot:", plot_verify(rows, out_dir / f"{name}.png"))
+    except ImportError as err:
+        print(f"no plot ({err})")
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
