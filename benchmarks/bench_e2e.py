@@ -10,7 +10,13 @@ the same prompts, for each temperature and batch size, ``--repeats`` times; the 
 median and ratios against the autoregressive runtime and against HF assisted generation of the
 same run. Timings on a shared 2-core machine are noisy: compare ratios, not absolute numbers.
 
-Writes ``benchmarks/results/<name>.json`` and ``.md``.
+Batch sizes > 1 run the runtime on consecutive groups of prompts (the HF peers stay at batch 1:
+assisted generation supports no batches). At T = 0 every output is checked against the same
+configuration at B = 1 and against the autoregressive runtime (last table column; a speculative
+runtime must reproduce greedy decoding token for token at every batch size).
+
+Writes ``benchmarks/results/<name>.json`` and ``.md``, and with matplotlib (the ``bench`` extra)
+``<name>_speedup.png`` and ``<name>_accepted.png`` (``bench_report.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_outputs, format_e2e_table, plot_e2e
 from sglang_hsd.runtime.cli import build_generator, encode_prompts, load_model
 from sglang_hsd.sampling import SamplingParams
 
@@ -85,7 +92,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="e2e", help="results file stem")
@@ -129,46 +136,26 @@ def main() -> None:
                     "tokens_per_second": sum(map(len, tokens)) / seconds, "levels": levels,
                     "outputs": tokens,
                 })
-    _add_ratios(rows)
+    add_ratios(rows)
+    check_batch_outputs(rows)
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
     meta = {"model": args.model, "assistant": args.assistant, "prompt_set": args.prompt_set,
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
             "exit_heads": args.exit_heads}
     (out_dir / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    table = format_table(rows, meta)
+    table = format_e2e_table(rows, meta)
     (out_dir / f"{args.name}.md").write_text(table)
     print(table)
-
-
-def _add_ratios(rows: list[dict]) -> None:
-    """Speed-up against the autoregressive runtime and HF assisted generation of the same T and B."""
-    for row in rows:
-        same = [r for r in rows if r["temperature"] == row["temperature"]]
-        base = [r for r in same if r["config"] == "target" and r["batch_size"] == row["batch_size"]]
-        peer = [r for r in same if r["config"] == "hf-assisted"]
-        row["vs_autoregressive"] = row["tokens_per_second"] / base[0]["tokens_per_second"] if base else None
-        row["vs_hf_assisted"] = row["tokens_per_second"] / peer[0]["tokens_per_second"] if peer else None
-
-
-def format_table(rows: list[dict], meta: dict) -> str:
-    lines = [
-        f"model {meta['model']}, assistant {meta['assistant']}, {meta['num_prompts']} {meta['prompt_set']} prompts, "
-        f"{meta['max_new_tokens']} new tokens, {meta['threads']} thread(s), exit heads: {meta['exit_heads']}",
-        "",
-        "| T | B | config | method | buffers | tok/s | vs AR | vs HF assisted | accepted/round per level |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        accepted = ", ".join(
-            f"{lv['name']}: {lv['mean_accepted']:.2f}" for lv in (r["levels"] or [])[1:]
-        ) or "-"
-        fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
-        lines.append(
-            f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {r['method']} | {r['buffers'] or '-'} | "
-            f"{r['tokens_per_second']:.2f} | {fmt(r['vs_autoregressive'])} | {fmt(r['vs_hf_assisted'])} | {accepted} |"
-        )
-    return "\n".join(lines) + "\n"
+    try:
+        for path in plot_e2e(rows, out_dir / args.name):
+            print("plot:", path)
+    except ImportError:
+        print(f"no plots: {BENCH_EXTRA_HINT}")
+    bad = [r for r in rows if r.get("matches_b1") is False or r.get("matches_ar") is False]
+    for r in bad:
+        print(f"WARNING: T=0 B={r['batch_size']} {r['config']} [{r['method']}] differs from B=1 / autoregressive "
+              f"output (prompts {r['mismatched_prompts']})")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def build_drafter(spec: str, target, exit_heads: dict):
         layer = int(arg)
         head = exit_heads.get(layer)
         label = f"exit:{layer} " + ("trained" if head is not None else "logit lens")
-        return ExitDrafter(target.hf, layer, head), CachedLM(target.hf), label, {}
+        drafter = ExitDrafter(target.hf, layer, head)
+        return drafter, drafter.lm, label, {}
     if kind == "eagle3":
         from eagle_heads.pipeline import heads_dir
         from sglang_hsd.runtime.eagle3 import Eagle3Head
@@ -63,7 +64,7 @@ def build_drafter(spec: str, target, exit_heads: dict):
         if not (folder / "model.safetensors").is_file():
             raise ValueError(f"--drafters {spec!r}: no EAGLE-3 head in {folder} (run sglang-hsd train-heads --eagle3)")
         head = Eagle3Head.from_pretrained(str(folder), target.model)
-        scorer = CachedLM(target.hf, hidden_layers=tuple(head.capture_layers))
+        scorer = CachedLM(target.hf, hidden_layers=tuple(head.capture_layers), keep_logits=True)
         return Eagle3Drafter(head, scorer), scorer, "eagle3", {"eagle3": _provenance(folder, "training.json")}
     if kind == "model" and arg:
         drafter = load_model(arg)

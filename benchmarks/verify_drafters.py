@@ -41,39 +41,57 @@ class CachedLM:
 
     ``hidden_layers``: hidden states to keep per position (index L = output of the first L layers,
     0 = embeddings), stored for every cached position in ``hidden`` [n, len(hidden_layers), D].
+    ``keep_logits``: keep the logits of positions already run (from ``logits_from`` on), so a
+    drafter and the scorer can share one cache without running a position twice.
     """
 
-    def __init__(self, hf, hidden_layers: tuple[int, ...] = ()) -> None:
+    def __init__(self, hf, hidden_layers: tuple[int, ...] = (), keep_logits: bool = False) -> None:
         from transformers import DynamicCache
 
         self.hf = hf
         self.hidden_layers = tuple(hidden_layers)
+        self.keep_logits = keep_logits
         self.cache = DynamicCache(config=hf.config)
         self.ids: list[int] = []
         self.hidden = torch.zeros(0, len(self.hidden_layers), hf.config.hidden_size)
+        self.logits = torch.zeros(0, 0)  # [len(ids) - logits_from, V] when keep_logits
+        self.logits_from = 1 << 62  # nothing stored yet
 
     @torch.inference_mode()
     def feed(self, ids: list[int], need_from: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bring the cache to ``ids``, running at least positions ``need_from .. len(ids) - 1``.
+        """Bring the cache to ``ids``; return outputs for positions ``need_from .. len(ids) - 1``.
 
         Returns:
-            logits float [len(ids) - need_from, V] and hidden [len(ids) - need_from, H, D] for
-            positions ``need_from ..`` (H = len(hidden_layers)).
+            logits float [len(ids) - need_from, V] and hidden [len(ids) - need_from, H, D]
+            (H = len(hidden_layers)).
         """
         if not 0 <= need_from < len(ids):
             raise ValueError(f"need_from must be in [0, {len(ids)}), got {need_from}")
-        start = min(_common_prefix(self.ids, ids), need_from)
+        start = _common_prefix(self.ids, ids)
+        stored = self.keep_logits and self.logits_from <= need_from
+        if not stored:
+            start = min(start, need_from)
         if start < len(self.ids):
             self.cache.crop(start)
             self.ids = self.ids[:start]
             self.hidden = self.hidden[:start]
-        out = self.hf(input_ids=torch.tensor([ids[start:]]), past_key_values=self.cache, use_cache=True,
-                      output_hidden_states=bool(self.hidden_layers), logits_to_keep=len(ids) - need_from)
-        self.ids = list(ids)
-        if self.hidden_layers:
-            new = torch.stack([out.hidden_states[layer][0] for layer in self.hidden_layers], 1)
-            self.hidden = torch.cat([self.hidden, new])
-        return out.logits[0].float(), self.hidden[need_from:]
+            self.logits = self.logits[: max(0, start - self.logits_from)]
+        if start < len(ids):
+            first = start if stored else need_from  # first position whose logits are computed
+            out = self.hf(input_ids=torch.tensor([ids[start:]]), past_key_values=self.cache, use_cache=True,
+                          output_hidden_states=bool(self.hidden_layers), logits_to_keep=len(ids) - first)
+            new_logits = out.logits[0].float()
+            if self.hidden_layers:
+                new = torch.stack([out.hidden_states[layer][0] for layer in self.hidden_layers], 1)
+                self.hidden = torch.cat([self.hidden, new])
+            self.ids = list(ids)
+            if not self.keep_logits:
+                return new_logits, self.hidden[need_from:]
+            if stored and self.logits.shape[0] == first - self.logits_from:
+                self.logits = torch.cat([self.logits, new_logits]) if self.logits.numel() else new_logits
+            else:
+                self.logits, self.logits_from = new_logits, first
+        return self.logits[need_from - self.logits_from :], self.hidden[need_from:]
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -86,7 +104,9 @@ class ExitDrafter:
     def __init__(self, hf, layer: int, head=None) -> None:
         if not 1 <= layer < hf.config.num_hidden_layers:
             raise ValueError(f"exit layer must be in [1, {hf.config.num_hidden_layers}), got {layer}")
-        self.lm = CachedLM(hf, hidden_layers=(layer,))
+        # The drafter runs the whole target on its draft tokens (transformers cannot stop at
+        # layer L), so it shares its cache with the scorer: ``self.lm`` is the scorer too.
+        self.lm = CachedLM(hf, hidden_layers=(layer,), keep_logits=True)
         self.head = head
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
