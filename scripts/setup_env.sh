@@ -30,8 +30,8 @@ fi
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$here/constraints-cpu.txt")
 echo "[setup] installing torch (CPU build) and triton into $venv" >&2
 "${pip[@]}" "torch==2.13.0+cpu" "triton==3.7.1"
-echo "[setup] installing sglang-hsd (editable) with test extras" >&2
-"${pip[@]}" -e "$root[test]"
+echo "[setup] installing sglang-hsd (editable) with test and bench (matplotlib) extras" >&2
+"${pip[@]}" -e "$root[test,bench]"
 if [ "$with_sglang" = 1 ]; then
   echo "[setup] installing sglang 0.5.23 (--no-deps) and its light dependencies" >&2
   "${pip[@]}" --no-deps "sglang==0.5.23"
