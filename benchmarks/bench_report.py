@@ -270,3 +270,27 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Re-plot saved results: ``python benchmarks/bench_report.py benchmarks/results/<name>.json``
+    writes the PNGs of a ``bench_e2e`` or ``bench_verify`` result next to it."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("results", nargs="+", type=Path, help="JSON files written by bench_e2e.py / bench_verify.py")
+    args = parser.parse_args(argv)
+    for path in args.results:
+        rows = json.loads(path.read_text())["rows"]
+        if rows and "config" in rows[0]:
+            written = plot_e2e(rows, path.with_suffix(""))
+        elif rows and "drafter" in rows[0]:
+            written = [plot_verify(rows, path.with_suffix(".png"))]
+        else:
+            raise ValueError(f"{path}: neither a bench_e2e nor a bench_verify result (no rows with config/drafter)")
+        print("\n".join(str(p) for p in written))
+
+
+if __name__ == "__main__":
+    main()
