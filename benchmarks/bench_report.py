@@ -87,7 +87,7 @@ def format_verify_summary(rows: list[dict], ks: tuple[int, ...] = (2, 4, 8)) -> 
     keyed = {(r["drafter"], r["prompt_set"], r["temperature"], r["K"]): r for r in rows}
     groups = list(dict.fromkeys((r["drafter"], r["prompt_set"], r["temperature"]) for r in rows))
     head = " | ".join(f"K={k}: tokenwise / hsd / bound" for k in ks)
-    lines = [f"| drafter | prompts | T | drafts | {head} | hsd gain at K={ks[-1]} |",
+    lines = [f"| drafter | prompts | T | drafts | {head} | hsd gain (± 1 SE) at the largest K shown |",
              "|---|---|---|---|" + "---|" * len(ks) + "---|"]
     for drafter, prompt_set, temperature in groups:
         cells, last = [], None

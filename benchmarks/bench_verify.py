@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -168,24 +167,31 @@ def main() -> None:
         drafter, scorer, label, extra = build_drafter(spec, target, exit_heads)
         provenance.update(extra)
         for temperature in args.temperatures:
-            params = SamplingParams(temperature=temperature)
-            per_group = {}
-            for name, prompts in groups.items():
-                walks = [walk_prompt(drafter, scorer, prompt, params, args.max_draft, args.positions,
-                                     eos, seed=args.seed + 1000 * i)
-                         for i, prompt in enumerate(prompts)]
-                per_group[name] = {m: torch.cat([w[m] for w in walks]) for m in walks[0]}
-                _log(label, name, temperature, per_group[name], started)
-            if any("/" in name for name in per_group):  # pooled MT-Bench row
-                pooled = [v for name, v in per_group.items() if name.startswith("mtbench/")]
-                per_group["mtbench"] = {m: torch.cat([v[m] for v in pooled]) for m in pooled[0]}
-            for name in sorted(per_group, key=lambda g: (g.split("/")[0], "/" in g, g)):
-                rows += _rows(label, name, temperature, per_group[name], args.max_draft)
-    meta = {"model": args.model, "drafters": args.drafters, "groups": {g: len(p) for g, p in groups.items()},
-            "positions": args.positions, "max_draft": args.max_draft, "seed": args.seed,
-            "max_prompt_tokens": args.max_prompt_tokens, "heads": provenance, "threads": args.threads,
-            "seconds": round(time.perf_counter() - started, 1)}
-    _write(args.name, meta, rows)
+            rows += measure(drafter, scorer, label, groups, SamplingParams(temperature=temperature), args, eos, started)
+            # Written after every drafter and temperature, so a stopped run keeps what it measured.
+            meta = {"model": args.model, "drafters": args.drafters, "groups": {g: len(p) for g, p in groups.items()},
+                    "positions": args.positions, "max_draft": args.max_draft, "seed": args.seed,
+                    "max_prompt_tokens": args.max_prompt_tokens, "heads": provenance, "threads": args.threads,
+                    "seconds": round(time.perf_counter() - started, 1)}
+            _write(args.name, meta, rows, final=(spec, temperature) == (args.drafters[-1], args.temperatures[-1]))
+
+
+def measure(drafter, scorer, label, groups, params, args, eos, started) -> list[dict]:
+    """Walk every prompt of every group at one temperature; one table row per group and K."""
+    per_group = {}
+    for name, prompts in groups.items():
+        walks = [walk_prompt(drafter, scorer, prompt, params, args.max_draft, args.positions, eos,
+                             seed=args.seed + 1000 * i)
+                 for i, prompt in enumerate(prompts)]
+        per_group[name] = {m: torch.cat([w[m] for w in walks]) for m in walks[0]}
+        _log(label, name, params.temperature, per_group[name], started)
+    if any("/" in name for name in per_group):  # pooled MT-Bench row
+        pooled = [v for name, v in per_group.items() if name.startswith("mtbench/")]
+        per_group["mtbench"] = {m: torch.cat([v[m] for v in pooled]) for m in pooled[0]}
+    rows = []
+    for name in sorted(per_group, key=lambda g: (g.split("/")[0], "/" in g, g)):
+        rows += _rows(label, name, params.temperature, per_group[name], args.max_draft)
+    return rows
 
 
 def _rows(label, group, temperature, values, max_draft) -> list[dict]:
@@ -205,7 +211,7 @@ def _log(label, group, temperature, values, started) -> None:
           f"K_max block efficiency " + ", ".join(f"{m} {v:.3f}" for m, v in means.items()), flush=True)
 
 
-def _write(name: str, meta: dict, rows: list[dict]) -> None:
+def _write(name: str, meta: dict, rows: list[dict], final: bool) -> None:
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -215,6 +221,8 @@ def _write(name: str, meta: dict, rows: list[dict]) -> None:
               f"(consecutive hsd decoding rounds); {heads or 'no trained heads'}; {meta['seconds']} s")
     summary = format_verify_summary(rows)
     (out_dir / f"{name}.md").write_text(header + "\n\n" + summary + "\n" + format_verify_table(rows, "All rows:"))
+    if not final:
+        return
     print(header + "\n\n" + summary)
     try:
         print("plot:", plot_verify(rows, out_dir / f"{name}.png"))
@@ -223,5 +231,4 @@ def _write(name: str, meta: dict, rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
