@@ -194,7 +194,9 @@ def config_label(row: dict) -> str:
     if row["config"] in ("target", "hf", "hf-assisted", "hf-prompt-lookup"):
         return "AR (runtime)" if row["config"] == "target" else row["config"]
     buffers = f" [{row['buffers']}]" if row["buffers"] else ""
-    return f"{row['config']} {row['method']}{buffers}"
+    # An EAGLE-3 level names its head folder: show just the kind.
+    levels = ",".join("eagle3" if part.startswith("eagle3:") else part for part in row["config"].split(","))
+    return f"{levels} {row['method']}{buffers}"
 
 
 def plot_e2e(rows: list[dict], out_stem: Path) -> list[Path]:
@@ -211,29 +213,32 @@ def plot_e2e(rows: list[dict], out_stem: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
     for ax, key, title in ((axes[0][0], "vs_autoregressive", "speed-up vs autoregressive runtime"),
                            (axes[0][1], "vs_hf_assisted", "speed-up vs HF assisted")):
-        _grouped_bars(ax, rows, settings, labels, colors, lambda r, key=key: r.get(key))
+        if not _grouped_bars(ax, rows, settings, labels, colors, lambda r, key=key: r.get(key)):
+            ax.text(0.5, 0.5, "no baseline in these results", ha="center", va="center", transform=ax.transAxes)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_title(title, fontsize=10)
         ax.set_ylabel("x")
-    axes[0][1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _legend(fig, labels, colors)
     paths.append(_save(fig, plt, out_stem.with_name(out_stem.name + "_speedup.png")))
 
     level_rows = [r for r in rows if r.get("levels") and len(r["levels"]) > 1]
     level_names = list(dict.fromkeys(lv["name"] for r in level_rows for lv in r["levels"][1:]))
-    fig, axes = plt.subplots(1, max(1, len(level_names)), figsize=(5.5 * max(1, len(level_names)), 4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(level_names)), figsize=(max(6.0, 5.5 * len(level_names)), 4), squeeze=False)
     for ax, name in zip(axes[0], level_names or ["(no speculative configuration)"]):
         def value(r, name=name):
             hit = [lv for lv in (r.get("levels") or [])[1:] if lv["name"] == name]
             return hit[0]["mean_accepted"] if hit else None
         _grouped_bars(ax, level_rows, settings, labels, colors, value)
         ax.set_title(f"accepted draft tokens per round at level {name}", fontsize=10)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _legend(fig, [label for label in labels if any(config_label(r) == label for r in level_rows)], colors)
     paths.append(_save(fig, plt, out_stem.with_name(out_stem.name + "_accepted.png")))
     return paths
 
 
-def _grouped_bars(ax, rows, settings, labels, colors, value) -> None:
+def _grouped_bars(ax, rows, settings, labels, colors, value) -> bool:
+    """Bars of ``value(row)`` per configuration label, grouped by (T, B); False if none drawn."""
     width = 0.8 / max(1, len(labels))
+    drawn = False
     for i, label in enumerate(labels):
         xs, ys = [], []
         for j, (temperature, batch) in enumerate(settings):
@@ -244,7 +249,18 @@ def _grouped_bars(ax, rows, settings, labels, colors, value) -> None:
                 ys.append(y)
         if xs:
             ax.bar(xs, ys, width, color=colors[label], label=label)
+            drawn = True
     ax.set_xticks(range(len(settings)), [f"T={t}, B={b}" for t, b in settings], fontsize=8)
+    return drawn
+
+
+def _legend(fig, labels, colors) -> None:
+    """One legend for the whole figure, below the panels."""
+    from matplotlib.patches import Patch
+
+    if labels:
+        fig.legend([Patch(color=colors[label]) for label in labels], labels, loc="upper center",
+                   bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(labels)), fontsize=8)
 
 
 def _colors(n: int) -> list:
