@@ -167,17 +167,24 @@ def main() -> None:
         drafter, scorer, label, extra = build_drafter(spec, target, exit_heads)
         provenance.update(extra)
         for temperature in args.temperatures:
-            rows += measure(drafter, scorer, label, groups, SamplingParams(temperature=temperature), args, eos, started)
-            # Written after every drafter and temperature, so a stopped run keeps what it measured.
-            meta = {"model": args.model, "drafters": args.drafters, "groups": {g: len(p) for g, p in groups.items()},
-                    "positions": args.positions, "max_draft": args.max_draft, "seed": args.seed,
-                    "max_prompt_tokens": args.max_prompt_tokens, "heads": provenance, "threads": args.threads,
-                    "seconds": round(time.perf_counter() - started, 1)}
-            _write(args.name, meta, rows, final=(spec, temperature) == (args.drafters[-1], args.temperatures[-1]))
+            last = (spec, temperature) == (args.drafters[-1], args.temperatures[-1])
+
+            def save(new_rows, final=False):
+                # Written after every prompt group, so a stopped run keeps what it measured.
+                meta = {"model": args.model, "drafters": args.drafters,
+                        "groups": {g: len(p) for g, p in groups.items()}, "positions": args.positions,
+                        "max_draft": args.max_draft, "seed": args.seed, "max_prompt_tokens": args.max_prompt_tokens,
+                        "heads": provenance, "threads": args.threads, "seconds": round(time.perf_counter() - started, 1)}
+                _write(args.name, meta, rows + new_rows, final=final)
+
+            rows += measure(drafter, scorer, label, groups, SamplingParams(temperature=temperature), args, eos,
+                            started, save)
+            save([], final=last)
 
 
-def measure(drafter, scorer, label, groups, params, args, eos, started) -> list[dict]:
-    """Walk every prompt of every group at one temperature; one table row per group and K."""
+def measure(drafter, scorer, label, groups, params, args, eos, started, save) -> list[dict]:
+    """Walk every prompt of every group at one temperature; one table row per group and K.
+    ``save(rows)`` is called with the rows so far after each group."""
     per_group = {}
     for name, prompts in groups.items():
         walks = [walk_prompt(drafter, scorer, prompt, params, args.max_draft, args.positions, eos,
@@ -185,12 +192,19 @@ def measure(drafter, scorer, label, groups, params, args, eos, started) -> list[
                  for i, prompt in enumerate(prompts)]
         per_group[name] = {m: torch.cat([w[m] for w in walks]) for m in walks[0]}
         _log(label, name, params.temperature, per_group[name], started)
-    if any("/" in name for name in per_group):  # pooled MT-Bench row
-        pooled = [v for name, v in per_group.items() if name.startswith("mtbench/")]
-        per_group["mtbench"] = {m: torch.cat([v[m] for v in pooled]) for m in pooled[0]}
+        save(_group_rows(label, per_group, params.temperature, args.max_draft))
+    return _group_rows(label, per_group, params.temperature, args.max_draft)
+
+
+def _group_rows(label, per_group, temperature, max_draft) -> list[dict]:
+    """Rows of every group measured so far, plus the pooled MT-Bench row over its categories."""
+    groups = dict(per_group)
+    pooled = [v for name, v in groups.items() if name.startswith("mtbench/")]
+    if pooled:
+        groups["mtbench"] = {m: torch.cat([v[m] for v in pooled]) for m in pooled[0]}
     rows = []
-    for name in sorted(per_group, key=lambda g: (g.split("/")[0], "/" in g, g)):
-        rows += _rows(label, name, params.temperature, per_group[name], args.max_draft)
+    for name in sorted(groups, key=lambda g: (g.split("/")[0], "/" in g, g)):
+        rows += _rows(label, name, temperature, groups[name], max_draft)
     return rows
 
 
