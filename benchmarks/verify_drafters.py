@@ -2,13 +2,15 @@
 
 Every object here keeps the token sequence its cache holds and, when asked about a new sequence,
 keeps the longest common prefix and runs only the rest (a draft's tokens are dropped on the next
-call the same way). One row, no batch: the benchmark walks prompts one position at a time.
+call the same way). One row, no batch: the benchmark walks prompts one round at a time, and the
+per-token Python here is off any serving path.
 
 Drafters (``propose(context, num_draft, params, generator)`` -> tokens int64 [K], q float [K, V]
 over the target vocabulary, where q[j] is the exact law draft token j was sampled from):
 
 * ``ExitDrafter``: the target's hidden state after ``layer`` layers -> a trained exit head or,
-  without one, final norm + LM head (logit lens).
+  without one, final norm + LM head (logit lens). transformers runs the whole target on each
+  draft token, so the drafter's cache doubles as the scorer's (``ExitDrafter.lm``).
 * ``ModelDrafter``: a separate model with the target's tokenizer.
 * ``Eagle3Drafter``: an EAGLE-3 head reading the target's hidden states at its capture layers,
   fed as the runtime feeds it (``sglang_hsd/runtime/eagle3_drafter.py``): entries for committed
