@@ -102,6 +102,24 @@ def format_verify_summary(rows: list[dict], ks: tuple[int, ...] = (2, 4, 8)) -> 
     return "\n".join(lines) + "\n"
 
 
+def format_category_pivot(rows: list[dict], k: int = 8) -> str:
+    """Prompt groups down (e.g. MT-Bench categories), (drafter, T) across; cells tokenwise / hsd /
+    bound block efficiency at draft length ``k``."""
+    keyed = {(r["prompt_set"], r["drafter"], r["temperature"]): r for r in rows if r["K"] == k}
+    columns = list(dict.fromkeys((r["drafter"], r["temperature"]) for r in rows))
+    groups = list(dict.fromkeys(r["prompt_set"] for r in rows))
+    lines = [f"| prompts (K={k}: tokenwise / hsd / bound) | " + " | ".join(f"{d}, T={t}" for d, t in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for group in groups:
+        cells = []
+        for drafter, temperature in columns:
+            r = keyed.get((group, drafter, temperature))
+            cells.append("-" if r is None else f"{r['block_eff_tokenwise']:.2f} / {r['block_eff_hsd']:.2f} / "
+                         f"{r['block_eff_bound']:.2f} ({r['drafts']})")
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _pct(x: float, sign: bool = True) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"

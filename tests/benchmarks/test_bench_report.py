@@ -89,6 +89,8 @@ def test_summarize_and_verify_tables():
     full = bench_report.format_verify_table(rows, "header")
     assert full.count("\n| exit:16 trained |") == 3 * 2 * 7
     assert "| eagle3 | mtbench/math | 1.0 | 8 | 12 | 1.800 | 1.880 | +5.0% ± 2.0% | 1.960 | 2.040 |" in full
+    pivot = bench_report.format_category_pivot(rows, k=4)
+    assert "| mtbench/math | 1.40 / 1.44 / 1.52 (12) |" in pivot and pivot.count("\n") == 2 + 3
     short = bench_report.format_verify_summary(rows)
     assert "| eagle3 | humaneval | 0.6 | 12 | 1.200 / 1.220 / 1.260 | 1.400 / 1.440 / 1.520 | 1.800 / 1.880 / 2.040 " \
            "| +5.0% ± 2.0% |" in short
