@@ -1,0 +1,162 @@
+"""Where a speculative round spends its time: a per-section breakdown of ``SpeculativeGenerator``.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/profile_round.py --model smollm2-135m \\
+        --config "model:smollm2-135m,target" --buffers 4 --temperature 0
+
+The engine's functions are wrapped with timers for one ``generate`` call (after a short warm-up
+call); each section reports its *exclusive* time (time inside it minus time inside nested
+sections), so the shares add up to the wall time:
+
+* ``forward:<model>[a:b]`` - decoder layers a..b (``CausalLM.forward_layers``) outside matmuls;
+  ``.../matmul`` - the ``nn.Linear`` calls inside them.
+* ``head:<model>`` - final norm + LM head or a trained exit head (``exit_logits``), matmul
+  included (``head/matmul``).
+* ``probs`` - temperature / top-k / top-p / softmax (``logits_to_probs``).
+* ``verify_chain``, ``truncate`` (cache roll-back), ``commit`` (EOS / length checks),
+  ``append`` (an intermediate level's buffer), ``advance`` (gathering a group's inputs and
+  storing its hidden states).
+* ``draft``, ``verify``, ``run`` - the engine's own Python and tensor bookkeeping in those
+  methods (sampling the draft token with ``multinomial`` is in ``draft``).
+
+``--torch-profile`` adds torch.profiler's top operators (host syncs show up as
+``aten::_local_scalar_dense``). The script only reads attribute names, so it also profiles older
+versions of the engine (put their checkout first on ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import time
+from collections import defaultdict
+
+import torch
+
+
+class SectionTimer:
+    """Exclusive wall time per section name, with a stack so nested sections are not double counted."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._stack: list[list] = []  # [name, start, nested seconds]
+
+    @contextlib.contextmanager
+    def section(self, name: str):
+        if self._stack and name.startswith("/"):
+            name = self._stack[-1][0].split("/")[0] + name
+        frame = [name, time.perf_counter(), 0.0]
+        self._stack.append(frame)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+            elapsed = time.perf_counter() - frame[1]
+            self.seconds[name] += elapsed - frame[2]
+            self.calls[name] += 1
+            if self._stack:
+                self._stack[-1][2] += elapsed
+
+
+def _wrap(timer: SectionTimer, owner, attr: str, name, patches: list) -> None:
+    """Replace ``owner.attr`` by a timed wrapper; ``name`` is a string or ``f(*args) -> str``."""
+    original = getattr(owner, attr, None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        with timer.section(name(*args) if callable(name) else name):
+            return original(*args, **kwargs)
+
+    patches.append((owner, attr, original))
+    setattr(owner, attr, timed)
+
+
+@contextlib.contextmanager
+def instrumented(timer: SectionTimer, roles: dict[int, str]):
+    """Wrap the engine's pieces with ``timer`` sections while the context is open."""
+    from sglang_hsd.runtime import engine, groups
+    from sglang_hsd.runtime.model import CausalLM
+
+    role = lambda model: roles.get(id(model), "model")  # noqa: E731
+    patches: list = []
+    _wrap(timer, CausalLM, "forward_layers",
+          lambda self, hidden, start, end, *a, **k: f"forward:{role(self)}[{start}:{end}]", patches)
+    _wrap(timer, CausalLM, "exit_logits", lambda self, *a, **k: f"head:{role(self)}", patches)
+    _wrap(timer, torch.nn.Linear, "forward", "/matmul", patches)
+    for module in (engine, groups):
+        _wrap(timer, module, "advance", "advance", patches)
+    for attr, name in (("logits_to_probs", "probs"), ("verify_chain", "verify_chain"),
+                       ("truncate_all", "truncate")):
+        _wrap(timer, engine, attr, name, patches)
+    for attr, name in (("_draft", "draft"), ("_verify", "verify"), ("_commit", "commit"),
+                       ("_append_to_buffer", "append"), ("_autoregressive_step", "autoregressive"),
+                       ("run", "run")):
+        _wrap(timer, engine._Run, attr, name, patches)
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(patches):
+            setattr(owner, attr, original)
+
+
+def format_breakdown(timer: SectionTimer, total: float) -> str:
+    """A table of sections by exclusive time, with their share of ``total`` seconds."""
+    lines = [f"{'section':<34} {'calls':>6} {'seconds':>8} {'share':>6}"]
+    for name, seconds in sorted(timer.seconds.items(), key=lambda item: -item[1]):
+        lines.append(f"{name:<34} {timer.calls[name]:>6} {seconds:>8.3f} {seconds / total:>6.1%}")
+    outside = total - sum(timer.seconds.values())
+    lines.append(f"{'(outside the sections)':<34} {'':>6} {outside:>8.3f} {outside / total:>6.1%}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--config", default="model:smollm2-135m,target", help="levels string of sglang-hsd generate")
+    parser.add_argument("--buffers", default="", help="comma list, one per level below the target")
+    parser.add_argument("--method", default="hsd")
+    parser.add_argument("--exit-heads", default="auto")
+    parser.add_argument("--prompt-set", default="mtbench")
+    parser.add_argument("--num-prompts", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from sglang_hsd.assets.prompts import load_prompts
+    from sglang_hsd.runtime.cli import build_generator, encode_prompts, load_model
+    from sglang_hsd.sampling import SamplingParams
+
+    target = load_model(args.model)
+    texts = [p.messages[0]["content"] for p in load_prompts(args.prompt_set, limit=args.num_prompts)]
+    prompts = encode_prompts(target.tokenizer, texts)
+    buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else None
+    gen = build_generator(target, args.config, buffers, args.method.split(","), args.exit_heads)
+    roles = {id(target.model): "target"}
+    if gen.drafter is not None:
+        roles.setdefault(id(gen.drafter), "drafter")
+    params = SamplingParams(temperature=args.temperature)
+    gen.generate(prompts[:1], params, 4, seed=1)  # warm-up
+
+    timer = SectionTimer()
+    with instrumented(timer, roles):
+        result = gen.generate(prompts, params, args.max_new_tokens, seed=0)
+    print(f"{args.config} buffers={args.buffers or '-'} method={args.method} T={args.temperature} "
+          f"prompts={len(prompts)}")
+    print(result.summary())
+    print(format_breakdown(timer, result.seconds))
+    if args.torch_profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            gen.generate(prompts, params, args.max_new_tokens, seed=0)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()
