@@ -11,7 +11,7 @@ mask is folded the same way (:func:`fold_groups`).
 (``torch.ops.mkldnn``, CPU float32). On CPUs whose BLAS treats a few-row matrix product as that
 many matrix-vector products, verifying K + 1 tokens costs K + 1 single-token forwards; the packed
 kernel computes 5-8 rows for about twice the price of one (``benchmarks/README.md``, "Runtime
-cost per round"), and its rows do not depend on how many rows are in the call.
+cost per round").
 """
 
 from __future__ import annotations
