@@ -8,7 +8,9 @@ call); each section reports its *exclusive* time (time inside it minus time insi
 sections), so the shares add up to the wall time:
 
 * ``forward:<model>[a:b]`` - decoder layers a..b (``CausalLM.forward_layers``) outside matmuls;
-  ``.../matmul`` - the ``nn.Linear`` calls inside them.
+  ``.../matmul`` - the linear projections inside them (``nn.Linear`` / ``PackedLinear``; a packed
+  projection that falls back to ``nn.Linear`` counts two calls). ``prefill:...`` - the same for
+  forwards of more than ``PREFILL_MIN_TOKENS`` tokens per row (the prompt).
 * ``head:<model>`` - final norm + LM head or a trained exit head (``exit_logits``), matmul
   included (``head/matmul``).
 * ``probs`` - temperature / top-k / top-p / softmax (``logits_to_probs``).
@@ -32,6 +34,9 @@ import time
 from collections import defaultdict
 
 import torch
+
+# Forwards over more new tokens than this per row are the prompt's prefill, reported apart.
+PREFILL_MIN_TOKENS = 32
 
 
 class SectionTimer:
@@ -61,7 +66,7 @@ class SectionTimer:
 
 def _wrap(timer: SectionTimer, owner, attr: str, name, patches: list) -> None:
     """Replace ``owner.attr`` by a timed wrapper; ``name`` is a string or ``f(*args) -> str``."""
-    original = getattr(owner, attr, None)
+    original = getattr(owner, attr, None) if owner is not None else None
     if original is None:
         return
 
@@ -77,15 +82,19 @@ def _wrap(timer: SectionTimer, owner, attr: str, name, patches: list) -> None:
 @contextlib.contextmanager
 def instrumented(timer: SectionTimer, roles: dict[int, str]):
     """Wrap the engine's pieces with ``timer`` sections while the context is open."""
-    from sglang_hsd.runtime import engine, groups
+    from sglang_hsd.runtime import engine, groups, layers
     from sglang_hsd.runtime.model import CausalLM
 
     role = lambda model: roles.get(id(model), "model")  # noqa: E731
     patches: list = []
-    _wrap(timer, CausalLM, "forward_layers",
-          lambda self, hidden, start, end, *a, **k: f"forward:{role(self)}[{start}:{end}]", patches)
+    def forward_name(self, hidden, start, end, *args, **kwargs) -> str:
+        kind = "prefill" if hidden.shape[1] > PREFILL_MIN_TOKENS else "forward"
+        return f"{kind}:{role(self)}[{start}:{end}]"
+
+    _wrap(timer, CausalLM, "forward_layers", forward_name, patches)
     _wrap(timer, CausalLM, "exit_logits", lambda self, *a, **k: f"head:{role(self)}", patches)
     _wrap(timer, torch.nn.Linear, "forward", "/matmul", patches)
+    _wrap(timer, getattr(layers, "PackedLinear", None), "forward", "/matmul", patches)
     for module in (engine, groups):
         _wrap(timer, module, "advance", "advance", patches)
     for attr, name in (("logits_to_probs", "probs"), ("verify_chain", "verify_chain"),

@@ -56,7 +56,8 @@ class PackedLinear(nn.Module):
     """An ``nn.Linear`` whose weight is also kept pre-packed for oneDNN (inference only).
 
     The wrapped module keeps the shared HF parameters (``weight``, ``bias``); the packed copy
-    costs as much memory again. Inputs that need gradients, or are not CPU float32, take the
+    costs as much memory again and is rebuilt when the weight is changed in place (except for
+    weights created under inference mode, which carry no version counter). Inputs that need gradients, or are not CPU float32, take the
     plain ``F.linear`` path, and so does a single row (see ``_PACKED_MIN_ROWS``).
     """
 
@@ -66,7 +67,17 @@ class PackedLinear(nn.Module):
             raise ValueError("linear must be a CPU float32 nn.Linear and torch must be built with oneDNN")
         self.linear = linear
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _PACK_ROWS_HINT)
+        self._pack()
+
+    def _pack(self) -> None:
+        self._packed_version = self._weight_version()
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.linear.weight.detach(), _PACK_ROWS_HINT)
+
+    def _weight_version(self) -> int | None:
+        # The version counter tells when the shared weight was changed in place, so a stale packed
+        # copy is rebuilt. Tensors created under inference mode have none (not tracked).
+        weight = self.linear.weight
+        return None if weight.is_inference() else weight._version
 
     @property
     def weight(self) -> nn.Parameter:
@@ -83,6 +94,8 @@ class PackedLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] < _PACKED_MIN_ROWS:
             return self.linear(x)
+        if self._weight_version() != self._packed_version:
+            self._pack()
         bias = self.linear.bias
         out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, None if bias is None else bias.detach(),
                                                  "none", [], "")

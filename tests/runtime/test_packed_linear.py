@@ -61,6 +61,17 @@ def test_inputs_needing_gradients_take_the_plain_path():
     assert packed.weight is linear.weight and packed.bias is linear.bias
 
 
+def test_weights_changed_in_place_are_repacked():
+    with torch.inference_mode(False):  # weights made under inference mode carry no version counter
+        linear = torch.nn.Linear(8, 6)
+        packed = PackedLinear(linear)
+        with torch.no_grad():
+            linear.weight.mul_(2.0)
+    with torch.inference_mode():
+        x = torch.randn(4, 8)
+        assert (packed(x) - linear(x)).abs().max() < ATOL
+
+
 def test_unsupported_weights_are_refused():
     double = torch.nn.Linear(4, 4).double()
     assert not packed_linear_supported(double)
