@@ -20,7 +20,8 @@ sections), so the shares add up to the wall time:
 * ``draft``, ``verify``, ``run`` - the engine's own Python and tensor bookkeeping in those
   methods (sampling the draft token with ``multinomial`` is in ``draft``).
 
-``--torch-profile`` adds torch.profiler's top operators (host syncs show up as
+``--matmul-rows 1 2 5 8`` instead times one MLP projection and the LM head of the model by row
+count, ``F.linear`` against ``PackedLinear``. ``--torch-profile`` adds torch.profiler's top operators (host syncs show up as
 ``aten::_local_scalar_dense``). The script only reads attribute names, so it also profiles older
 versions of the engine (put their checkout first on ``PYTHONPATH``).
 """
@@ -121,6 +122,44 @@ def format_breakdown(timer: SectionTimer, total: float) -> str:
     return "\n".join(lines)
 
 
+def matmul_costs(model, rows: list[int], repeats: int = 5) -> str:
+    """Milliseconds of one MLP projection and the LM head by row count: ``F.linear`` vs packed.
+
+    Interleaved repeats, median; the ratio to one row is what a (K + 1)-token verification
+    forward costs relative to a single-token decoding step.
+    """
+    import statistics
+
+    from sglang_hsd.runtime.layers import PackedLinear, packed_linear_supported
+
+    def plain(module):
+        return module.linear if isinstance(module, PackedLinear) else module
+
+    lines = [f"{'projection':<22} {'rows':>4} {'F.linear ms':>12} {'x 1 row':>8} {'packed ms':>10} {'x 1 row':>8}"]
+    for label, module in (("mlp.up_proj", model.layers[0].mlp.up_proj), ("lm_head", model.lm_head)):
+        linear = plain(module)
+        packed = PackedLinear(linear) if packed_linear_supported(linear) else None
+        times: dict[tuple[str, int], list[float]] = defaultdict(list)
+        with torch.inference_mode():
+            for _ in range(repeats):
+                for count in rows:
+                    x = torch.randn(1, count, linear.in_features)
+                    for kind, fn in (("plain", linear), ("packed", packed)):
+                        if fn is None:
+                            continue
+                        fn(x)
+                        start = time.perf_counter()
+                        fn(x)
+                        times[kind, count].append((time.perf_counter() - start) * 1e3)
+        med = {key: statistics.median(value) for key, value in times.items()}
+        for count in rows:
+            plain_ms = med["plain", count]
+            packed_ms = med.get(("packed", count), float("nan"))
+            lines.append(f"{label:<22} {count:>4} {plain_ms:>12.3f} {plain_ms / med['plain', 1]:>8.2f} "
+                         f"{packed_ms:>10.3f} {packed_ms / med['plain', 1]:>8.2f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -133,6 +172,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--matmul-rows", type=int, nargs="*",
+                        help="only time one projection and the LM head for these row counts (e.g. 1 2 5 8)")
     parser.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -142,6 +183,9 @@ def main() -> None:
     from sglang_hsd.sampling import SamplingParams
 
     target = load_model(args.model)
+    if args.matmul_rows:
+        print(matmul_costs(target.model, sorted(set(args.matmul_rows) | {1})))
+        return
     texts = [p.messages[0]["content"] for p in load_prompts(args.prompt_set, limit=args.num_prompts)]
     prompts = encode_prompts(target.tokenizer, texts)
     buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else None
