@@ -5,7 +5,8 @@
 
 The engine's functions are wrapped with timers for one ``generate`` call (after a short warm-up
 call); each section reports its *exclusive* time (time inside it minus time inside nested
-sections), so the shares add up to the wall time:
+sections), so the shares add up to the total (wall time, or with ``--clock cpu`` the process's
+CPU time, which other jobs on a shared machine disturb less):
 
 * ``forward:<model>[a:b]`` - decoder layers a..b (``CausalLM.forward_layers``) outside matmuls;
   ``.../matmul`` - the linear projections inside them (``nn.Linear`` / ``PackedLinear``; a packed
@@ -43,7 +44,8 @@ PREFILL_MIN_TOKENS = 32
 class SectionTimer:
     """Exclusive wall time per section name, with a stack so nested sections are not double counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock = clock
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._stack: list[list] = []  # [name, start, nested seconds]
@@ -52,13 +54,13 @@ class SectionTimer:
     def section(self, name: str):
         if self._stack and name.startswith("/"):
             name = self._stack[-1][0].split("/")[0] + name
-        frame = [name, time.perf_counter(), 0.0]
+        frame = [name, self.clock(), 0.0]
         self._stack.append(frame)
         try:
             yield
         finally:
             self._stack.pop()
-            elapsed = time.perf_counter() - frame[1]
+            elapsed = self.clock() - frame[1]
             self.seconds[name] += elapsed - frame[2]
             self.calls[name] += 1
             if self._stack:
@@ -172,6 +174,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this process's CPU time (less sensitive to other jobs on a shared machine)")
     parser.add_argument("--matmul-rows", type=int, nargs="*",
                         help="only time one projection and the LM head for these row counts (e.g. 1 2 5 8)")
     parser.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
@@ -196,13 +200,18 @@ def main() -> None:
     params = SamplingParams(temperature=args.temperature)
     gen.generate(prompts[:1], params, 4, seed=1)  # warm-up
 
-    timer = SectionTimer()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    timer = SectionTimer(clock)
+    start = clock()
     with instrumented(timer, roles):
         result = gen.generate(prompts, params, args.max_new_tokens, seed=0)
+    total = clock() - start
     print(f"{args.config} buffers={args.buffers or '-'} method={args.method} T={args.temperature} "
-          f"prompts={len(prompts)}")
+          f"prompts={len(prompts)} clock={args.clock}")
     print(result.summary())
-    print(format_breakdown(timer, result.seconds))
+    print(f"{result.num_generated} tokens in {total:.2f} {args.clock} seconds = "
+          f"{result.num_generated / total:.2f} tok/s ({args.clock})")
+    print(format_breakdown(timer, total))
     if args.torch_profile:
         from torch.profiler import ProfilerActivity, profile
 
