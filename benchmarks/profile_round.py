@@ -173,6 +173,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this process's CPU time (less sensitive to other jobs on a shared machine)")
@@ -203,20 +204,24 @@ def main() -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     timer = SectionTimer(clock)
     start = clock()
+    results = []
     with instrumented(timer, roles):
-        result = gen.generate(prompts, params, args.max_new_tokens, seed=0)
+        for first in range(0, len(prompts), args.batch_size):
+            batch = prompts[first : first + args.batch_size]
+            results.append(gen.generate(batch, params, args.max_new_tokens, seed=0))
     total = clock() - start
+    generated = sum(result.num_generated for result in results)
     print(f"{args.config} buffers={args.buffers or '-'} method={args.method} T={args.temperature} "
-          f"prompts={len(prompts)} clock={args.clock}")
-    print(result.summary())
-    print(f"{result.num_generated} tokens in {total:.2f} {args.clock} seconds = "
-          f"{result.num_generated / total:.2f} tok/s ({args.clock})")
+          f"prompts={len(prompts)} batch={args.batch_size} clock={args.clock}")
+    for result in results:
+        print(result.summary())
+    print(f"{generated} tokens in {total:.2f} {args.clock} seconds = {generated / total:.2f} tok/s ({args.clock})")
     print(format_breakdown(timer, total))
     if args.torch_profile:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            gen.generate(prompts, params, args.max_new_tokens, seed=0)
+            gen.generate(prompts[: args.batch_size], params, args.max_new_tokens, seed=0)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
