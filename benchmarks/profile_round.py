@@ -9,8 +9,7 @@ sections), so the shares add up to the total (wall time, or with ``--clock cpu``
 CPU time, which other jobs on a shared machine disturb less):
 
 * ``forward:<model>[a:b]`` - decoder layers a..b (``CausalLM.forward_layers``) outside matmuls;
-  ``.../matmul`` - the linear projections inside them (``nn.Linear`` / ``PackedLinear``; a packed
-  projection that falls back to ``nn.Linear`` counts two calls). ``prefill:...`` - the same for
+  ``.../matmul`` - the linear projections inside them (``nn.Linear`` / ``PackedLinear``). ``prefill:...`` - the same for
   forwards of more than ``PREFILL_MIN_TOKENS`` tokens per row (the prompt).
 * ``head:<model>`` - final norm + LM head or a trained exit head (``exit_logits``), matmul
   included (``head/matmul``).
@@ -54,6 +53,9 @@ class SectionTimer:
     def section(self, name: str):
         if self._stack and name.startswith("/"):
             name = self._stack[-1][0].split("/")[0] + name
+        if self._stack and self._stack[-1][0] == name:  # PackedLinear falling back to nn.Linear
+            yield
+            return
         frame = [name, self.clock(), 0.0]
         self._stack.append(frame)
         try:
