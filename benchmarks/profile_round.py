@@ -20,7 +20,8 @@ CPU time, which other jobs on a shared machine disturb less):
 * ``draft``, ``verify``, ``run`` - the engine's own Python and tensor bookkeeping in those
   methods (sampling the draft token with ``multinomial`` is in ``draft``).
 
-``--matmul-rows 1 2 5 8`` instead times one MLP projection and the LM head of the model by row
+``--compare-packing 3`` instead alternates plain and packed linears (``CausalLM.pack_linears``)
+in one process and prints tokens per CPU second; ``--matmul-rows 1 2 5 8`` times one MLP projection and the LM head of the model by row
 count, ``F.linear`` against ``PackedLinear``. ``--torch-profile`` adds torch.profiler's top operators (host syncs show up as
 ``aten::_local_scalar_dense``). The script only reads attribute names, so it also profiles older
 versions of the engine (put their checkout first on ``PYTHONPATH``).
@@ -164,6 +165,24 @@ def matmul_costs(model, rows: list[int], repeats: int = 5) -> str:
     return "\n".join(lines)
 
 
+def compare_packing(gen, prompts, params, max_new_tokens: int, repeats: int) -> str:
+    """Tokens per CPU second with plain and packed linears, alternating in one process."""
+    models = [gen.target] + ([gen.drafter] if gen.drafter is not None else [])
+    rates: dict[bool, list[float]] = defaultdict(list)
+    for _ in range(repeats):
+        for packed in (False, True):
+            for model in models:
+                model.pack_linears() if packed else model.unpack_linears()
+            start = time.process_time()
+            generated = sum(gen.generate([prompt], params, max_new_tokens, seed=0).num_generated for prompt in prompts)
+            rates[packed].append(generated / (time.process_time() - start))
+    lines = []
+    for packed in (False, True):
+        label = "packed" if packed else "plain"
+        lines.append(f"{label:>6}: " + " ".join(f"{rate:.2f}" for rate in rates[packed]) + " tokens / CPU s")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -179,6 +198,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this process's CPU time (less sensitive to other jobs on a shared machine)")
+    parser.add_argument("--compare-packing", type=int, metavar="REPEATS",
+                        help="only compare plain and packed linears (tokens per CPU second), alternating")
     parser.add_argument("--matmul-rows", type=int, nargs="*",
                         help="only time one projection and the LM head for these row counts (e.g. 1 2 5 8)")
     parser.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
@@ -202,6 +223,10 @@ def main() -> None:
         roles.setdefault(id(gen.drafter), "drafter")
     params = SamplingParams(temperature=args.temperature)
     gen.generate(prompts[:1], params, 4, seed=1)  # warm-up
+    if args.compare_packing:
+        print(f"{args.config} buffers={args.buffers or '-'} T={args.temperature} prompts={len(prompts)}")
+        print(compare_packing(gen, prompts, params, args.max_new_tokens, args.compare_packing))
+        return
 
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     timer = SectionTimer(clock)

@@ -139,6 +139,20 @@ class CausalLM(nn.Module):
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
         return cls.from_hf(hf_model.eval())
 
+    def _linear_slots(self) -> list[tuple[nn.Module, str]]:
+        slots = [(self, "lm_head")]
+        for layer in self.layers:
+            slots += [(layer.attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            slots += [(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")]
+        return slots
+
+    def unpack_linears(self) -> None:
+        """Undo :meth:`pack_linears`: back to the plain HF ``nn.Linear`` modules (frees the copies)."""
+        for owner, name in self._linear_slots():
+            module = getattr(owner, name)
+            if isinstance(module, PackedLinear):
+                setattr(owner, name, module.linear)
+
     def pack_linears(self) -> bool:
         """Run every projection and the LM head through :class:`PackedLinear` (oneDNN, CPU float32).
 
@@ -147,11 +161,8 @@ class CausalLM(nn.Module):
         Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
         or torch build; nothing changed).
         """
-        slots = [(self, "lm_head")]
-        for layer in self.layers:
-            slots += [(layer.attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-            slots += [(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")]
-        todo = [(owner, name) for owner, name in slots if not isinstance(getattr(owner, name), PackedLinear)]
+        todo = [(owner, name) for owner, name in self._linear_slots()
+                if not isinstance(getattr(owner, name), PackedLinear)]
         if not all(packed_linear_supported(getattr(owner, name)) for owner, name in todo):
             return False
         for owner, name in todo:

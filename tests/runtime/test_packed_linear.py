@@ -89,6 +89,9 @@ def test_pack_linears_keeps_logits_and_shared_parameters():
         assert isinstance(model.layers[0].attn.q_proj, PackedLinear) and isinstance(model.lm_head, PackedLinear)
         after = model(ids, model.new_cache(2, 16))
         assert _ran_packed_kernel(lambda: model(ids, model.new_cache(2, 16)))
+        model.unpack_linears()
+        assert model.lm_head is hf.lm_head and model.layers[1].mlp.down_proj is hf.model.layers[1].mlp.down_proj
+        assert torch.equal(model(ids, model.new_cache(2, 16)), before)
     assert (after - before).abs().max() < ATOL
     assert (after - hf_logits(hf, ids)).abs().max() < 1e-4
     hf_ids = {id(p) for p in hf.parameters()}
