@@ -60,9 +60,11 @@ class SpeculativeGenerator:
             loaded from the level's ``model_path``).
         validate: validate verifier inputs every round (slower; for tests and debugging).
         pack_linears: route the target's and the drafter's projections through oneDNN pre-packed
-            weights (``CausalLM.pack_linears``; CPU float32 only, else ignored). Multi-token
-            verification forwards get ~2x cheaper on CPUs; the packed copies take as much memory
-            again as the linear weights. The models are changed in place.
+            weights (``CausalLM.pack_linears``; CPU float32 only, else ignored; the models are
+            changed in place). Multi-row matmuls get up to ~2x cheaper, but the packed copies take
+            as much memory again as the linear weights: measured +9% tokens per CPU second for
+            SmolLM2 self-drafting, no gain for the Qwen2.5 0.5B -> 1.5B pair on a machine short of
+            memory (``benchmarks/README.md``, "Runtime cost per round"). Off by default.
     """
 
     def __init__(
@@ -73,7 +75,7 @@ class SpeculativeGenerator:
         exit_heads: dict[int, torch.nn.Module] | None = None,
         validate: bool = False,
         eagle3_head: Eagle3Head | None = None,
-        pack_linears: bool = True,
+        pack_linears: bool = False,
     ) -> None:
         config.check_depth(target.num_layers)
         first = config.levels[0]
