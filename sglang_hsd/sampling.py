@@ -88,6 +88,11 @@ def logits_to_probs(logits: torch.Tensor, params: BatchSamplingParams | Sampling
     squeeze = logits.dim() == 2
     x = logits.float().unsqueeze(1) if squeeze else logits.float()
     greedy = (params.temperature == 0).view(-1, 1, 1)
+    if bool(greedy.all()):
+        # Every row one-hot on its argmax: the masks and softmax below would be discarded (top-k /
+        # top-p keep the maximum, so the argmax is the same).
+        probs = torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).to(torch.float32)
+        return probs.squeeze(1) if squeeze else probs
     temperature = torch.where(params.temperature > 0, params.temperature, 1.0).view(-1, 1, 1)
     x = x / temperature
     # Sorting a 50k-150k vocabulary is the expensive part: skip the masks no row asks for.

@@ -20,6 +20,18 @@ def test_greedy_is_one_hot_on_argmax():
     assert ((probs == 0) | (probs == 1)).all()
 
 
+def test_all_greedy_batch_equals_greedy_rows_of_a_mixed_batch():
+    # All-greedy batches skip the masks and the softmax; rows must equal the general path's.
+    logits = torch.randn(3, 4, 50, generator=torch.Generator().manual_seed(0))
+    logits[0, 0, :2] = logits[0, 0].max() + 1.0  # a tie: the first index wins in both paths
+    greedy = [SamplingParams(temperature=0.0, top_k=5, top_p=0.5)] * 3
+    fast = logits_to_probs(logits, BatchSamplingParams.from_params(greedy))
+    with_sampled_row = torch.cat([logits, logits[:1]])
+    mixed = logits_to_probs(with_sampled_row, BatchSamplingParams.from_params(greedy + [SamplingParams()]))[:3]
+    assert fast.dtype == torch.float32 and torch.equal(fast, mixed)
+    assert fast[0, 0].argmax() == 0
+
+
 def test_top_k_keeps_k_tokens_and_renormalises():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
     probs = logits_to_probs(logits, SamplingParams(top_k=2))

@@ -44,6 +44,7 @@ from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats
 from sglang_hsd.sampling import BatchSamplingParams, SamplingParams, logits_to_probs
 from sglang_hsd.verify.chain import verify_chain
+from sglang_hsd.verify.common import inverse_cdf_sample
 
 
 class SpeculativeGenerator:
@@ -58,6 +59,12 @@ class SpeculativeGenerator:
         eagle3_head: the ``Eagle3Head`` when the first level is of kind ``"eagle3"`` (default:
             loaded from the level's ``model_path``).
         validate: validate verifier inputs every round (slower; for tests and debugging).
+        pack_linears: route the target's and the drafter's projections through oneDNN pre-packed
+            weights (``CausalLM.pack_linears``; CPU float32 only, else ignored; the models are
+            changed in place). Multi-row matmuls get up to ~2x cheaper, but the packed copies take
+            as much memory again as the linear weights: measured +9% tokens per CPU second for
+            SmolLM2 self-drafting, no gain for the Qwen2.5 0.5B -> 1.5B pair on a machine short of
+            memory (``benchmarks/README.md``, "Runtime cost per round"). Off by default.
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class SpeculativeGenerator:
         exit_heads: dict[int, torch.nn.Module] | None = None,
         validate: bool = False,
         eagle3_head: Eagle3Head | None = None,
+        pack_linears: bool = False,
     ) -> None:
         config.check_depth(target.num_layers)
         first = config.levels[0]
@@ -90,6 +98,10 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.exit_heads = dict(exit_heads or {})
         self.validate = validate
+        if pack_linears:
+            for model in (target, drafter if first.kind == "model" else None):
+                if model is not None:
+                    model.pack_linears()
 
     @torch.inference_mode()
     def generate(
@@ -209,6 +221,12 @@ class _Run:
         params = BatchSamplingParams(self.params.temperature[idx], self.params.top_k[idx], self.params.top_p[idx])
         return logits_to_probs(logits, params)
 
+    def _sample(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token per row of ``probs`` [R, V] by inverse CDF: one uniform per row instead of the
+        V exponentials ``torch.multinomial`` draws. int64 [R]."""
+        uniform = torch.rand(probs.shape[0], device=probs.device, generator=self.generator)
+        return inverse_cdf_sample(probs, uniform)
+
     def _draft(self, rows: torch.Tensor) -> None:
         start_time = time.perf_counter()
         group, stats = self.level_group[0], self.stats[0]
@@ -222,7 +240,7 @@ class _Run:
             else:
                 advance(group, self.tokens, self.seq_len)
                 q = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
-            token = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
+            token = self._sample(q)
             slot = self.seq_len[idx]
             self.tokens[idx, slot] = token
             self.buf_probs[0][idx, slot - self.buf_start[0][idx]] = q
@@ -280,7 +298,7 @@ class _Run:
         idx = rows.nonzero().squeeze(-1)
         advance(self.level_group[0], self.tokens, self.seq_len)
         p = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
-        self.tokens[idx, self.seq_len[idx]] = torch.multinomial(p, 1, generator=self.generator).squeeze(-1)
+        self.tokens[idx, self.seq_len[idx]] = self._sample(p)
         self.seq_len[idx] += 1
         self._commit(idx)
         self.stats[0].rounds += idx.numel()

@@ -6,6 +6,12 @@ K/V heads, ``G = H / H_kv``, ``Dh`` head dim, ``W`` attended key slots, ``n`` la
 Grouped-query attention folds the ``G`` query heads that share a K/V head into the query-length
 axis (``[B, H_kv, G*T, Dh]``), so K/V are read straight from the cache and never repeated; the
 mask is folded the same way (:func:`fold_groups`).
+
+:class:`PackedLinear` runs a projection through oneDNN with its weight reordered once
+(``torch.ops.mkldnn``, CPU float32). On CPUs whose BLAS treats a few-row matrix product as that
+many matrix-vector products, verifying K + 1 tokens costs K + 1 single-token forwards; the packed
+kernel computes 5-8 rows for about twice the price of one (``benchmarks/README.md``, "Runtime
+cost per round").
 """
 
 from __future__ import annotations
@@ -16,7 +22,84 @@ from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
 
-__all__ = ["Attention", "DecoderLayer", "RMSNorm", "SwiGLU", "apply_rotary", "build_attention_mask", "fold_groups"]
+__all__ = [
+    "Attention",
+    "DecoderLayer",
+    "PackedLinear",
+    "RMSNorm",
+    "SwiGLU",
+    "apply_rotary",
+    "build_attention_mask",
+    "fold_groups",
+    "packed_linear_supported",
+]
+
+# Rows the packed weight layout is tuned for: a verification forward of a few-token draft.
+_PACK_ROWS_HINT = 8
+# oneDNN's call costs ~0.1 ms more than a BLAS matrix-vector product: one row takes F.linear.
+_PACKED_MIN_ROWS = 2
+
+
+def packed_linear_supported(linear: nn.Module) -> bool:
+    """Whether :class:`PackedLinear` can wrap ``linear`` (a CPU float32 ``nn.Linear``, oneDNN built in)."""
+    return (
+        isinstance(linear, nn.Linear)
+        and linear.weight.dtype == torch.float32
+        and linear.weight.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class PackedLinear(nn.Module):
+    """An ``nn.Linear`` whose weight is also kept pre-packed for oneDNN (inference only).
+
+    The wrapped module keeps the shared HF parameters (``weight``, ``bias``); the packed copy
+    costs as much memory again and is rebuilt when the weight is changed in place (except for
+    weights created under inference mode, which carry no version counter). Inputs that need gradients, or are not CPU float32, take the
+    plain ``F.linear`` path, and so does a single row (see ``_PACKED_MIN_ROWS``).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        if not packed_linear_supported(linear):
+            raise ValueError("linear must be a CPU float32 nn.Linear and torch must be built with oneDNN")
+        self.linear = linear
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._pack()
+
+    def _pack(self) -> None:
+        self._packed_version = self._weight_version()
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.linear.weight.detach(), _PACK_ROWS_HINT)
+
+    def _weight_version(self) -> int | None:
+        # The version counter tells when the shared weight was changed in place, so a stale packed
+        # copy is rebuilt. Tensors created under inference mode have none (not tracked).
+        weight = self.linear.weight
+        return None if weight.is_inference() else weight._version
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> nn.Parameter | None:
+        return self.linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., in_features]`` -> ``[..., out_features]``."""
+        if x.dtype != torch.float32 or x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+            return self.linear(x)
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] < _PACKED_MIN_ROWS:
+            return self.linear(x)
+        if self._weight_version() != self._packed_version:
+            self._pack()
+        bias = self.linear.bias
+        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, None if bias is None else bias.detach(),
+                                                 "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 class RMSNorm(nn.Module):

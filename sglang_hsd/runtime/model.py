@@ -27,7 +27,14 @@ import torch
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
-from sglang_hsd.runtime.layers import DecoderLayer, RMSNorm, build_attention_mask, fold_groups
+from sglang_hsd.runtime.layers import (
+    DecoderLayer,
+    PackedLinear,
+    RMSNorm,
+    build_attention_mask,
+    fold_groups,
+    packed_linear_supported,
+)
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "ForwardCounters"]
 
@@ -131,6 +138,36 @@ class CausalLM(nn.Module):
 
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
         return cls.from_hf(hf_model.eval())
+
+    def _linear_slots(self) -> list[tuple[nn.Module, str]]:
+        slots = [(self, "lm_head")]
+        for layer in self.layers:
+            slots += [(layer.attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            slots += [(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")]
+        return slots
+
+    def unpack_linears(self) -> None:
+        """Undo :meth:`pack_linears`: back to the plain HF ``nn.Linear`` modules (frees the copies)."""
+        for owner, name in self._linear_slots():
+            module = getattr(owner, name)
+            if isinstance(module, PackedLinear):
+                setattr(owner, name, module.linear)
+
+    def pack_linears(self) -> bool:
+        """Run every projection and the LM head through :class:`PackedLinear` (oneDNN, CPU float32).
+
+        Idempotent. Parameters stay shared with the HF model; the packed copies take as much
+        memory again as the linear weights. Exit heads built earlier keep the plain LM head.
+        Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
+        or torch build; nothing changed).
+        """
+        todo = [(owner, name) for owner, name in self._linear_slots()
+                if not isinstance(getattr(owner, name), PackedLinear)]
+        if not all(packed_linear_supported(getattr(owner, name)) for owner, name in todo):
+            return False
+        for owner, name in todo:
+            setattr(owner, name, PackedLinear(getattr(owner, name)))
+        return True
 
     # ---------------------------------------------------------------- pieces
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
