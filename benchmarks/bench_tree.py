@@ -61,6 +61,7 @@ class PrefixModel:
         self.hf, self.exit_layer, self.head = hf, exit_layer, head
         self.vocab_size = vocab_size
         self.cache, self.length = None, 0
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}  # token path from the root -> logits [V]
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -89,6 +90,11 @@ class PrefixModel:
             self.cache.crop(-extra)
         self.length = length
 
+    def set_context(self, length: int, root_logits: torch.Tensor) -> None:
+        """Make the first ``length`` cached tokens the context; root_logits float [V] follow it."""
+        self.crop(length)
+        self.memo = {(): root_logits}
+
     def tree_logits(self, tokens: list[int], parents: list[int], depths: list[int]) -> torch.Tensor:
         """Logits after each of M tree nodes appended to the cached context (root = its last token).
 
@@ -114,11 +120,17 @@ class PrefixModel:
         return torch.stack(rows)
 
 
-def node_logits(model: PrefixModel, root_logits: torch.Tensor, paths: list[tuple[int, ...]]) -> torch.Tensor:
-    """Logits after each token path from the root (() = the root itself): one tree forward. [M, V]."""
+def node_logits(model: PrefixModel, paths: list[tuple[int, ...]]) -> torch.Tensor:
+    """Logits after each token path from the root (() = the root itself). float [M, V].
+
+    Paths not seen before in this context go through one tree forward (their ancestors included
+    as inputs); results are memoised per context, so overlapping trees cost one forward per path.
+    """
     index: dict[tuple[int, ...], int] = {}
     tokens, parents, depths = [], [], []
     for path in paths:
+        if path in model.memo:
+            continue
         for end in range(1, len(path) + 1):
             key = path[:end]
             if key not in index:
@@ -126,35 +138,37 @@ def node_logits(model: PrefixModel, root_logits: torch.Tensor, paths: list[tuple
                 tokens.append(key[-1])
                 parents.append(index.get(key[:-1], -1))
                 depths.append(end)
-    rows = model.tree_logits(tokens, parents, depths) if tokens else None
-    return torch.stack([root_logits if not path else rows[index[path]] for path in paths])
+    if tokens:
+        rows = model.tree_logits(tokens, parents, depths)
+        model.memo.update({path: rows[i] for path, i in index.items()})
+    return torch.stack([model.memo[path] for path in paths])
 
 
-def tree_paths(tree) -> list[tuple[int, ...]]:
-    """Token path (without the root token) to every node of a batch-1 ``DraftTree``."""
-    parents, tokens = tree.parents[0].tolist(), tree.candidates[0].tolist()
+def tree_paths(tree, b: int = 0) -> list[tuple[int, ...]]:
+    """Token path (without the root token) to every node of row b of a ``DraftTree``."""
+    parents, tokens = tree.parents[b].tolist(), tree.candidates[b].tolist()
     paths: list[tuple[int, ...]] = []
     for node, parent in enumerate(parents):  # breadth first: parents come before children
         paths.append(() if parent < 0 else paths[parent] + (tokens[node],))
     return paths
 
 
-def draft_q_fn(drafter: PrefixModel, root_logits: torch.Tensor, temperature: float):
-    """``QFunction`` of one batch-1 context: q rows at temperature T for token paths [1, M, d + 1]."""
+def draft_q_fn(drafter: PrefixModel, temperature: float):
+    """``QFunction`` of one context (every batch row drafts from it): q rows at temperature T."""
     params = SamplingParams(temperature=temperature)
 
-    def q_fn(paths: torch.Tensor) -> torch.Tensor:
-        rows = node_logits(drafter, root_logits, [tuple(p[1:]) for p in paths[0].tolist()])
-        return logits_to_probs(rows, params).unsqueeze(0)
+    def q_fn(paths: torch.Tensor) -> torch.Tensor:  # [B, M, d + 1]
+        rows = node_logits(drafter, [tuple(p[1:]) for p in paths.flatten(0, 1).tolist()])
+        return logits_to_probs(rows, params).view(*paths.shape[:2], -1)
 
     return q_fn
 
 
-def tree_target_logits(target: PrefixModel, root_logits: torch.Tensor, tree) -> tuple[torch.Tensor, list[int]]:
-    """Target logits at the internal nodes of a batch-1 tree: (float [I, V], their node indices)."""
-    paths = tree_paths(tree)
-    internal = [n for n in range(len(paths)) if int(tree.retrive_next_token[0, n]) >= 0]
-    return node_logits(target, root_logits, [paths[n] for n in internal]), internal
+def tree_target_logits(target: PrefixModel, tree, b: int = 0) -> tuple[torch.Tensor, list[int]]:
+    """Target logits at the internal nodes of row b of a tree: (float [I, V], their node indices)."""
+    paths = tree_paths(tree, b)
+    internal = [n for n in range(len(paths)) if int(tree.retrive_next_token[b, n]) >= 0]
+    return node_logits(target, [paths[n] for n in internal]), internal
 
 
 def target_rows(logits: torch.Tensor, internal: list[int], num_nodes: int, temperature: float) -> torch.Tensor:
@@ -178,15 +192,17 @@ def stock_expected_accepted(tree, target: torch.Tensor) -> float:
     return sum(reach[1:])
 
 
-def paired_accepted(tree, target: torch.Tensor, coins: int, generator) -> dict[str, float]:
-    """Mean accepted draft tokens of each sampled method on one tree, same uniforms for all."""
+def paired_accepted(tree, b: int, target: torch.Tensor, coins: int, generator) -> dict[str, float]:
+    """Mean accepted draft tokens of each sampled method on row b of a tree, same uniforms for all.
+
+    target: float [1, N, V], the target rows of that tree."""
     num_nodes = tree.candidates.shape[1]
     uniforms = TreeUniforms.draw(coins, num_nodes, generator=generator)
-    expand = lambda t: t.expand(coins, *t.shape[1:])  # noqa: E731
+    expand = lambda t: t[b : b + 1].expand(coins, *t.shape[1:])  # noqa: E731
     out = {}
     for method in SAMPLED_METHODS:
         res = verify_tree(expand(tree.candidates), expand(tree.retrive_next_token), expand(tree.retrive_next_sibling),
-                          expand(tree.draft_probs), expand(target), method=method, uniforms=uniforms,
+                          expand(tree.draft_probs), target.expand(coins, *target.shape[1:]), method=method, uniforms=uniforms,
                           validate=False, draft_mode="without-replacement")
         out[method] = float(res.num_accepted.double().mean())
     return out
@@ -196,8 +212,7 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
 
 
-def record_world(target: PrefixModel, drafter: PrefixModel, target_root: torch.Tensor, drafter_root: torch.Tensor,
-                 vocab: int, depth: int) -> dict:
+def record_world(target: PrefixModel, drafter: PrefixModel, vocab: int, depth: int) -> dict:
     """Real logits at every node of a rank-mapped tiny tree (see the module docstring).
 
     Returns {"paths": tiny prefixes of length < depth (by length, then lexicographic), "real_paths":
@@ -206,17 +221,17 @@ def record_world(target: PrefixModel, drafter: PrefixModel, target_root: torch.T
     """
     tiny = [()]
     real = {(): ()}
-    ranks = {(): torch.topk(target_root, vocab).indices.tolist()}
+    ranks = {(): torch.topk(target.memo[()], vocab).indices.tolist()}
     for length in range(1, depth):
         level = [tuple(t) for t in itertools.product(range(vocab), repeat=length)]
         for prefix in level:
             real[prefix] = real[prefix[:-1]] + (ranks[prefix[:-1]][prefix[-1]],)
-        logits = node_logits(target, target_root, [real[p] for p in level])
+        logits = node_logits(target, [real[p] for p in level])
         ranks.update({p: torch.topk(row, vocab).indices.tolist() for p, row in zip(level, logits)})
         tiny += level
     paths = [real[p] for p in tiny]
-    return {"paths": tiny, "real_paths": paths, "target": node_logits(target, target_root, paths),
-            "draft": node_logits(drafter, drafter_root, paths), "tokens": torch.tensor([ranks[p] for p in tiny])}
+    return {"paths": tiny, "real_paths": paths, "target": node_logits(target, paths),
+            "draft": node_logits(drafter, paths), "tokens": torch.tensor([ranks[p] for p in tiny])}
 
 
 def world_at(recorded: dict, vocab: int, depth: int, temperature: float) -> TabularWorld:
@@ -282,40 +297,44 @@ def load_pair(target_name: str, drafter_spec: str, exit_heads: str):
     return target, PrefixModel(target.hf, vocab_size=vocab), PrefixModel(drafter.hf, vocab_size=vocab), f"model:{value}"
 
 
-@torch.inference_mode()
-def sample_contexts(target, prompt_sets: list[str], num_prompts: int, positions: list[int], seed: int) -> list[dict]:
-    """Prompts with a target continuation sampled at T = 1 (max(positions) tokens, plain softmax)."""
+def prompt_items(tokenizer, prompt_sets: list[str], num_prompts: int) -> list[dict]:
+    """Encoded prompts, alternating between the sets (a run stopped early still covers each set)."""
     from sglang_hsd.assets.prompts import load_prompts
 
-    out = []
+    per_set = []
     for prompt_set in prompt_sets:
         texts = [p.messages[0]["content"] for p in load_prompts(prompt_set, limit=num_prompts)]
-        for index, ids in enumerate(encode_prompts(target.tokenizer, texts)):
-            torch.manual_seed(seed + index)
-            generated = target.hf.generate(torch.tensor([ids]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                           max_new_tokens=max(positions), min_new_tokens=max(positions))
-            out.append({"set": prompt_set, "prompt": index, "prompt_len": len(ids), "tokens": generated[0].tolist()})
-    return out
+        per_set.append([{"set": prompt_set, "prompt": i, "ids": ids}
+                        for i, ids in enumerate(encode_prompts(tokenizer, texts))])
+    return [item for group in itertools.zip_longest(*per_set) for item in group if item is not None]
 
 
-def run_context(target, drafter, target_root, drafter_root, root_token, args, generator) -> dict:
-    """Every (topk, T) measurement of one context: {(topk, T): row}."""
+@torch.inference_mode()
+def continuation(target, ids: list[int], length: int, seed: int) -> list[int]:
+    """ids plus ``length`` target tokens sampled at T = 1 (plain softmax, no top-k / top-p)."""
+    torch.manual_seed(seed)
+    generated = target.hf.generate(torch.tensor([ids]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                   max_new_tokens=length, min_new_tokens=length)
+    return generated[0].tolist()
+
+
+def run_context(target, drafter, root_token: int, args, generator) -> dict:
+    """Every (topk, T) measurement of one context (``set_context`` done on both models): {(topk, T): row}."""
     results = {}
-    root = torch.tensor([root_token])
-    recorded = record_world(target, drafter, target_root, drafter_root, args.world_vocab, args.depth)
+    recorded = record_world(target, drafter, args.world_vocab, args.depth)
     for topk in args.topk:
-        stock = topk_tree(draft_q_fn(drafter, drafter_root, 1.0), topk, args.depth, root_tokens=root)  # T-invariant
-        stock_logits, stock_internal = tree_target_logits(target, target_root, stock)
+        # The top-k tree does not depend on the temperature.
+        stock = topk_tree(draft_q_fn(drafter, 1.0), topk, args.depth, root_tokens=torch.tensor([root_token]))
+        stock_logits, stock_internal = tree_target_logits(target, stock)
+        num_nodes = stock.candidates.shape[1]
         for temperature in args.temperature:
-            num_nodes = stock.candidates.shape[1]
-            row = {"stock": stock_expected_accepted(stock, target_rows(stock_logits, stock_internal, num_nodes,
-                                                                       temperature))}
+            target_at = lambda logits, internal: target_rows(logits, internal, num_nodes, temperature)  # noqa: E731
+            row = {"stock": stock_expected_accepted(stock, target_at(stock_logits, stock_internal))}
+            trees = sample_tree(draft_q_fn(drafter, temperature), topk, args.depth, generator,
+                                root_tokens=torch.full((args.trees,), root_token))
             per_tree = {m: [] for m in SAMPLED_METHODS}
-            for _ in range(args.trees):
-                tree = sample_tree(draft_q_fn(drafter, drafter_root, temperature), topk, args.depth, generator,
-                                   root_tokens=root)
-                logits, internal = tree_target_logits(target, target_root, tree)
-                values = paired_accepted(tree, target_rows(logits, internal, num_nodes, temperature), args.coins,
+            for b in range(args.trees):
+                values = paired_accepted(trees, b, target_at(*tree_target_logits(target, trees, b)), args.coins,
                                          generator)
                 for method in SAMPLED_METHODS:
                     per_tree[method].append(values[method])
@@ -325,7 +344,7 @@ def run_context(target, drafter, target_root, drafter_root, root_token, args, ge
             world = world_at(recorded, args.world_vocab, args.depth, temperature)
             row.update({f"world_{k}": v for k, v in world_exact(world, topk, args.depth).items()})
             results[(topk, temperature)] = row
-    return results
+    return results, recorded
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -386,10 +405,10 @@ def write_results(path: Path, meta: dict, rows: list[dict]) -> None:
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
-def consistency_checks(target, target_root, context: list[int], recorded: dict, args, generator) -> dict:
+def consistency_checks(target, context: list[int], recorded: dict, args, generator) -> dict:
     """Tree-mask forward vs per-path forwards, and exact vs Monte Carlo hsd on one recorded world."""
-    real = recorded["real_paths"][: 1 + args.world_vocab + 2]  # the root, depth 1, two depth-2 paths
-    diff = float((node_logits(target, target_root, real) - target.path_logits(context, real)).abs().max())
+    real = [recorded["real_paths"][i] for i in (0, 1, 1 + args.world_vocab)]  # root, depth 1, depth 2
+    diff = float((node_logits(target, real) - target.path_logits(context, real)).abs().max())
     world = world_at(recorded, args.world_vocab, args.depth, 1.0)
     exact = world_exact(world, args.topk[0], args.depth)
     mc = {m: world_monte_carlo(world, m, args.topk[0], args.depth, args.check_trees, generator) for m in SAMPLED_METHODS}
@@ -422,7 +441,7 @@ def main() -> None:
         raise ValueError("--positions must be >= 0 and every --topk in [1, --world-vocab)")
     torch.set_num_threads(1)
     target_loaded, target, drafter, label = load_pair(args.target, args.drafter, args.exit_heads)
-    contexts = sample_contexts(target_loaded, args.prompt_sets, args.num_prompts, args.positions, args.seed)
+    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts)
     generator = torch.Generator().manual_seed(args.seed)
     meta = {"target": args.target, "drafter": label, "depth": args.depth, "trees": args.trees, "coins": args.coins,
             "world_vocab": args.world_vocab, "positions": args.positions, "prompt_sets": args.prompt_sets,
@@ -430,21 +449,17 @@ def main() -> None:
                 a for a in __import__("sys").argv[1:])}
     out_path = Path(__file__).parent / "results" / args.name
     rows, started = [], time.time()
-    for item in contexts:
-        tokens = item["tokens"]
+    for item in items:
+        tokens = continuation(target_loaded, item["ids"], max(args.positions), args.seed + item["prompt"])
         target_logits, drafter_logits = target.prefill(tokens), drafter.prefill(tokens)
         for position in sorted(args.positions, reverse=True):  # crop the caches from long to short
-            length = item["prompt_len"] + position
-            target.crop(length)
-            drafter.crop(length)
+            length = len(item["ids"]) + position
+            target.set_context(length, target_logits[length - 1])
+            drafter.set_context(length, drafter_logits[length - 1])
             ctx_start = time.time()
-            measured = run_context(target, drafter, target_logits[length - 1], drafter_logits[length - 1],
-                                   tokens[length - 1], args, generator)
+            measured, recorded = run_context(target, drafter, tokens[length - 1], args, generator)
             if args.check and "checks" not in meta:
-                recorded = record_world(target, drafter, target_logits[length - 1], drafter_logits[length - 1],
-                                        args.world_vocab, args.depth)
-                meta["checks"] = consistency_checks(target, target_logits[length - 1], tokens[:length], recorded,
-                                                    args, generator)
+                meta["checks"] = consistency_checks(target, tokens[:length], recorded, args, generator)
                 print("checks:", json.dumps(meta["checks"]), flush=True)
             context_id = len({(r["set"], r["prompt"], r["position"]) for r in rows})
             for (topk, temperature), row in measured.items():
