@@ -68,6 +68,35 @@ def test_world_at_rows_are_distributions():
     assert world.p(())[0] == pytest.approx(float(torch.softmax(logits[0] / 0.6, -1).max()), rel=1e-6)
 
 
+def test_lumping_rare_tokens_keeps_the_accepted_counts():
+    """Rows over 3000 tokens with a long tail: verifying the lumped rows gives the same accepted
+    count draw for draw (same uniforms) except where a coin lands within the lumped mass of a weight."""
+    from sglang_hsd.verify.tree import TreeUniforms
+    from sglang_hsd.verify.tree_draft import sample_tree
+
+    vocab, draws = 3000, 400
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(vocab, generator=gen) * 4
+
+    def q_fn(paths):
+        return torch.softmax(base + torch.randn(*paths.shape[:2], vocab, generator=gen), -1)
+
+    tree = sample_tree(q_fn, 2, 3, gen, root_tokens=torch.zeros(1, dtype=torch.long))
+    target = torch.softmax(base + torch.randn(1, tree.draft_probs.shape[1], vocab, generator=gen), -1)
+    small = bench_tree.lump_small_tokens(tree.candidates, tree.draft_probs, target, 1e-7)
+    assert small[1].shape[-1] < vocab and small[3] < 1e-4
+    assert torch.allclose(small[2].sum(-1), torch.ones(1, target.shape[1]))
+    uniforms = TreeUniforms.draw(draws, tree.candidates.shape[1], generator=gen)
+    expand = lambda t: t.expand(draws, *t.shape[1:])  # noqa: E731
+    links = (expand(tree.retrive_next_token), expand(tree.retrive_next_sibling))
+    for method in bench_tree.SAMPLED_METHODS:
+        full = verify_tree(expand(tree.candidates), *links, expand(tree.draft_probs), expand(target), method=method,
+                           uniforms=uniforms, validate=False).num_accepted
+        lumped = verify_tree(expand(small[0]), *links, expand(small[1]), expand(small[2]), method=method,
+                             uniforms=uniforms, validate=False).num_accepted
+        assert (full == lumped).float().mean() >= 0.99
+
+
 def test_drafter_option_is_checked():
     with pytest.raises(ValueError, match="--drafter"):
         bench_tree.load_pair("smollm2-135m", "layer:3", "none")
@@ -86,7 +115,7 @@ def test_real_pipeline_on_one_context():
     target.set_context(len(ids), target_logits[-1])
     drafter.set_context(len(ids), drafter_logits[-1])
     args = type("Args", (), {"world_vocab": 4, "depth": 2, "topk": [2], "temperature": [1.0], "trees": 3, "coins": 2,
-                             "check_trees": 20000})()
+                             "check_trees": 20000, "keep_prob": 1e-7})()
     gen = torch.Generator().manual_seed(0)
     measured, recorded = bench_tree.run_context(target, drafter, ids[-1], args, gen)
     row = measured[(2, 1.0)]
