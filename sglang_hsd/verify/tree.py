@@ -22,10 +22,24 @@ one fold (O(V) on the parent's rows), so O(N V) per request, like one pass over 
 
 Where it loses to ``target-only``: on deterministic top-k trees target-only is already optimal
 (expected tokens = 1 + the target mass of every drafted path) and hsd cannot run there (the tree
-is not a sample from q). Against the stock top-k tree + target-only with the same drafter, sampled
-hsd wins on average but loses in peaked worlds where q's top-k already holds nearly all target
-mass: sampling then sometimes spends a slot on a token the target rarely picks (2 of 8 peaked
-worlds, -0.28 and -0.14 tokens per round; see ``tests/verify/test_tree_expected_accepted.py``).
+is not a sample from q). Against the stock top-k tree + target-only with the same drafter the two
+trees are scored differently: a top-k node is accepted with the target mass p(x) of q's top-k
+tokens, a sampled one with roughly the overlap sum_x min(p(x), q(x)) (plus the residual for later
+siblings). One child, p = (0.9, 0.1), q = (0.6, 0.4): top-k accepts 0.9, a sampled child 0.7. So
+the stock tree wins wherever the drafter *ranks* the target's tokens right but is less confident
+than the target, and sampling wins where q's ranking is wrong but q still covers the target's
+tokens. On random tiny worlds sampled hsd wins on average and loses in 2 of 8 peaked worlds
+(-0.28 and -0.14 tokens per round; ``tests/verify/test_tree_expected_accepted.py``). On
+distributions recorded from real models (``benchmarks/bench_tree.py``, depth 3, tables in
+``benchmarks/results/tree_*.md``) sampled hsd also wins on average in every (topk, T) measured
+but one (Qwen2.5-Coder 0.5B -> 1.5B, topk 3, T = 0.6: -0.001 +- 0.070 over only 4 contexts, a
+tie), and loses in single contexts, most often at T = 0.6 (SmolLM2 with its exit:16 head, topk 2:
+hsd below the exact stock value in 8 of 18 contexts, 4 of them by more than 2 SE; in the exact
+recorded tiny worlds 5 of 18). The likely reason is the first case above: the drafter's top-k
+are the target's likely tokens but q is flatter than p, and T = 0.6 sharpens p's top token
+(not checked context by context). hsd never fell below rrs in an exact world; with real rows at T = 0.6 the two
+tie within the Monte Carlo error (the cap of block verification only helps when a path's ratio
+p/q exceeds 1 and then falls, which sharper rows make rarer).
 
 Other methods (one registry, ``TREE_METHODS``): ``rrs`` top-down recursive rejection sampling with
 real q (arXiv 2402.14160), ``target-only`` SGLang's ``tree_speculative_sampling_target_only``
