@@ -64,18 +64,22 @@ def record_accepted_lengths():
         engine.verify_chain = original
 
 
-def per_position_acceptance(calls, positions: int = DRAFTS) -> list[float | None]:
-    """Accepted fraction at draft positions 1..``positions``: rounds whose draft k was accepted
-    over rounds that drafted at least k tokens (None when no round did)."""
+def per_position_acceptance(calls, positions: int = DRAFTS) -> tuple[list, list]:
+    """Acceptance at draft positions k = 1..``positions`` from ``record_accepted_lengths`` calls.
+
+    Returns two lists (None where no round qualifies): the accepted fraction (rounds whose draft
+    k was accepted / rounds that drafted at least k tokens) and the conditional one (/ rounds
+    that drafted k and accepted drafts 1..k-1), which teacher-forced top-1 and 1 - TV estimate.
+    """
     if not calls:
-        return [None] * positions
+        return [None] * positions, [None] * positions
     lengths = torch.cat([c[0] for c in calls])
     accepted = torch.cat([c[1] for c in calls])
-    out = []
+    fraction, conditional = [], []
     for k in range(1, positions + 1):
-        drafted = lengths >= k
-        out.append(round(float((accepted[drafted] >= k).float().mean()), 3) if bool(drafted.any()) else None)
-    return out
+        for out, rows in ((fraction, lengths >= k), (conditional, (lengths >= k) & (accepted >= k - 1))):
+            out.append(round(float((accepted[rows] >= k).float().mean()), 3) if bool(rows.any()) else None)
+    return fraction, conditional
 
 
 def _configs(layers: list[int], eagle_dir: str | None) -> list[tuple[str, str, list[int], bool]]:
@@ -109,7 +113,7 @@ def generate_once(target, tok, prompts, spec, buffers, temperature, max_new_toke
                        "accepted_per_round": round(l.mean_accepted, 3)} for l in result.levels[1:]],
            "load_avg": round(load, 1)}
     if len(result.levels) == 2 and result.levels[1].proposed:
-        row["accepted_at_position"] = per_position_acceptance(calls)
+        row["accepted_at_position"], row["accepted_at_position_given_previous"] = per_position_acceptance(calls)
     return row
 
 
