@@ -123,7 +123,7 @@ def _data_summary(features: FeatureSet) -> dict:
                             "continuation_positions": int(features.continuation_mask().sum())}
 
 
-def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: FeatureSet, layers: list[int], out: Path, budget_minutes: float, snapshot_minutes=(0, 2, 5), progress: bool = True) -> dict:
+def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: FeatureSet, layers: list[int], out: Path, budget_minutes: float, snapshot_minutes=(0, 2, 4), progress: bool = True) -> dict:
     """Train exit heads (resuming from ``out/train_state.pt``), evaluate them on the held-out
     features (all positions and continuation positions; 1 - TV and top-1 at T=1), save them to
     ``out``; returns the metrics.
@@ -171,7 +171,7 @@ def build_eagle3_head(target, train: FeatureSet, draft_vocab: int, seed: int = 0
     return head, config
 
 
-def train_and_save_eagle3(target, model: str, train: FeatureSet, heldout: FeatureSet, out: Path, budget_minutes: float, draft_vocab: int = 8192, snapshot_minutes=(5, 10, 20), steps: int = 4, progress: bool = True) -> dict:
+def train_and_save_eagle3(target, model: str, train: FeatureSet, heldout: FeatureSet, out: Path, budget_minutes: float, draft_vocab: int = 8192, snapshot_minutes=(5, 10, 15), steps: int = 4, progress: bool = True) -> dict:
     """Train an EAGLE-3 head with ``steps`` TTT steps (resuming from ``out/train_state.pt``),
     evaluate it on the held-out features (per draft step; all and continuation positions), export
     it in SGLang's format to ``out`` with a ``training.json``; returns the metrics.
