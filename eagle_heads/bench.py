@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads-dir", default=None, help="folder with exit/, eagle3/ and held-out features (default <cache>/heads/<model>)")
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0], help="generation temperatures (none: teacher-forced metrics and --snapshots only)")
     parser.add_argument("--snapshots", action="store_true", help="also measure greedy acceptance of the training snapshots")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
