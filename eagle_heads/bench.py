@@ -129,7 +129,7 @@ def teacher_forced(target, heldout, exit_heads, head) -> dict:
     return out
 
 
-def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int, temperatures: list[float], snapshots: bool, out_json: str | None) -> dict:
+def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int, temperatures: list[float], snapshots: bool, out_json: str | None, heldout_path: str | None = None) -> dict:
     from eagle_heads import pipeline
     from eagle_heads.data import FeatureSet, encode_prompts
     from eagle_heads.exit_heads import load_exit_heads, read_manifest
@@ -142,7 +142,7 @@ def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int
     layers = sorted(exit_heads)
     eagle_dir = root / "eagle3"
     head = Eagle3Head.from_pretrained(str(eagle_dir), target) if (eagle_dir / "model.safetensors").exists() else None
-    heldout_files = sorted(root.glob("features-heldout-*.pt"))
+    heldout_files = [Path(heldout_path)] if heldout_path else sorted(root.glob("features-heldout-*.pt"))
     if not heldout_files:
         raise FileNotFoundError(f"no held-out features in {root}: run `sglang-hsd train-heads --out {root}` first")
     heldout = FeatureSet.load(str(heldout_files[-1]))
@@ -199,13 +199,14 @@ def main(argv=None) -> int:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0], help="generation temperatures (none: teacher-forced metrics and --snapshots only)")
+    parser.add_argument("--heldout", default=None, help="held-out features file (default the newest features-heldout-*.pt in the heads folder)")
     parser.add_argument("--snapshots", action="store_true", help="also measure greedy acceptance of the training snapshots")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
     if args.num_prompts < 1 or args.max_new_tokens < 1:
         parser.error("--num-prompts and --max-new-tokens must be >= 1")
     start = time.perf_counter()
-    run(args.model, args.heads_dir, args.num_prompts, args.max_new_tokens, args.temperatures, args.snapshots, args.out)
+    run(args.model, args.heads_dir, args.num_prompts, args.max_new_tokens, args.temperatures, args.snapshots, args.out, args.heldout)
     print(f"({time.perf_counter() - start:.0f}s)")
     return 0
 
