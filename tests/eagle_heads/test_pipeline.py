@@ -100,3 +100,24 @@ def test_per_position_acceptance_by_hand():
     assert conditional == [round(2 / 3, 3), 0.5, 1.0, None]
     calls = [(torch.tensor([4, 4, 4, 4]), torch.tensor([0, 1, 2, 4]))]
     assert per_position_acceptance(calls, 4) == ([0.75, 0.5, 0.25, 0.25], [0.75, round(2 / 3, 3), 0.5, 1.0])
+
+
+def test_training_positions_cover_the_continuation(target):
+    """Exit heads train on ``next_token_pairs`` positions: every continuation position except each
+    sequence's last (which has no next token), so the targets there are the target's own text."""
+    feats = features(target, [5, 3, 4], [2, 3, 1])
+    pos, nxt = feats.next_token_pairs()
+    cont = set(feats.continuation_mask().nonzero().squeeze(-1).tolist())
+    assert cont - set(pos.tolist()) == set((feats.seq_indptr[1:] - 1).tolist())
+    assert torch.equal(nxt, pos + 1)
+
+
+def test_continuations_are_the_targets_own_greedy_and_sampled_text(target):
+    from eagle_heads.data import generate_continuations
+    from sglang_hsd.runtime.testing import greedy_reference
+
+    prompts = [[3, 4, 5], [9, 1, 2, 7], [5, 5], [8]]
+    out = generate_continuations(target, prompts, 12, None, batch_size=4, progress=False)
+    for row in (0, 2):  # even rows: greedy
+        assert out[row] == greedy_reference(target, prompts[row], 12)
+    assert all(len(tokens) == 12 for tokens in out)
