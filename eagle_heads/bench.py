@@ -129,7 +129,7 @@ def teacher_forced(target, heldout, exit_heads, head) -> dict:
     return out
 
 
-def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int, temperatures: list[float], snapshots: bool, out_json: str | None, heldout_path: str | None = None) -> dict:
+def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int, temperatures: list[float], snapshots: bool, out_json: str | None, heldout_path: str | None = None, only: list[str] | None = None) -> dict:
     from eagle_heads import pipeline
     from eagle_heads.data import FeatureSet, encode_prompts
     from eagle_heads.exit_heads import load_exit_heads, read_manifest
@@ -155,6 +155,8 @@ def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int
     runs = []
     for temperature in temperatures:
         for label, spec, buffers, trained in _configs(layers, str(eagle_dir) if head is not None else None):
+            if only and label not in only:
+                continue
             row = {"config": label} | generate_once(target, tok, prompts, spec, buffers, temperature, max_new_tokens,
                                                     exit_heads if trained else None, head if "eagle3" in spec else None)
             runs.append(row)
@@ -200,13 +202,14 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0], help="generation temperatures (none: teacher-forced metrics and --snapshots only)")
     parser.add_argument("--heldout", default=None, help="held-out features file (default the newest features-heldout-*.pt in the heads folder)")
+    parser.add_argument("--configs", nargs="*", default=None, help="run only these configuration labels (e.g. autoregressive 'exit:16 trained' eagle3)")
     parser.add_argument("--snapshots", action="store_true", help="also measure greedy acceptance of the training snapshots")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
     if args.num_prompts < 1 or args.max_new_tokens < 1:
         parser.error("--num-prompts and --max-new-tokens must be >= 1")
     start = time.perf_counter()
-    run(args.model, args.heads_dir, args.num_prompts, args.max_new_tokens, args.temperatures, args.snapshots, args.out, args.heldout)
+    run(args.model, args.heads_dir, args.num_prompts, args.max_new_tokens, args.temperatures, args.snapshots, args.out, args.heldout, args.configs)
     print(f"({time.perf_counter() - start:.0f}s)")
     return 0
 
