@@ -129,7 +129,7 @@ def teacher_forced(target, heldout, exit_heads, head) -> dict:
     return out
 
 
-def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int, temperatures: list[float], snapshots: bool, out_json: str | None, heldout_path: str | None = None, only: list[str] | None = None) -> dict:
+def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int, temperatures: list[float], snapshots: bool, out_json: str | None, heldout_path: str | None = None, only: list[str] | None = None, teacher_forcing: bool = True) -> dict:
     from eagle_heads import pipeline
     from eagle_heads.data import FeatureSet, encode_prompts
     from eagle_heads.exit_heads import load_exit_heads, read_manifest
@@ -148,8 +148,9 @@ def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int
     heldout = FeatureSet.load(str(heldout_files[-1]))
     report: dict = {"model": model, "heads_dir": str(root), "heldout_features": heldout_files[-1].name,
                     "exit_manifest": {k: v for k, v in read_manifest(str(root / "exit")).items() if k not in ("training_log", "budget_curve")}}
-    report["teacher_forced_continuation"] = teacher_forced(target, heldout, exit_heads, head)
-    print(json.dumps(report["teacher_forced_continuation"]), flush=True)
+    if teacher_forcing:
+        report["teacher_forced_continuation"] = teacher_forced(target, heldout, exit_heads, head)
+        print(json.dumps(report["teacher_forced_continuation"]), flush=True)
     prompts, names = encode_prompts(tok, ["mtbench"], num_prompts, 256)
     report["prompts"] = names
     runs = []
@@ -203,13 +204,14 @@ def main(argv=None) -> int:
     parser.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0], help="generation temperatures (none: teacher-forced metrics and --snapshots only)")
     parser.add_argument("--heldout", default=None, help="held-out features file (default the newest features-heldout-*.pt in the heads folder)")
     parser.add_argument("--configs", nargs="*", default=None, help="run only these configuration labels (e.g. autoregressive 'exit:16 trained' eagle3)")
+    parser.add_argument("--no-teacher-forced", action="store_true", help="skip section 1 (train-heads already stores it in the heads' manifests)")
     parser.add_argument("--snapshots", action="store_true", help="also measure greedy acceptance of the training snapshots")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
     if args.num_prompts < 1 or args.max_new_tokens < 1:
         parser.error("--num-prompts and --max-new-tokens must be >= 1")
     start = time.perf_counter()
-    run(args.model, args.heads_dir, args.num_prompts, args.max_new_tokens, args.temperatures, args.snapshots, args.out, args.heldout, args.configs)
+    run(args.model, args.heads_dir, args.num_prompts, args.max_new_tokens, args.temperatures, args.snapshots, args.out, args.heldout, args.configs, not args.no_teacher_forced)
     print(f"({time.perf_counter() - start:.0f}s)")
     return 0
 
