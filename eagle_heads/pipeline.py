@@ -3,10 +3,16 @@
 ``sglang-hsd train-heads`` (``eagle_heads/cli.py``) is a thin wrapper over these functions.
 Everything lands under ``heads_dir(model)`` = ``<cache>/heads/<model>/``:
 
-* ``features-train.pt``    ShareGPT + AlpacaEval prompts with target continuations
-* ``features-heldout.pt``  MT-Bench prompts (held out, evaluation only)
-* ``exit/``                exit heads (``exit_heads.save_exit_heads``) + ``train_state.pt``
-* ``eagle3/``              EAGLE-3 head in SGLang's format (``eagle3.save_eagle3_head``)
+* ``features-train-<sets>-<n>x<new>.pt``   ShareGPT + AlpacaEval prompts (n per set) + target
+  continuations of ``new`` tokens
+* ``features-heldout-<sets>-<n>x<new>.pt`` MT-Bench prompts + continuations (evaluation only)
+* ``exit/``    exit heads (``exit_heads.save_exit_heads``), ``train_state.pt`` (resume),
+  ``snapshots/<m>min/`` (the heads after m training minutes)
+* ``eagle3/``  EAGLE-3 head in SGLang's format (``eagle3.save_eagle3_head``), ``training.json``,
+  ``train_state.pt``, ``snapshots/<m>min/``
+
+Held-out metrics are reported over all positions and over the *continuation* positions
+(``FeatureSet.continuation_mask``), the regime generation asks a drafter about.
 """
 
 from __future__ import annotations
