@@ -148,7 +148,7 @@ def train_exit_heads(
     budget_minutes: float = 10.0,
     max_steps: int | None = None,
     batch_positions: int = 128,
-    lr: float = 2e-3,
+    lr: float = 3e-4,
     weight_decay: float = 0.0,
     checkpoint_dir: str | None = None,
     checkpoint_every_s: float = 60.0,
@@ -164,6 +164,9 @@ def train_exit_heads(
     when present and writes it every ``checkpoint_every_s`` seconds and at the end.
 
     ``init``: ``"lstsq"`` (``lstsq_init`` on all training positions) or ``"zero"`` (logit lens).
+    ``lr``: AdamW's first steps move every entry of ``A`` by about ``lr``; at 2e-3 the first
+    20 steps undid the least-squares init (held-out continuation top-1 of exit:16 0.26 -> 0.20),
+    hence the small default.
 
     Returns the heads and a log: dicts ``{step, seconds, kl[layer], one_minus_tv[layer]}`` on the
     training batches (moving average over ``log_every`` steps).

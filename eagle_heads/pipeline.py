@@ -144,7 +144,9 @@ def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: Fe
     curve = []
     for stage in _stages(budget_minutes, snapshot_minutes):
         heads, log = train_exit_heads(target, train, layers, budget_minutes=stage, checkpoint_dir=str(out), progress=progress)
-        metrics = {"all": evaluate_exit_heads(target, heldout, heads), "continuation": evaluate_exit_heads(target, heldout, heads, mask=cont)}
+        metrics = {"continuation": evaluate_exit_heads(target, heldout, heads, mask=cont)}
+        if stage == budget_minutes:
+            metrics["all"] = evaluate_exit_heads(target, heldout, heads)
         curve.append({"train_minutes": stage, "steps": log[-1]["step"] if log else 0,
                       "feature_minutes": round(train.meta.get("seconds", 0.0) / 60, 2), "heldout": metrics})
         if stage < budget_minutes:
@@ -192,21 +194,24 @@ def train_and_save_eagle3(target, model: str, train: FeatureSet, heldout: Featur
 
     cont = heldout.continuation_mask()
 
-    def evaluate(head):
-        return {"all": evaluate_eagle3(head, target, heldout, steps), "continuation": evaluate_eagle3(head, target, heldout, steps, mask=cont)}
+    def evaluate(head, every_position=False):
+        metrics = {"continuation": evaluate_eagle3(head, target, heldout, steps, mask=cont)}
+        if every_position:
+            metrics["all"] = evaluate_eagle3(head, target, heldout, steps)
+        return metrics
 
     def export(directory, head):
         save_eagle3_head(str(directory), config, {k: v.detach().contiguous() for k, v in head.state_dict().items()})
 
     head, config = build_eagle3_head(target, train, draft_vocab)
-    untrained = evaluate(head)
+    untrained = evaluate(head, every_position=True)
     curve = [{"train_minutes": 0.0, "steps": 0, "heldout": untrained}]
     for stage in _stages(budget_minutes, snapshot_minutes):
         if stage == 0:
             continue
         log = train_eagle3(head, target, train, budget_minutes=stage, steps=steps, checkpoint_dir=str(out), progress=progress)
         head.train().requires_grad_(True)  # train_eagle3 leaves it in eval mode; the next stage resumes
-        metrics = evaluate(head.eval())
+        metrics = evaluate(head.eval(), every_position=stage == budget_minutes)
         curve.append({"train_minutes": stage, "steps": log[-1]["step"] if log else 0, "heldout": metrics})
         if stage < budget_minutes:
             export(out / "snapshots" / f"{stage:g}min", head)
