@@ -124,6 +124,24 @@ def _stages(budget_minutes: float, snapshot_minutes) -> list[float]:
     return sorted({float(m) for m in snapshot_minutes if 0 <= m < budget_minutes} | {float(budget_minutes)})
 
 
+SNAPSHOT_ENTRY = "budget_entry.json"
+
+
+def _stored_entry(directory: Path) -> dict | None:
+    """The budget-curve entry a snapshot folder was saved with (None if absent): a rerun keeps
+    earlier snapshots and their metrics instead of overwriting them with later heads."""
+    import json
+
+    path = directory / SNAPSHOT_ENTRY
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _store_entry(directory: Path, entry: dict) -> None:
+    import json
+
+    (directory / SNAPSHOT_ENTRY).write_text(json.dumps(entry, indent=2))
+
+
 def _data_summary(features: FeatureSet) -> dict:
     return features.meta | {"names": len(features.meta.get("names", [])), "positions": features.num_positions,
                             "continuation_positions": int(features.continuation_mask().sum())}
@@ -143,6 +161,10 @@ def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: Fe
     cont = heldout.continuation_mask()
     curve = []
     for stage in _stages(budget_minutes, snapshot_minutes):
+        snapshot = out / "snapshots" / f"{stage:g}min"
+        if stage < budget_minutes and (stored := _stored_entry(snapshot)) is not None:
+            curve.append(stored)
+            continue
         heads, log = train_exit_heads(target, train, layers, budget_minutes=stage, checkpoint_dir=str(out), progress=progress)
         metrics = {"continuation": evaluate_exit_heads(target, heldout, heads, mask=cont)}
         if stage == budget_minutes:
@@ -150,7 +172,8 @@ def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: Fe
         curve.append({"train_minutes": stage, "steps": log[-1]["step"] if log else 0,
                       "feature_minutes": round(train.meta.get("seconds", 0.0) / 60, 2), "heldout": metrics})
         if stage < budget_minutes:
-            save_exit_heads(str(out / "snapshots" / f"{stage:g}min"), heads, {"model": model, "budget_minutes": stage, "heldout_metrics": metrics})
+            save_exit_heads(str(snapshot), heads, {"model": model, "budget_minutes": stage, "heldout_metrics": metrics})
+            _store_entry(snapshot, curve[-1])
     manifest = {
         "model": model,
         "budget_minutes": budget_minutes,
@@ -207,14 +230,19 @@ def train_and_save_eagle3(target, model: str, train: FeatureSet, heldout: Featur
     untrained = evaluate(head, every_position=True)
     curve = [{"train_minutes": 0.0, "steps": 0, "heldout": untrained}]
     for stage in _stages(budget_minutes, snapshot_minutes):
+        snapshot = out / "snapshots" / f"{stage:g}min"
         if stage == 0:
+            continue
+        if stage < budget_minutes and (stored := _stored_entry(snapshot)) is not None:
+            curve.append(stored)
             continue
         log = train_eagle3(head, target, train, budget_minutes=stage, steps=steps, checkpoint_dir=str(out), progress=progress)
         head.train().requires_grad_(True)  # train_eagle3 leaves it in eval mode; the next stage resumes
         metrics = evaluate(head.eval(), every_position=stage == budget_minutes)
         curve.append({"train_minutes": stage, "steps": log[-1]["step"] if log else 0, "heldout": metrics})
         if stage < budget_minutes:
-            export(out / "snapshots" / f"{stage:g}min", head)
+            export(snapshot, head)
+            _store_entry(snapshot, curve[-1])
     for entry in curve:
         entry["feature_minutes"] = round(train.meta.get("seconds", 0.0) / 60, 2)
     export(out, head.eval().requires_grad_(False))

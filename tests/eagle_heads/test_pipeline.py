@@ -74,6 +74,12 @@ def test_pipeline_records_a_budget_curve_and_loadable_snapshots(target, tmp_path
     assert set(metrics["continuation"]) == {"step0", "step1"}
     Eagle3Head.from_pretrained(str(tmp_path / "eagle3" / "snapshots" / "0.01min"), target)
     Eagle3Head.from_pretrained(str(tmp_path / "eagle3"), target)
+    # A rerun with the budget spent keeps the snapshots and the curve instead of overwriting them.
+    snapshot = (tmp_path / "exit" / "snapshots" / "0min" / "exit_heads.safetensors").read_bytes()
+    train_and_save_exit_heads(target, "tiny", train, heldout, LAYERS, tmp_path / "exit", budget_minutes=0.02,
+                              snapshot_minutes=(0, 0.01), progress=False)
+    assert read_manifest(str(tmp_path / "exit"))["budget_curve"][:2] == curve[:2]
+    assert (tmp_path / "exit" / "snapshots" / "0min" / "exit_heads.safetensors").read_bytes() == snapshot
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
