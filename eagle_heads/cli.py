@@ -6,12 +6,21 @@ import argparse
 import json
 
 
+# Defaults that reproduce the heads in eagle_heads/README.md (training minutes; the continuations
+# of the training prompts took another 26 minutes with 2 workers on the shared 2-core CPU).
+EXIT_BUDGET = 6.0
+EAGLE3_BUDGET = 20.0
+
+
 def add_train_heads_parser(subparsers) -> None:
+    from eagle_heads.pipeline import FeatureSpec
+
+    spec = FeatureSpec()
     parser = subparsers.add_parser(
         "train-heads",
         help="train early-exit heads (and an EAGLE-3 head with --eagle3) for a registered model",
-        description="Collects target hidden states on ShareGPT + AlpacaEval prompts (MT-Bench held "
-        "out), trains tuned-lens exit heads by KL(p_final || p_exit) and, with --eagle3, an EAGLE-3 "
+        description="Lets the target continue ShareGPT + AlpacaEval prompts (MT-Bench held out), "
+        "collects its hidden states over prompt + continuation, trains tuned-lens exit heads by KL(p_final || p_exit) and, with --eagle3, an EAGLE-3 "
         "head with a training-time-test objective, then reports held-out acceptance. Outputs go to "
         "<cache>/heads/<model>/ unless --out is given; reruns resume from checkpoints.",
     )
@@ -19,10 +28,13 @@ def add_train_heads_parser(subparsers) -> None:
     parser.add_argument("--exit-layers", default="4,8,16", help="comma-separated exit layers (default 4,8,16)")
     parser.add_argument("--no-exit", action="store_true", help="skip the exit heads")
     parser.add_argument("--eagle3", action="store_true", help="also train an EAGLE-3 head")
-    parser.add_argument("--budget-minutes", type=float, default=10.0, help="wall-time budget of the exit heads in minutes (default 10)")
-    parser.add_argument("--eagle3-budget-minutes", type=float, default=30.0, help="wall-time budget of the EAGLE-3 head (default 30)")
+    parser.add_argument("--budget-minutes", type=float, default=EXIT_BUDGET, help=f"training wall time of the exit heads in minutes, feature collection not included (default {EXIT_BUDGET:g})")
+    parser.add_argument("--eagle3-budget-minutes", type=float, default=EAGLE3_BUDGET, help=f"training wall time of the EAGLE-3 head (default {EAGLE3_BUDGET:g})")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="EAGLE-3 draft vocabulary size (default 8192)")
-    parser.add_argument("--train-prompts", type=int, default=64, help="training prompts per set (default 64)")
+    parser.add_argument("--train-prompts", type=int, default=spec.train_prompts, help=f"training prompts per set (default {spec.train_prompts})")
+    parser.add_argument("--train-new-tokens", type=int, default=spec.train_new_tokens, help=f"target continuation tokens per training prompt (default {spec.train_new_tokens}; 0 = prompt text only)")
+    parser.add_argument("--workers", type=int, default=spec.workers, help=f"processes generating continuations (default {spec.workers})")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1; run exit and EAGLE-3 training as two processes instead)")
     parser.add_argument("--out", default=None, help="output folder (default <cache>/heads/<model>)")
     parser.set_defaults(func=run_train_heads)
 
@@ -34,14 +46,19 @@ def run_train_heads(args: argparse.Namespace) -> int:
 
     from eagle_heads import pipeline
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     out = Path(args.out) if args.out else pipeline.heads_dir(args.model)
     out.mkdir(parents=True, exist_ok=True)
     target, tokenizer = pipeline.load_target(args.model)
     layers = [int(x) for x in args.exit_layers.split(",") if x]
     boundaries = layers + pipeline.eagle3_capture_layers(target.num_layers)
-    spec = pipeline.FeatureSpec(train_prompts=args.train_prompts)
-    train, heldout = pipeline.prepare_features(target, tokenizer, out, spec, boundaries)
+    for name in ("train_prompts", "workers"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.train_new_tokens < 0:
+        raise SystemExit(f"--train-new-tokens must be >= 0, got {args.train_new_tokens}")
+    spec = pipeline.FeatureSpec(train_prompts=args.train_prompts, train_new_tokens=args.train_new_tokens, workers=args.workers)
+    train, heldout = pipeline.prepare_features(target, tokenizer, out, spec, boundaries, model=args.model)
     print(f"features: {train.num_positions} training positions, {heldout.num_positions} held-out positions")
     if not args.no_exit:
         metrics = pipeline.train_and_save_exit_heads(target, args.model, train, heldout, layers, out / "exit", args.budget_minutes)

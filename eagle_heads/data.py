@@ -56,6 +56,33 @@ class FeatureSet:
     def load(cls, path: str) -> "FeatureSet":
         return cls(**torch.load(path, weights_only=False))
 
+    @classmethod
+    def concat(cls, parts: list["FeatureSet"]) -> "FeatureSet":
+        """One ``FeatureSet`` holding the sequences of ``parts`` in order (same boundaries).
+
+        ``meta`` is the first part's, with ``names`` joined and ``seconds`` summed."""
+        if not parts:
+            raise ValueError("parts must hold at least one FeatureSet")
+        bounds = set(parts[0].hidden)
+        if any(set(p.hidden) != bounds for p in parts):
+            raise ValueError(f"parts have different boundaries: {[sorted(p.hidden) for p in parts]}")
+        lengths = torch.cat([p.seq_indptr[1:] - p.seq_indptr[:-1] for p in parts])
+        indptr = torch.zeros(len(lengths) + 1, dtype=torch.long)
+        indptr[1:] = lengths.cumsum(0)
+        meta = dict(parts[0].meta)
+        meta["names"] = [n for p in parts for n in p.meta.get("names", [])]
+        meta["seconds"] = round(sum(p.meta.get("seconds", 0.0) for p in parts), 1)
+        return cls(torch.cat([p.tokens for p in parts]), indptr, torch.cat([p.prompt_lens for p in parts]),
+                   {b: torch.cat([p.hidden[b] for p in parts]) for b in bounds}, meta)
+
+    def continuation_mask(self) -> torch.Tensor:
+        """bool [P]: positions whose next token is a target continuation token (local position
+        >= prompt length - 1), i.e. the positions a drafter is asked about during generation."""
+        lengths = self.seq_indptr[1:] - self.seq_indptr[:-1]
+        seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        local = torch.arange(self.num_positions) - self.seq_indptr[seq]
+        return local >= self.prompt_lens[seq] - 1
+
     def next_token_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions t whose next position t + 1 lies in the same sequence, and t + 1.
 
@@ -95,7 +122,9 @@ def encode_prompts(tokenizer, set_names: list[str], limit: int, max_prompt_token
 
 @torch.inference_mode()
 def generate_continuations(target: CausalLM, prompts: list[list[int]], max_new_tokens: int, eos_token_id, batch_size: int = 16, seed: int = 0, progress: bool = True) -> list[list[int]]:
-    """Target continuations (greedy for even rows, T=1 for odd rows). Returns one list per prompt."""
+    """Target continuations (greedy for even rows, T=1 for odd rows), batched autoregressive
+    decoding with the runtime (``batch_size`` 16 is the fastest on a CPU core; wider batches pay
+    for padded attention). Returns one list per prompt."""
     from tqdm import tqdm
 
     from sglang_hsd.runtime.config import parse_levels
@@ -127,13 +156,25 @@ def target_hidden_states(target: CausalLM, tokens: list[int], boundaries: list[i
     return out
 
 
-def collect_features(target: CausalLM, tokenizer, set_names: list[str], num_prompts: int, boundaries: list[int], max_new_tokens: int = 96, max_prompt_tokens: int = 256, offset: int = 0, progress: bool = True) -> FeatureSet:
-    """Prompts of ``set_names`` (``num_prompts`` per set) + target continuations -> ``FeatureSet``."""
+def collect_features(target: CausalLM, tokenizer, set_names: list[str], num_prompts: int, boundaries: list[int], max_new_tokens: int = 96, max_prompt_tokens: int = 256, offset: int = 0, progress: bool = True, shard: tuple[int, int] = (0, 1), seed: int = 0) -> FeatureSet:
+    """Prompts of ``set_names`` (``num_prompts`` per set) + target continuations -> ``FeatureSet``.
+
+    ``shard = (i, n)`` keeps prompts i, i + n, i + 2n, ... (parallel collection in ``n``
+    processes; ``FeatureSet.concat`` of the shards in order of i holds every prompt).
+    ``meta["seconds"]`` is the wall time spent here.
+    """
+    import time
+
     from tqdm import tqdm
 
+    begin = time.perf_counter()
+    index, count = shard
+    if not 0 <= index < count:
+        raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
     prompts, names = encode_prompts(tokenizer, set_names, num_prompts, max_prompt_tokens, offset)
+    prompts, names = prompts[index::count], names[index::count]
     if max_new_tokens > 0:
-        continuations = generate_continuations(target, prompts, max_new_tokens, tokenizer.eos_token_id, progress=progress)
+        continuations = generate_continuations(target, prompts, max_new_tokens, tokenizer.eos_token_id, seed=seed + 1000 * index, progress=progress)
     else:
         continuations = [[] for _ in prompts]
     bounds = sorted(set(boundaries) | {target.num_layers})
@@ -155,5 +196,6 @@ def collect_features(target: CausalLM, tokenizer, set_names: list[str], num_prom
         hidden={b: torch.cat(v) for b, v in hidden.items()},
         meta={"sets": set_names, "prompts_per_set": num_prompts, "offset": offset, "names": names,
               "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-              "continuations": "target, greedy (even rows) / T=1 (odd rows)" if max_new_tokens else "none (teacher forcing on the prompt)"},
+              "continuations": "target, greedy (even rows) / T=1 (odd rows)" if max_new_tokens else "none (teacher forcing on the prompt)",
+              "seconds": round(time.perf_counter() - begin, 1)},
     )

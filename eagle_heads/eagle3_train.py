@@ -114,7 +114,7 @@ def train_eagle3(
     features,
     budget_minutes: float = 30.0,
     max_steps: int | None = None,
-    steps: int = 3,
+    steps: int = 4,
     batch: int = 4,
     window: int = 64,
     lr: float = 1.5e-3,
@@ -189,11 +189,17 @@ def train_eagle3(
 
 
 @torch.no_grad()
-def evaluate_eagle3(head: Eagle3Head, target: CausalLM, features, steps: int = 3, temperature: float = 1.0) -> dict:
+def evaluate_eagle3(head: Eagle3Head, target: CausalLM, features, steps: int = 4, temperature: float = 1.0, mask: torch.Tensor | None = None) -> dict:
     """Per draft step j on ``features`` (held-out): mean 1 - TV(q_j, p) against the *full* target
     distribution at ``temperature`` (q scattered from the draft vocabulary) and top-1 agreement
     (the greedy acceptance), with the previous drafts equal to the target's tokens (teacher
-    forced, as in the TTT objective). Returns ``{"step<j>": {"1-tv", "top1", "positions"}}``."""
+    forced, as in the TTT objective). Step j is draft position j + 1 of a chain.
+
+    ``mask`` (bool [P], e.g. ``features.continuation_mask()``) keeps the predictions made from
+    those target positions (the target distribution step j is compared with); default all.
+    Returns ``{"step<j>": {"1-tv", "top1", "positions"}}``."""
+    if mask is not None and mask.shape != (features.num_positions,):
+        raise ValueError(f"mask must be bool [{features.num_positions}], got {tuple(mask.shape)}")
     lengths = (features.seq_indptr[1:] - features.seq_indptr[:-1]).tolist()
     sums = [[0.0, 0.0, 0] for _ in range(steps)]
     for seq, length in enumerate(lengths):
@@ -202,11 +208,15 @@ def evaluate_eagle3(head: Eagle3Head, target: CausalLM, features, steps: int = 3
             continue
         ids, aux, final, valid = make_windows(features, head.capture_layers, target.num_layers,
                                               torch.tensor([seq]), torch.tensor([0]), window, steps)
+        base = int(features.seq_indptr[seq])
         for j, out in enumerate(head.ttt_forward(ids, aux, steps)):
-            p_logits = target.lm_head(target.norm(final[:, j : j + window])).float() / temperature
-            q_logits = head.target_logits(out) / temperature
+            keep = torch.ones(window, dtype=torch.bool)
+            if mask is not None:  # step j at entry t is compared with the target at position t + 1 + j
+                keep = mask[base + 1 + j : base + 1 + j + window]
+            p_logits = target.lm_head(target.norm(final[0, j : j + window][keep])).float() / temperature
+            q_logits = head.target_logits(out[0][keep]) / temperature
             p, q = torch.softmax(p_logits, -1), torch.softmax(q_logits, -1)
             sums[j][0] += float((1 - 0.5 * (p - q).abs().sum(-1)).sum())
             sums[j][1] += float((p_logits.argmax(-1) == q_logits.argmax(-1)).sum())
-            sums[j][2] += window
-    return {f"step{j}": {"1-tv": round(a / n, 4), "top1": round(t / n, 4), "positions": n} for j, (a, t, n) in enumerate(sums)}
+            sums[j][2] += int(keep.sum())
+    return {f"step{j}": {"1-tv": round(a / max(n, 1), 4), "top1": round(t / max(n, 1), 4), "positions": n} for j, (a, t, n) in enumerate(sums)}

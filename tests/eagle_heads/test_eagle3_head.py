@@ -131,6 +131,6 @@ def test_real_model_trained_eagle3_is_lossless():
     plain = SpeculativeGenerator(target, parse_levels("target")).generate([prompt], greedy, 24)
     spec = SpeculativeGenerator(target, parse_levels(f"eagle3:{directory},target", buffers=[3])).generate([prompt], greedy, 24)
     assert spec.tokens == plain.tokens
-    # Acceptance in generation is not asserted: the cached head reached held-out 1 - TV 0.39 but
-    # accepted only ~5% of drafts in this generation (open problem, see eagle_heads/README.md).
+    # Acceptance in generation is not asserted: it depends on the cached head's training budget
+    # (eagle_heads/README.md reports it per draft position); the head must at least be used.
     assert spec.levels[1].proposed > 0
