@@ -61,12 +61,15 @@ class ExitRound:
         method: the target level's chain rule.
         greedy: the whole batch is greedy (verify by argmax at both levels).
         verifier: the ``ExitLevelVerifier`` that ran the exit level (records the statistics).
+        output: the round's ``LogitsProcessorOutput``; its ``customized_info`` carries the
+            per-request level statistics into each request's ``meta_info``.
     """
 
     proposal: ExitProposal
     method: str
     greedy: bool
     verifier: "ExitLevelVerifier"
+    output: object = None
 
 
 _PENDING: list[ExitRound] = []
@@ -231,10 +234,10 @@ class ExitLevelVerifier:
         if greedy:  # SGLang's sampling path needs a q; the exit's rows are the target's q
             proposal.chain_probs = probs_like_sglang_verify(exit_logits, sampling_info, width)
         verify_input.draft_probs = proposal.chain_probs[:, :num_draft]
-        _PENDING[:] = [ExitRound(proposal, "greedy" if greedy else self.target_method, greedy, self)]
-
         hidden = self._aux_hidden(low, upper_aux, rows, batch * width)
         output = LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden)
+        _PENDING[:] = [ExitRound(proposal, "greedy" if greedy else self.target_method, greedy,
+                                 self, output)]
         return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
 
     def _aux_hidden(self, low: StreamState, upper_aux: dict, rows, total: int):
@@ -259,10 +262,19 @@ class ExitLevelVerifier:
         logger.info("sglang-hsd: split forward check: max |logit diff| %.3g (worst so far %.3g)",
                     diff, self.max_split_logit_diff)
 
-    def record(self, proposal: ExitProposal, result, target_accepted) -> None:
+    def record(self, round_: ExitRound, result, target_accepted) -> None:
+        """Add a verified round to the statistics and to each request's ``meta_info``
+        (``hsd_exit_accepted``: drafts the exit accepted, ``hsd_target_accepted``: chain tokens
+        the target accepted; one entry per round)."""
+        proposal = round_.proposal
         num_draft = proposal.chain_tokens.shape[1] - 1
         self.stats.add_round(num_draft, self.exit_layer, self.num_layers, proposal, result,
                              target_accepted)
+        if round_.output is not None:
+            round_.output.customized_info = {
+                "hsd_exit_accepted": proposal.exit_accepted.tolist(),
+                "hsd_target_accepted": target_accepted.tolist(),
+            }
 
 
 class ExitLevelTarget:

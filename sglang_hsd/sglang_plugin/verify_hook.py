@@ -106,7 +106,7 @@ def make_hsd_chain_sampling(original, config_provider=PluginConfig.from_env):
                 validate=config.validate,
             )
             write_chain_result(predicts, accept_index, accept_token_num, retrive_index, result)
-            exit_pending.verifier.record(exit_pending.proposal, result, target_accepted)
+            exit_pending.verifier.record(exit_pending, result, target_accepted)
             return
         if STATS["hsd_calls"] == 1:
             logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",

@@ -5,6 +5,7 @@ One server (float32, radix cache off, split self-check on) checks:
 * greedy output equals plain greedy decoding of the same weights (transformers) token for token,
   alone and inside a batch that mixes greedy, T=1, top-k and top-p requests;
 * every request of the mixed batch completes with its length;
+* per-request ``meta_info`` carries each round's exit / target acceptance;
 * ``/server_info``: the exit level ran, saved target layer-forwards, its split forward (layers
   [0, 2) then [2, 4) over the surviving positions) matched SGLang's full verify forward, and the
   KV pool's free slots returned to their starting count after all requests.
@@ -84,7 +85,12 @@ def test_exit_level_server_end_to_end(tiny_models):
     with running_server(cmd, env, log_path) as url:
         free_at_start = _hsd_state(url)["kv_available_size"]
         for ids, reference in zip(PROMPTS, expected):
-            assert _generate(url, ids)["output_ids"] == reference, ids
+            out = _generate(url, ids)
+            assert out["output_ids"] == reference, ids
+            meta = out["meta_info"]  # one entry per verify round and level
+            assert len(meta["hsd_exit_accepted"]) == meta["spec_verify_ct"]
+            assert all(0 <= t <= e + 1 for e, t in zip(meta["hsd_exit_accepted"],
+                                                        meta["hsd_target_accepted"]))
 
         requests = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_k=20),
                     dict(temperature=1.0, top_p=0.9)]
