@@ -28,7 +28,7 @@ prefixes, both methods at both levels). Greedy (one-hot rows) is exact token for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -146,14 +146,14 @@ class ExitLevelStats:
         self.layer_forwards_stock += batch * (num_draft + 1) * num_layers
 
     def as_dict(self) -> dict:
+        """The raw counters plus rates (accept rates, accept length at the exit, tokens per
+        round, fraction of the stock verify's target layer-forwards saved)."""
         rounds = max(self.rounds, 1)
         return {
-            "rounds": self.rounds,
+            **asdict(self),
             "exit_accept_rate": self.exit_accepted / max(self.exit_proposed, 1),
             "exit_accept_length": (self.exit_accepted + self.rounds) / rounds,
             "target_accept_rate": self.target_accepted / max(self.target_proposed, 1),
             "tokens_per_round": self.emitted / rounds,
-            "layer_forwards": self.layer_forwards,
-            "layer_forwards_stock": self.layer_forwards_stock,
             "layer_forwards_saved": 1.0 - self.layer_forwards / max(self.layer_forwards_stock, 1),
         }

@@ -159,9 +159,13 @@ def build_exit_verifier(target_worker):
         return None
     runner = target_worker.model_runner
     config.check_depth(check_layer_range_model(runner.model))
-    if getattr(runner, "tp_size", 1) > 1:
-        raise ExitLevelConfigError("--hsd-exit-layer: tensor parallelism (--tp-size > 1) is not "
-                                   "supported by the exit level yet; remove one of them")
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    if parallel.tp_size > 1 or parallel.dp_size > 1:
+        raise ExitLevelConfigError("--hsd-exit-layer: tensor / data parallelism (--tp-size, "
+                                   "--dp-size > 1) is not supported by the exit level yet (its "
+                                   "exit logits are not gathered across ranks); remove one of them")
     if getattr(runner, "decode_cuda_graph_runner", None) is not None:
         raise ExitLevelConfigError("--hsd-exit-layer: the exit level runs its forwards eagerly; "
                                    "add --disable-cuda-graph")
