@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -200,8 +201,10 @@ class ExitLevelVerifier:
         def lower(input_ids, positions, fb, **_):
             return run_layer_range(self.model, positions, fb, 0, L, input_ids=input_ids)
 
+        clock = time.perf_counter()
         low: StreamState = self._run(verify_batch, lower)
         exit_logits = self.head(low.hidden())  # [B * W, V]
+        clock = self._lap("lower_forward", clock)
         greedy = bool(sampling_info.is_all_greedy)
         candidates = verify_input.draft_token.reshape(batch, width)
         drafts = candidates[:, 1:].to(torch.int64)
@@ -215,6 +218,7 @@ class ExitLevelVerifier:
                               exit_uniforms(sampling_info, verify_batch.seq_lens, num_draft),
                               validate=self.validate)
 
+        clock = self._lap("exit_verify", clock)
         keep = torch.arange(width, device=drafts.device).unsqueeze(0) < proposal.chain_len.unsqueeze(1)
         upper_batch, rows = chain_forward_batch(verify_batch, keep)
 
@@ -225,6 +229,7 @@ class ExitLevelVerifier:
         normed, upper_aux = self._run(upper_batch, upper)
         logits = exit_logits.clone()
         logits[rows] = lm_head_logits(self.model, normed, self.vocab_size)
+        self._lap("upper_forward", clock)
         if self.check_split:
             self._check_against_full_forward(verify_batch, logits, rows)
 
@@ -239,6 +244,11 @@ class ExitLevelVerifier:
         _PENDING[:] = [ExitRound(proposal, "greedy" if greedy else self.target_method, greedy,
                                  self, output)]
         return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
+
+    def _lap(self, name: str, start: float) -> float:
+        now = time.perf_counter()
+        self.stats.seconds[name] = self.stats.seconds.get(name, 0.0) + now - start
+        return now
 
     def _aux_hidden(self, low: StreamState, upper_aux: dict, rows, total: int):
         """EAGLE-3 draft input [B * W, n_aux * D] (None without captures), in layer order."""

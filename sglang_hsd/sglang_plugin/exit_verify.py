@@ -28,7 +28,7 @@ prefixes, both methods at both levels). Greedy (one-hot rows) is exact token for
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -120,6 +120,8 @@ class ExitLevelStats:
         emitted: tokens emitted (accepted drafts + the last token of each round).
         layer_forwards / layer_forwards_stock: target layer-token forwards run, and what the
             stock single-level verify would have run (every verify position through all layers).
+        seconds: wall time by phase ("lower_forward": layers [0, L) + exit head,
+            "exit_verify", "upper_forward": layers [L, N) + LM head).
     """
 
     rounds: int = 0
@@ -130,6 +132,7 @@ class ExitLevelStats:
     emitted: int = 0
     layer_forwards: int = 0
     layer_forwards_stock: int = 0
+    seconds: dict = field(default_factory=dict)
 
     def add_round(self, num_draft: int, exit_layer: int, num_layers: int,
                   proposal: ExitProposal, result: ChainVerifyResult,

@@ -12,6 +12,7 @@ get q = 0, which is exactly the distribution the mapped draft token was drawn fr
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -126,6 +127,7 @@ def build_worker_classes():
 
             target = ExitLevelTarget(self.target_worker, self.hsd_exit, batch.spec_info,
                                      batch.sampling_info)
+            started = time.perf_counter()
             try:  # the same call as EAGLEWorkerV2.verify, with the exit level as the target
                 return eagle_worker_common.run_eagle_verify(
                     batch, pp_proxy_tensors=None, target_worker=target,
@@ -138,6 +140,9 @@ def build_worker_classes():
                 )
             finally:
                 clear_pending()
+                seconds = self.hsd_exit.stats.seconds
+                seconds["verify_total"] = seconds.get("verify_total", 0.0) + (
+                    time.perf_counter() - started)
 
     return HSDWorker, HSDDraftWorker
 
