@@ -64,7 +64,7 @@ def make_jobs(count: int, seed: int, vocab: int) -> list[dict]:
         if index % 5 == 2:
             sampling["top_k"] = 20
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randrange(4, 40))]
-        jobs.append({"input_ids": prompt, "sampling_params": sampling,
+        jobs.append({"input_ids": prompt, "sampling_params": sampling, "rid": f"load-{index}",
                      "abort_after_chunks": 3 if index % 4 == 3 else None})
     return jobs
 
@@ -82,15 +82,19 @@ def run_job(url: str, job: dict, vocab: int) -> dict:
                 "seconds": time.monotonic() - started,
                 "exit_rounds": len(out["meta_info"].get("hsd_exit_accepted", []))}
     payload["stream"] = True
-    chunks = 0
-    with _request(url, "/generate", payload) as resp:  # closing the socket aborts the request
+    payload["rid"] = job["rid"]
+    chunks, finish = 0, None
+    with _request(url, "/generate", payload) as resp:
         for line in resp:
-            if line.startswith(b"data:") and b"[DONE]" not in line:
-                chunks += 1
-                if chunks >= job["abort_after_chunks"]:
-                    break
-    return {"kind": "aborted", "valid": True, "chunks": chunks,
-            "seconds": time.monotonic() - started}
+            if not line.startswith(b"data:") or b"[DONE]" in line:
+                continue
+            chunks += 1
+            if chunks == job["abort_after_chunks"]:  # abort midway, keep reading to the end
+                _request(url, "/abort_request", {"rid": job["rid"]}).close()
+            finish = json.loads(line[5:])["meta_info"].get("finish_reason") or finish
+    aborted = isinstance(finish, dict) and finish.get("type") == "abort"
+    return {"kind": "aborted" if aborted else "complete", "valid": True, "chunks": chunks,
+            "finish_reason": finish, "seconds": time.monotonic() - started}
 
 
 def run_serving_client(url: str, setup, dataset: Path, args, out_file: Path, log: Path):
@@ -162,6 +166,7 @@ def summarize(run: dict, before: dict, after: dict, free_after: int, log_text: s
         "levels": after.get("levels"),
     }
     summary["passed"] = (not summary["errors"] and summary["all_completed_valid"]
+                         and summary["aborted_by_client"] > 0
                          and summary["kv_free_after"] == summary["kv_free_before"]
                          and summary["server_tracebacks"] == 0
                          and (run["serving"].get("completed") == meta["num_requests"]))
@@ -177,7 +182,8 @@ def markdown(summary: dict) -> str:
         f"({s['exit_heads']}), {s['model']}, CPU ({s['cpu_count']} cores), loopback.", "",
         "| check | result |", "|---|---|",
         f"| our mixed requests (T in {list(TEMPERATURES)}, top-k/top-p, 8-64 tokens) | "
-        f"{s['completed']} completed, {s['aborted_by_client']} aborted by the client, "
+        f"{s['completed']} completed, {s['aborted_by_client']} aborted midway (finish reason "
+        f"abort), "
         f"{len(s['errors'])} errors |",
         f"| every completed response valid (length, token ids) | {s['all_completed_valid']} |",
         f"| sglang.benchmark.serving, {s['num_requests']} prompts at concurrency "
