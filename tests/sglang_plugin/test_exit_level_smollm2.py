@@ -46,10 +46,10 @@ def assets():
 
     tokenizer = AutoTokenizer.from_pretrained(str(MODEL))
     model = CausalLM.from_pretrained(str(MODEL))
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                             add_generation_prompt=True, tokenize=True)
-               for p in PROMPTS]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                           add_generation_prompt=True, tokenize=False)
+             for p in PROMPTS]
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     return prompts, [greedy_reference(model, p, MAX_NEW_TOKENS) for p in prompts]
 
 
