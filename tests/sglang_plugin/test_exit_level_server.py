@@ -82,7 +82,7 @@ def test_exit_level_server_end_to_end(tiny_models):
     env = server_env()
     env["SGLANG_HSD_CHECK_SPLIT"] = "1"
     log_path = str(tiny_models / "exit_server.log")
-    with running_server(cmd, env, log_path) as url:
+    with running_server(cmd, env, log_path, timeout=600) as url:
         free_at_start = _hsd_state(url)["kv_available_size"]
         for ids, reference in zip(PROMPTS, expected):
             out = _generate(url, ids)
