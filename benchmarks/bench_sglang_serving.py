@@ -24,7 +24,8 @@ Configurations:
 
 ``--model smollm2-135m`` runs the real SmolLM2-135M-Instruct from ``~/.cache/sglang-hsd`` with the
 EAGLE-3 head and exit heads trained by ``eagle_heads`` (``heads/smollm2-135m/{eagle3,exit}``), on
-ShareGPT prompts (``--dataset-name sharegpt``); results go to ``sglang_serving_smollm2-135m.*``.
+ShareGPT prompts (``--dataset-name sharegpt``); results go to
+``sglang_serving_smollm2-135m_t<temperature>.*``.
 
     PYTHONPATH=. python benchmarks/bench_sglang_serving.py --model smollm2-135m \
         --configs eagle3,hsd,hsd-exit --temperature 0 --num-prompts 8
@@ -386,7 +387,8 @@ def main(argv=None) -> int:
             print(json.dumps({k: v for k, v in records[-1].items()
                               if k not in ("client_summary", "server_log_tail")}), flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "sglang_serving" if args.model == "tiny" else f"sglang_serving_{args.model}"
+    stem = ("sglang_serving" if args.model == "tiny"
+            else f"sglang_serving_{args.model}_t{args.temperature:g}")
     (args.out_dir / f"{stem}.json").write_text(
         json.dumps({"meta": meta, "results": records}, indent=2) + "\n")
     table = markdown_table(records, meta)
