@@ -16,6 +16,19 @@ Configurations:
                  every batch, i.e. it ignores ``--temperature`` (patches/0003). So its numbers are
                  those of greedy speculative decoding, not of sampling at the given temperature.
 * ``none``       no speculation (throughput reference).
+* ``hsd-exit``   HSD with the early-exit verifier level: ``--hsd-exit-layer L`` (default N/2 for the
+                 tiny model, 16 for SmolLM2) and ``--hsd-exit-heads`` (trained heads for SmolLM2,
+                 logit lens for the tiny model): EAGLE-3 drafts -> layers [0, L) + exit head ->
+                 layers [L, N) for the surviving positions only. Its per-level statistics (exit and
+                 target acceptance, target layer-forwards saved) come from ``/server_info``.
+
+``--model smollm2-135m`` runs the real SmolLM2-135M-Instruct from ``~/.cache/sglang-hsd`` with the
+EAGLE-3 head and exit heads trained by ``eagle_heads`` (``heads/smollm2-135m/{eagle3,exit}``), on
+ShareGPT prompts (``--dataset-name sharegpt``); results go to
+``sglang_serving_smollm2-135m_t<temperature>.*``.
+
+    PYTHONPATH=. python benchmarks/bench_sglang_serving.py --model smollm2-135m \
+        --configs eagle3,hsd,hsd-exit --temperature 0 --num-prompts 8
 
 Random weights: accept lengths here say nothing about real models (the head is untrained; with
 near-uniform p and q on a random model a sampled draft is accepted often, an argmax one rarely).
@@ -93,7 +106,48 @@ CONFIGS = {
         "SGLang EAGLE3, argmax drafts; CPU verify is argmax for every batch (temperature "
         "ignored, upstream bug: patches/0003), so this row is greedy speculative decoding"),
     "none": ServerConfig("none", None, None, "no speculative decoding"),
+    "hsd-exit": ServerConfig(
+        "hsd-exit", "HSD", "hsd",
+        "HSD 3-level: EAGLE-3 drafts, early exit (first L layers + exit head) verifies with hsd, "
+        "the remaining layers run only for the positions the exit accepted"),
 }
+
+
+@dataclass
+class ModelSetup:
+    """Target, EAGLE-3 head and exit heads of one benchmark run.
+
+    Fields:
+        name: ``tiny`` (built here, random) or a model from the sglang-hsd cache.
+        target, head: folders. exit_heads: folder or None (logit lens). exit_layer: L.
+        dataset: client ``--dataset-name`` (random token ids for the tiny model, ShareGPT text
+            for a real one).
+    """
+
+    name: str
+    target: Path
+    head: Path
+    exit_heads: Path | None
+    exit_layer: int
+    dataset: str
+
+
+def setup_models(args, workdir: Path) -> ModelSetup:
+    if args.model == "tiny":
+        target, head = build_models(workdir)
+        return ModelSetup("tiny", target, head, None, args.exit_layer or 2, "random")
+    cache = Path(os.environ.get("SGLANG_HSD_CACHE", Path.home() / ".cache" / "sglang-hsd"))
+    target = cache / "models" / args.model
+    heads = cache / "heads" / args.model
+    missing = [p for p in (target, heads / "eagle3") if not p.is_dir()]
+    if missing:
+        raise SystemExit(f"missing {missing}: run `sglang-hsd fetch {args.model}` and train its "
+                         "heads with eagle_heads first")
+    exit_heads = Path(args.exit_heads) if args.exit_heads else heads / "exit"
+    if args.exit_heads == "none" or not exit_heads.is_dir():
+        exit_heads = None
+    return ModelSetup(args.model, target, heads / "eagle3", exit_heads, args.exit_layer or 16,
+                      "sharegpt")
 
 
 def build_models(root: Path):
@@ -103,6 +157,15 @@ def build_models(root: Path):
     config = build_tiny_llama(str(root / "target"))
     build_random_eagle3_head(str(root / "eagle3"), config, draft_vocab_size=config.vocab_size // 2)
     return root / "target", root / "eagle3"
+
+
+def _model_description(setup: ModelSetup, config: dict) -> str:
+    if setup.name == "tiny":
+        return (f"tiny random Llama (vocab {config['vocab_size']}, {config['num_hidden_layers']} "
+                f"layers, hidden {config['hidden_size']}) + random EAGLE-3 head over half the "
+                "vocabulary")
+    return (f"{setup.name} ({config['num_hidden_layers']} layers, hidden "
+            f"{config['hidden_size']}) + trained EAGLE-3 head")
 
 
 def write_sharegpt_file(path: Path, count: int = 200) -> str:
@@ -125,26 +188,34 @@ def write_sharegpt_file(path: Path, count: int = 200) -> str:
     return source
 
 
-def client_command(url: str, target: Path, dataset: Path, args, output_file: Path) -> list[str]:
+def client_command(url: str, setup: ModelSetup, dataset: Path, args, output_file: Path) -> list[str]:
+    if setup.dataset == "random":
+        data = ["--dataset-name", "random", "--random-input-len", str(args.input_len),
+                "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0"]
+    else:
+        data = ["--dataset-name", "sharegpt", "--sharegpt-output-len", str(args.output_len),
+                "--sharegpt-context-len", "2048"]
     return [
         sys.executable, "-c", BENCH_CLIENT, "--backend", "sglang", "--base-url", url,
-        "--model", str(target), "--tokenizer", str(target), "--dataset-name", "random",
+        "--model", str(setup.target), "--tokenizer", str(setup.target), *data,
         "--dataset-path", str(dataset), "--num-prompts", str(args.num_prompts),
-        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-        "--random-range-ratio", "1.0", "--max-concurrency", str(args.max_concurrency),
+        "--max-concurrency", str(args.max_concurrency),
         "--temperature", str(args.temperature), "--seed", "0", "--disable-tqdm",
         "--output-file", str(output_file),
     ]
 
 
-def run_config(config: ServerConfig, target: Path, head: Path, dataset: Path, args,
+def run_config(config: ServerConfig, setup: ModelSetup, dataset: Path, args,
                workdir: Path) -> dict:
     port = free_port()
-    extra = list(config.extra)
+    extra = list(config.extra) + ["--dtype", args.dtype]
     if config.verify_method:
         extra += ["--hsd-verify-method", config.verify_method]
-    cmd = cpu_server_command(str(target), port, config.algorithm,
-                             str(head) if config.algorithm else None,
+    if config.name == "hsd-exit":
+        extra += ["--hsd-exit-layer", str(setup.exit_layer), "--hsd-exit-heads",
+                  str(setup.exit_heads) if setup.exit_heads else "none"]
+    cmd = cpu_server_command(str(setup.target), port, config.algorithm,
+                             str(setup.head) if config.algorithm else None,
                              num_steps=args.num_steps if config.algorithm else None,
                              extra=extra, eagle3_rejection_sampling=False)
     server_log = workdir / f"server_{config.name}.log"
@@ -156,13 +227,15 @@ def run_config(config: ServerConfig, target: Path, head: Path, dataset: Path, ar
     try:
         with running_server(cmd, server_env(), str(server_log), timeout=args.server_timeout) as url:
             record["startup_s"] = round(time.monotonic() - started, 1)
-            client = client_command(url, target, dataset, args, output_file)
+            levels_before = _hsd_levels(url)
+            client = client_command(url, setup, dataset, args, output_file)
             with open(client_log, "w") as log:
                 proc = subprocess.run(client, env=server_env(), stdout=log,
                                       stderr=subprocess.STDOUT, timeout=args.client_timeout)
             if proc.returncode != 0:
                 raise RuntimeError(f"client exited {proc.returncode}; see {client_log}")
             result = json.loads(output_file.read_text().strip().splitlines()[-1])
+            record["hsd_levels"] = _levels_delta(levels_before, _hsd_levels(url))
     except Exception as err:
         record["error"] = f"{type(err).__name__}: {err}"
         record["server_log_tail"] = _tail(server_log)
@@ -170,6 +243,34 @@ def run_config(config: ServerConfig, target: Path, head: Path, dataset: Path, ar
     record.update({k: result.get(k) for k in KEPT_METRICS})
     record["client_summary"] = _summary_block(client_log)
     return record
+
+
+def _hsd_levels(url: str) -> dict | None:
+    """The exit level's counters from ``/server_info`` (None without an exit level)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/server_info", timeout=30) as resp:
+        state = json.loads(resp.read())["internal_states"][0].get("hsd") or {}
+    return state.get("levels")
+
+
+def _levels_delta(before: dict | None, after: dict | None) -> dict | None:
+    """Statistics of the benchmark's requests only (server warm-up rounds subtracted)."""
+    if not after:
+        return None
+    before = before or {}
+    raw = ("rounds", "exit_proposed", "exit_accepted", "target_proposed", "target_accepted",
+           "emitted", "layer_forwards", "layer_forwards_stock")
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in raw}
+    rounds = max(d["rounds"], 1)
+    return {
+        "rounds": d["rounds"],
+        "exit_accept_length": (d["exit_accepted"] + d["rounds"]) / rounds,
+        "exit_accept_rate": d["exit_accepted"] / max(d["exit_proposed"], 1),
+        "target_accept_rate": d["target_accepted"] / max(d["target_proposed"], 1),
+        "tokens_per_round": d["emitted"] / rounds,
+        "layer_forwards_saved": 1 - d["layer_forwards"] / max(d["layer_forwards_stock"], 1),
+    }
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -193,27 +294,30 @@ def _fmt(value, digits=2):
 def markdown_table(records: list[dict], meta: dict) -> str:
     lines = [
         "| config | completed | output tok/s | req/s | mean e2e ms | median TPOT ms | "
-        "accept length |",
-        "|---|---|---|---|---|---|---|",
+        "accept length | exit accept length | target accept rate | target layer-forwards saved |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | |")
+            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | | | |")
             continue
+        levels = r.get("hsd_levels") or {}
         lines.append(
             f"| {r['config']} | {r['completed']}/{meta['num_prompts']} | "
             f"{_fmt(r['output_throughput'])} | {_fmt(r['request_throughput'], 3)} | "
             f"{_fmt(r['mean_e2e_latency_ms'], 0)} | {_fmt(r['median_tpot_ms'], 1)} | "
-            f"{_fmt(r['accept_length'])} |")
+            f"{_fmt(r['accept_length'])} | {_fmt(levels.get('exit_accept_length'))} | "
+            f"{_fmt(levels.get('target_accept_rate'))} | "
+            f"{_fmt(levels.get('layer_forwards_saved'))} |")
     notes = [f"- `{r['config']}`: {r['note']}" for r in records]
     return "\n".join([
-        f"SGLang {meta['sglang_version']} on CPU ({meta['cpu_count']} cores), tiny random Llama "
-        f"(vocab {meta['vocab_size']}, 4 layers, hidden 64) + random EAGLE-3 head over half the "
-        f"vocabulary; {meta['num_prompts']} prompts, {meta['input_len']} input / "
+        f"SGLang {meta['sglang_version']} on CPU ({meta['cpu_count']} cores), {meta['model']}; "
+        f"exit level at layer {meta['exit_layer']} ({meta['exit_heads']}); "
+        f"{meta['num_prompts']} prompts, {meta['input_len']} input / "
         f"{meta['output_len']} output tokens, temperature {meta['temperature']}, max concurrency "
         f"{meta['max_concurrency']}, {meta['num_steps']} draft steps. Prompts: "
         f"{meta['prompt_source']}.", "", *lines, "", *notes, "",
-        "Random weights: the accept lengths say nothing about real models.", "",
+        meta["caveat"], "",
         f"Command: `{meta['command']}`", ""])
 
 
@@ -221,6 +325,14 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="hsd,tokenwise,eagle3,none",
                         help=f"comma-separated, from {sorted(CONFIGS)}")
+    parser.add_argument("--model", default="tiny",
+                        help="'tiny' (random, built here) or a cached model, e.g. smollm2-135m")
+    parser.add_argument("--dtype", default="float32",
+                        help="server --dtype (float32: SGLang's 'auto' picks float16, slow on CPU)")
+    parser.add_argument("--exit-layer", type=int, default=None,
+                        help="exit layer of hsd-exit (default 2 for tiny, 16 otherwise)")
+    parser.add_argument("--exit-heads", default=None,
+                        help="exit heads folder or 'none' (default: the model's trained heads)")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=32)
@@ -246,14 +358,24 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hsd_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        target, head = build_models(workdir)
+        setup = setup_models(args, workdir)
         dataset = workdir / "sharegpt_format.json"
+        model_config = json.loads((setup.target / "config.json").read_text())
         meta = {
             "sglang_version": sglang.__version__, "cpu_count": os.cpu_count(),
-            "vocab_size": json.loads((target / "config.json").read_text())["vocab_size"],
+            "model": _model_description(setup, model_config),
+            "exit_layer": setup.exit_layer,
+            "exit_heads": str(setup.exit_heads).replace(str(Path.home()), "~")
+            if setup.exit_heads else "logit lens",
+            "caveat": ("Random weights: the accept lengths say nothing about real models."
+                       if setup.name == "tiny" else
+                       "Real model, heads trained briefly on prompt text (see eagle_heads/README.md): "
+                       "low generation acceptance is expected."),
+            "vocab_size": model_config["vocab_size"],
             "num_prompts": args.num_prompts, "input_len": args.input_len,
             "output_len": args.output_len, "temperature": args.temperature,
             "max_concurrency": args.max_concurrency, "num_steps": args.num_steps,
+            "dtype": args.dtype,
             "prompt_source": write_sharegpt_file(dataset),
             "command": "PYTHONPATH=. python benchmarks/bench_sglang_serving.py "
                        + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -261,14 +383,16 @@ def main(argv=None) -> int:
         records = []
         for name in names:
             print(f"[bench] {name} ...", flush=True)
-            records.append(run_config(CONFIGS[name], target, head, dataset, args, workdir))
+            records.append(run_config(CONFIGS[name], setup, dataset, args, workdir))
             print(json.dumps({k: v for k, v in records[-1].items()
                               if k not in ("client_summary", "server_log_tail")}), flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "sglang_serving.json").write_text(
+    stem = ("sglang_serving" if args.model == "tiny"
+            else f"sglang_serving_{args.model}_t{args.temperature:g}")
+    (args.out_dir / f"{stem}.json").write_text(
         json.dumps({"meta": meta, "results": records}, indent=2) + "\n")
     table = markdown_table(records, meta)
-    (args.out_dir / "sglang_serving.md").write_text(table)
+    (args.out_dir / f"{stem}.md").write_text(table)
     print(table)
     return 1 if any("error" in r for r in records) else 0
 

@@ -10,7 +10,9 @@ What it installs:
 * ``HSDWorker`` (``worker.py``): the EAGLE-3 V2 worker with sampled drafts whose full q is
   scattered to the target vocabulary;
 * ``verify_hook.py``: our chain verifier behind SGLang's own verify entry point;
-* ``--hsd-verify-method {hsd,tokenwise}`` on the launcher's parser (``config.py``).
+* ``--hsd-verify-method {hsd,tokenwise}``, ``--hsd-exit-layer L``, ``--hsd-exit-heads DIR|none``,
+  ``--hsd-exit-method``, ``--hsd-plan plan.json`` on the launcher's parser (``config.py``);
+* with an exit layer, an intermediate early-exit verifier level (``exit_level.py``).
 
 CPU-only machines also need ``cpu_shims`` installed before SGLang is imported; put
 ``BOOTSTRAP_DIR`` on ``PYTHONPATH`` (see ``_bootstrap/sitecustomize.py``).
@@ -24,8 +26,13 @@ import os
 
 from sglang_hsd.sglang_plugin.config import (
     ALGORITHM_NAME,
+    EXIT_HEADS_ENV,
+    EXIT_LAYER_ENV,
+    EXIT_METHOD_ENV,
+    PLAN_ENV,
     SERVER_VERIFY_METHODS,
     VERIFY_METHOD_ENV,
+    ExitLevelConfig,
     PluginConfig,
 )
 
@@ -100,7 +107,8 @@ def _build_spec_class():
         def create_worker(self, server_args):
             from sglang_hsd.sglang_plugin.worker import build_worker_classes
 
-            PluginConfig.from_env()  # refuse a bad SGLANG_HSD_VERIFY_METHOD before loading models
+            # Refuse bad --hsd-* options before loading models.
+            ExitLevelConfig.from_env(PluginConfig.from_env().verify_method)
             return build_worker_classes()[0]
 
     missing = [m for m in DUCK_TYPED_METHODS if m not in vars(HSDSpecAlgo)
@@ -110,11 +118,29 @@ def _build_spec_class():
     return HSDSpecAlgo
 
 
-class _VerifyMethodAction(argparse.Action):
-    """``--hsd-verify-method``: stored in the environment so spawned schedulers see it."""
+class _EnvAction(argparse.Action):
+    """An ``--hsd-*`` flag stored in the environment variable ``self.const``, so spawned
+    scheduler processes see it (ServerArgs is a closed dataclass)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        os.environ[VERIFY_METHOD_ENV] = values
+        os.environ[self.const] = str(values)
+
+
+# (flag, environment variable, argparse extras, help)
+HSD_FLAGS = (
+    ("--hsd-verify-method", VERIFY_METHOD_ENV, {"choices": SERVER_VERIFY_METHODS},
+     "chain verifier of the target level (default hsd)"),
+    ("--hsd-exit-layer", EXIT_LAYER_ENV, {"type": int},
+     "add an early-exit verifier level: the target's first L layers plus an exit head verify "
+     "the EAGLE-3 drafts, the remaining layers run only for the positions it accepted"),
+    ("--hsd-exit-heads", EXIT_HEADS_ENV, {},
+     "folder of trained exit heads (eagle_heads.exit_heads) or 'none' for the logit lens "
+     "(default none)"),
+    ("--hsd-exit-method", EXIT_METHOD_ENV, {"choices": SERVER_VERIFY_METHODS},
+     "chain verifier of the exit level (default: --hsd-verify-method)"),
+    ("--hsd-plan", PLAN_ENV, {},
+     "take the exit layer from a `sglang-hsd plan` JSON (its one intermediate exit level)"),
+)
 
 
 def _extend_cli(server_args_cls) -> None:
@@ -122,13 +148,14 @@ def _extend_cli(server_args_cls) -> None:
 
     def add_cli_args(parser):
         original(parser)
-        if "--hsd-verify-method" not in parser._option_string_actions:
-            parser.add_argument(
-                "--hsd-verify-method", choices=SERVER_VERIFY_METHODS, action=_VerifyMethodAction,
-                dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
-                help="sglang-hsd: chain verifier for --speculative-algorithm HSD "
-                     f"(default hsd; also settable as {VERIFY_METHOD_ENV})",
-            )
+        for flag, env, extras, text in HSD_FLAGS:
+            if flag not in parser._option_string_actions:
+                parser.add_argument(
+                    flag, action=_EnvAction, const=env, dest=argparse.SUPPRESS,
+                    default=argparse.SUPPRESS,
+                    help=f"sglang-hsd (--speculative-algorithm HSD): {text}; also settable as {env}",
+                    **extras,
+                )
 
     add_cli_args.__sglang_hsd_original__ = original
     server_args_cls.add_cli_args = staticmethod(add_cli_args)
@@ -146,11 +173,61 @@ def _install_patches() -> None:
         eagle_utils._verify_uses_greedy)
     from sglang.srt.utils import is_cpu
 
+    if eagle_utils.top_k_renorm_prob is None or eagle_utils.top_p_renorm_prob is None:
+        from sglang_hsd.sglang_plugin import cpu_sampling  # no renorm kernels on this platform
+
+        eagle_utils.top_k_renorm_prob = eagle_utils.top_k_renorm_prob or cpu_sampling.top_k_renorm_prob
+        eagle_utils.top_p_renorm_prob = eagle_utils.top_p_renorm_prob or cpu_sampling.top_p_renorm_prob
     if is_cpu():  # SGLang's draft sampler calls a Triton argmax kernel; torch's on CPU
         original = spec_utils.row_argmax
         spec_utils.row_argmax = verify_hook.torch_row_argmax
         spec_utils.row_argmax.__sglang_hsd_original__ = original
     _extend_cli(ServerArgs)
+    _extend_internal_state()
+
+
+def _extend_internal_state() -> None:
+    """``/server_info`` -> ``internal_states[]`` gains ``hsd``: per-level statistics of the exit
+    level (when configured) and the KV pool's free slots (for leak checks)."""
+    from sglang.srt.managers.scheduler_components.internal_state import (
+        SchedulerInternalStateController as controller,
+    )
+
+    original = controller.__dict__["_add_speculative"]
+    if getattr(original, "__sglang_hsd_original__", None) is not None:
+        return
+
+    def _add_speculative(self, state):
+        original(self, state)
+        scheduler = self.scheduler
+        if not hsd_is_active_for(scheduler):
+            return
+        state["hsd"] = hsd_internal_state(scheduler)
+
+    _add_speculative.__sglang_hsd_original__ = original
+    controller._add_speculative = _add_speculative
+
+
+def hsd_is_active_for(scheduler) -> bool:
+    algorithm = getattr(scheduler, "spec_algorithm", None)
+    return algorithm is not None and str(getattr(algorithm, "name", algorithm)).upper() == ALGORITHM_NAME
+
+
+def hsd_internal_state(scheduler) -> dict:
+    """The ``hsd`` entry of a scheduler's internal state."""
+    worker = getattr(scheduler, "draft_worker", None)
+    exit_level = getattr(worker, "hsd_exit", None)
+    allocator = scheduler.token_to_kv_pool_allocator
+    state = {
+        "kv_available_size": int(allocator.available_size()),
+        "kv_evictable_size": int(scheduler.tree_cache.evictable_size()),
+        "max_total_num_tokens": int(scheduler.max_total_num_tokens),
+        "exit_layer": None if exit_level is None else exit_level.exit_layer,
+    }
+    if exit_level is not None:
+        state["levels"] = exit_level.stats.as_dict()
+        state["max_split_logit_diff"] = exit_level.max_split_logit_diff
+    return state
 
 
 def register() -> None:

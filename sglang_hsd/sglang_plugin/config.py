@@ -41,3 +41,103 @@ class PluginConfig:
                 f"{SERVER_VERIFY_METHODS} (--hsd-verify-method)"
             )
         return cls(verify_method=method, validate=os.environ.get(VALIDATE_ENV, "0") == "1")
+
+
+EXIT_LAYER_ENV = "SGLANG_HSD_EXIT_LAYER"
+EXIT_HEADS_ENV = "SGLANG_HSD_EXIT_HEADS"
+EXIT_METHOD_ENV = "SGLANG_HSD_EXIT_METHOD"
+PLAN_ENV = "SGLANG_HSD_PLAN"
+CHECK_SPLIT_ENV = "SGLANG_HSD_CHECK_SPLIT"
+
+
+class ExitLevelConfigError(ValueError):
+    """A bad exit-level option; the message names the flag (and its environment variable)."""
+
+
+@dataclass(frozen=True)
+class ExitLevelConfig:
+    """The intermediate early-exit verifier level (``--hsd-exit-layer`` and friends).
+
+    Fields:
+        layer: exit layer L (the target's first L layers plus an exit head verify the drafts);
+            None = no exit level (two levels: EAGLE-3 drafts, full target).
+        heads_dir: folder of trained exit heads (``eagle_heads.exit_heads``) or None for the
+            logit lens (the target's final norm and LM head applied at layer L).
+        method: chain rule of the exit level ("hsd" or "tokenwise"); the target level uses
+            ``PluginConfig.verify_method``.
+        check_split: self-test: also run SGLang's full verify forward each round and log the
+            largest target-logit difference of the split forward (doubles the target's cost).
+    """
+
+    layer: int | None = None
+    heads_dir: str | None = None
+    method: str = "hsd"
+    check_split: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.layer is not None
+
+    @classmethod
+    def from_env(cls, default_method: str = "hsd") -> "ExitLevelConfig":
+        layer_text = os.environ.get(EXIT_LAYER_ENV, "").strip()
+        plan = os.environ.get(PLAN_ENV, "").strip()
+        if plan:
+            if layer_text:
+                raise ExitLevelConfigError(
+                    f"give either --hsd-plan ({PLAN_ENV}) or --hsd-exit-layer ({EXIT_LAYER_ENV}), "
+                    "not both")
+            layer_text = str(exit_layer_from_plan(plan) or "")
+        layer = None
+        if layer_text:
+            try:
+                layer = int(layer_text)
+            except ValueError:
+                raise ExitLevelConfigError(
+                    f"--hsd-exit-layer ({EXIT_LAYER_ENV}) must be an integer, got {layer_text!r}"
+                ) from None
+            if layer < 1:
+                raise ExitLevelConfigError(f"--hsd-exit-layer must be >= 1, got {layer}")
+        heads = os.environ.get(EXIT_HEADS_ENV, "none").strip()
+        heads_dir = None if heads.lower() in ("", "none") else heads
+        if heads_dir is not None and layer is None:
+            raise ExitLevelConfigError(
+                f"--hsd-exit-heads ({EXIT_HEADS_ENV}) needs --hsd-exit-layer (or --hsd-plan)")
+        if heads_dir is not None and not os.path.isdir(heads_dir):
+            raise ExitLevelConfigError(f"--hsd-exit-heads {heads_dir}: not a directory")
+        method = os.environ.get(EXIT_METHOD_ENV, default_method).strip().lower()
+        if method not in SERVER_VERIFY_METHODS:
+            raise ExitLevelConfigError(
+                f"--hsd-exit-method ({EXIT_METHOD_ENV}) {method!r} is not a lossless chain "
+                f"verifier; use one of {SERVER_VERIFY_METHODS}")
+        return cls(layer, heads_dir, method, os.environ.get(CHECK_SPLIT_ENV, "0") == "1")
+
+    def check_depth(self, num_layers: int) -> None:
+        """Raise unless the exit layer lies strictly inside a target of ``num_layers`` layers."""
+        if self.layer is not None and not 1 <= self.layer < num_layers:
+            raise ExitLevelConfigError(
+                f"--hsd-exit-layer {self.layer}: the target has {num_layers} layers, so the exit "
+                f"layer must be in [1, {num_layers - 1}]")
+
+
+def exit_layer_from_plan(path: str) -> int | None:
+    """The intermediate exit layer of a ``sglang-hsd plan`` JSON (None: the plan has none).
+
+    The plan's cheapest level is the drafter; in the server the EAGLE-3 head drafts instead, so
+    only the levels between drafter and target matter. The server runs one intermediate level
+    and verifies its chain every round (its buffer N_i is not used).
+    """
+    from sglang_hsd.hierarchy.cli import load_plan
+
+    if not os.path.isfile(path):
+        raise ExitLevelConfigError(f"--hsd-plan {path}: no such file")
+    levels, _ = load_plan(path)
+    names = [name.strip() for name in levels.split(",") if name.strip()]
+    middle = names[1:-1]
+    if not middle:
+        return None
+    if len(middle) > 1 or not middle[0].startswith("exit:"):
+        raise ExitLevelConfigError(
+            f"--hsd-plan {path}: levels {levels!r} have intermediate levels {middle}; the server "
+            "supports one intermediate exit level (exit:L between the drafter and the target)")
+    return int(middle[0].split(":", 1)[1])

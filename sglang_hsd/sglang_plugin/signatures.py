@@ -45,6 +45,29 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self)",
     "sglang.srt.speculative.spec_utils.row_argmax": "(x)",
     "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",
+    "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+    "._add_speculative": "(self, state)",
+    "sglang.srt.speculative.eagle_worker_common.run_eagle_verify":
+        "(batch, *, target_worker, req_to_token_pool, token_to_kv_pool_allocator, plan_stream, "
+        "plan_stream_ctx, topk, num_draft_tokens, device, metadata_ready_pre_pad, "
+        "finalize_tree_path, pp_proxy_tensors=None, grammar_barrier=None, "
+        "uno_target_max_top_k=None)",
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify":
+        "(self, batch, pp_proxy_tensors=None, grammar_barrier=None)",
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation":
+        "(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False, "
+        "skip_attn_backend_init=None, *, capture_hidden_mode=None, return_kv_loc_plan=False)",
+    "sglang.srt.layers.layer_boundary.residual.batch.export_replay_handoff":
+        "(hidden_states, forward_batch)",
+    "sglang.srt.layers.layer_boundary.residual.batch.import_replay_handoff":
+        "(handoff, forward_batch, *, update_context=None)",
+    "sglang.srt.layers.layer_boundary.residual.batch.final_norm":
+        "(hidden_states, forward_batch, layernorm, capture=None, *, finalize_norm=None, "
+        "skip_empty=False, **read_kwargs)",
+    "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head":
+        "(self, hidden_states, lm_head, embedding_bias=None, *, out=None)",
+    "sglang.srt.speculative.eagle_utils._seeded_verify_coins":
+        "(*, sampling_seed, seq_lens, draft_token_num, device)",
 }
 
 

@@ -8,6 +8,10 @@ We replace that name with ``hsd_chain_sampling`` (same signature, same in-place 
 calls ``sglang_hsd.verify.verify_chain`` when the running algorithm is HSD and SGLang's kernel
 otherwise, so a server started with ``--speculative-algorithm EAGLE3`` is untouched.
 
+With an exit level (``exit_level.py``) the round's forward leaves a pending ``ExitRound``; the
+replacement then verifies the exit's chain against the target (``exit_verify.target_round``), for
+greedy batches too (one-hot rows, method ``greedy``).
+
 All-greedy batches keep SGLang's argmax path (``verify_tree_greedy_func``). On CPU SGLang forces
 that argmax path for every batch (``_verify_uses_greedy`` returns True for ``is_cpu``), which would
 silently ignore temperature; for HSD we let sampled batches through.
@@ -27,7 +31,9 @@ import logging
 
 import torch
 
+from sglang_hsd.sglang_plugin import exit_level
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
+from sglang_hsd.sglang_plugin.exit_verify import target_round
 from sglang_hsd.verify.chain import verify_chain
 from sglang_hsd.verify.common import ChainUniforms
 
@@ -90,6 +96,18 @@ def make_hsd_chain_sampling(original, config_provider=PluginConfig.from_env):
             )
         STATS["hsd_calls"] += 1
         config = config_provider()
+        exit_pending = exit_level.pending_round()
+        if exit_pending is not None:  # the exit level ran in this round: verify its chain
+            exit_level.clear_pending()
+            result, target_accepted = target_round(
+                exit_pending.proposal, target_probs, exit_pending.method,
+                ChainUniforms(accept=uniform_samples.float(),
+                              sample=uniform_samples_for_final_sampling.float()),
+                validate=config.validate,
+            )
+            write_chain_result(predicts, accept_index, accept_token_num, retrive_index, result)
+            exit_pending.verifier.record(exit_pending, result, target_accepted)
+            return
         if STATS["hsd_calls"] == 1:
             logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",
                         config.verify_method)
@@ -117,6 +135,8 @@ def make_verify_uses_greedy(original):
 
     @functools.wraps(original)
     def verify_uses_greedy(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling):
+        if exit_level.pending_round() is not None:
+            return False  # the exit round's chain is verified by hsd_chain_sampling, greedy or not
         if use_rejection_sampling and hsd_is_active():
             return bool(is_all_greedy)
         return original(is_all_greedy=is_all_greedy, is_cpu=is_cpu, is_hip=is_hip,

@@ -11,7 +11,12 @@ get q = 0, which is exactly the distribution the mapped draft token was drawn fr
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def scatter_draft_probs(draft_probs: torch.Tensor, hot_token_id: torch.Tensor,
@@ -90,10 +95,12 @@ def build_worker_classes():
                 runner.execute = execute_full_vocab
 
     class HSDWorker(EAGLEWorkerV2):
-        """EAGLE-3 V2 worker for ``--speculative-algorithm HSD`` (verification: verify_hook)."""
+        """EAGLE-3 V2 worker for ``--speculative-algorithm HSD`` (verification: verify_hook;
+        with ``--hsd-exit-layer``, an early-exit level in every verify round: exit_level)."""
 
         def __init__(self, server_args, gpu_id, nccl_port, target_worker):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
+            self.hsd_exit = build_exit_verifier(target_worker)
             draft = getattr(self, "_draft_worker", "missing")
             if draft == "missing":
                 raise RuntimeError(
@@ -107,4 +114,75 @@ def build_worker_classes():
                     )
                 draft.__class__ = HSDDraftWorker
 
+        def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+            if (self.hsd_exit is None or batch.forward_mode.is_idle() or batch.has_grammar
+                    or pp_proxy_tensors is not None):
+                # Grammar-constrained batches keep the two-level round: SGLang builds their
+                # grammar tree from the drafts before the target forward.
+                return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors,
+                                      grammar_barrier=grammar_barrier)
+            from sglang.srt.speculative import eagle_worker_common
+
+            from sglang_hsd.sglang_plugin.exit_level import ExitLevelTarget, clear_pending
+
+            target = ExitLevelTarget(self.target_worker, self.hsd_exit, batch.spec_info,
+                                     batch.sampling_info)
+            started = time.perf_counter()
+            try:  # the same call as EAGLEWorkerV2.verify, with the exit level as the target
+                return eagle_worker_common.run_eagle_verify(
+                    batch, pp_proxy_tensors=None, target_worker=target,
+                    req_to_token_pool=self.req_to_token_pool,
+                    token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+                    plan_stream=self.plan_stream, plan_stream_ctx=self.plan_stream_ctx,
+                    topk=self.topk, num_draft_tokens=self.speculative_num_draft_tokens,
+                    device=self.device, metadata_ready_pre_pad=False, finalize_tree_path=True,
+                    grammar_barrier=grammar_barrier,
+                )
+            finally:
+                clear_pending()
+                seconds = self.hsd_exit.stats.seconds
+                seconds["verify_total"] = seconds.get("verify_total", 0.0) + (
+                    time.perf_counter() - started)
+
     return HSDWorker, HSDDraftWorker
+
+
+def build_exit_verifier(target_worker):
+    """The ``ExitLevelVerifier`` for the configured exit layer, or None without one.
+
+    Raises ``ExitLevelConfigError`` (naming the flag) for an exit layer outside the model, a heads
+    folder without that layer, or an unsupported setting (tensor parallelism, CUDA graphs).
+    """
+    from sglang_hsd.sglang_plugin.config import ExitLevelConfig, ExitLevelConfigError, PluginConfig
+    from sglang_hsd.sglang_plugin.exit_head import ExitHead, load_exit_map
+    from sglang_hsd.sglang_plugin.exit_level import ExitLevelVerifier
+    from sglang_hsd.sglang_plugin.layer_range import check_layer_range_model
+
+    plugin = PluginConfig.from_env()
+    config = ExitLevelConfig.from_env(plugin.verify_method)
+    if not config.enabled:
+        return None
+    runner = target_worker.model_runner
+    config.check_depth(check_layer_range_model(runner.model))
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    if parallel.tp_size > 1 or parallel.dp_size > 1:
+        raise ExitLevelConfigError("--hsd-exit-layer: tensor / data parallelism (--tp-size, "
+                                   "--dp-size > 1) is not supported by the exit level yet (its "
+                                   "exit logits are not gathered across ranks); remove one of them")
+    if getattr(runner, "decode_cuda_graph_runner", None) is not None:
+        raise ExitLevelConfigError("--hsd-exit-layer: the exit level runs its forwards eagerly; "
+                                   "add --disable-cuda-graph")
+    vocab = runner.model_config.vocab_size
+    hidden = runner.model_config.hidden_size
+    A = b = None
+    if config.heads_dir is not None:
+        A, b = load_exit_map(config.heads_dir, config.layer, hidden)
+    head = ExitHead(runner.model, vocab, A, b)
+    logger.info("sglang-hsd: exit level at layer %d of %d (%s), methods exit=%s target=%s",
+                config.layer, len(runner.model.model.layers),
+                config.heads_dir or "logit lens", config.method, plugin.verify_method)
+    return ExitLevelVerifier(target_worker, config.layer, head, config.method,
+                             plugin.verify_method, check_split=config.check_split,
+                             validate=plugin.validate)

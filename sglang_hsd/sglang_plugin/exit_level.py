@@ -1,0 +1,310 @@
+"""The early-exit verifier level inside SGLang's EAGLE-3 V2 verify step.
+
+``HSDWorker.verify`` hands SGLang's own ``run_eagle_verify`` an ``ExitLevelTarget`` instead of
+the target worker. Its ``forward_batch_generation`` (the target-verify forward) runs the round of
+``exit_verify.py``:
+
+1. layers [0, L) over the verify batch (root + K drafts per request; SGLang's TARGET_VERIFY
+   ``ForwardBatch``, attention backend and KV slots) -> exit logits -> ``exit_round``;
+2. layers [L, N) over positions s..s+a only, as an EXTEND ``ForwardBatch`` built from the verify
+   batch (same KV slots, prefix = committed tokens), resuming from the stored stream rows;
+3. it rewrites the verify input in place to the exit's chain (``draft_token``, ``draft_probs`` =
+   the exit's rows) and leaves a pending ``ExitRound``; SGLang's ``eagle_sample`` then computes the
+   target probabilities from the returned logits exactly as for a stock round and calls the chain
+   sampler, where ``verify_hook`` finds the round and runs ``target_round``.
+
+KV: the verify batch's slots are SGLang's (allocated before verify, one per verify position);
+layers [0, L) write all of them, layers [L, N) the first a + 1 per request. Only the accepted
+prefix's slots are kept by SGLang's bookkeeping (``new_seq_lens``); the rest are reused next round
+or freed with the request, exactly as in a stock round, so no slot is allocated or freed here.
+
+Logits rows the target did not compute (positions past s + a) are filled with the exit's logits:
+they are valid distributions for SGLang's probability transform and are never emitted.
+EAGLE-3 aux hidden states (the draft head's input) are assembled from both ranges; rows past
+s + a are zero and are not read for accepted positions.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sglang_hsd.sglang_plugin.exit_verify import (
+    ExitLevelStats,
+    ExitProposal,
+    exit_round,
+    target_round,
+)
+from sglang_hsd.sglang_plugin.layer_range import (
+    StreamState,
+    finish_stack,
+    lm_head_logits,
+    override_forward,
+    run_layer_range,
+)
+from sglang_hsd.verify.common import ChainUniforms
+
+logger = logging.getLogger(__name__)
+# Domain tag for the exit level's seeded coins (the target level uses SGLang's own stream).
+EXIT_COIN_SEED_TAG = 0x5EED_E417
+
+
+@dataclass
+class ExitRound:
+    """A verify round whose exit level has run and whose target level is pending.
+
+    Fields:
+        proposal: the exit's chain (``ExitProposal``).
+        method: the target level's chain rule.
+        greedy: the whole batch is greedy (verify by argmax at both levels).
+        verifier: the ``ExitLevelVerifier`` that ran the exit level (records the statistics).
+        output: the round's ``LogitsProcessorOutput``; its ``customized_info`` carries the
+            per-request level statistics into each request's ``meta_info``.
+    """
+
+    proposal: ExitProposal
+    method: str
+    greedy: bool
+    verifier: "ExitLevelVerifier"
+    output: object = None
+
+
+_PENDING: list[ExitRound] = []
+
+
+def pending_round() -> ExitRound | None:
+    return _PENDING[-1] if _PENDING else None
+
+
+def clear_pending() -> None:
+    _PENDING.clear()
+
+
+def probs_like_sglang_verify(logits: torch.Tensor, sampling_info, width: int) -> torch.Tensor:
+    """float [B * width, V] -> [B, width, V] with the transforms ``eagle_sample`` applies to the
+    target (temperature softmax, then top-k and top-p renormalisation)."""
+    from sglang.kernels.ops.sampling import softmax as sampling_softmax
+    from sglang.srt.speculative import eagle_utils  # its renorm names (CPU: cpu_sampling's)
+
+    probs = sampling_softmax(
+        logits, temperatures=torch.repeat_interleave(sampling_info.temperatures, width, dim=0))
+    if sampling_info.need_top_k_sampling:
+        probs = eagle_utils.top_k_renorm_prob(
+            probs, torch.repeat_interleave(sampling_info.top_ks, width, dim=0))
+    if sampling_info.need_top_p_sampling:
+        probs = eagle_utils.top_p_renorm_prob(
+            probs, torch.repeat_interleave(sampling_info.top_ps, width, dim=0))
+    return probs.reshape(-1, width, probs.shape[-1])
+
+
+def exit_uniforms(sampling_info, seq_lens: torch.Tensor, num_draft: int) -> ChainUniforms:
+    """Coins of the exit level, independent of the target level's (SGLang's ``_verify_coins``).
+
+    Seeded requests hash a domain-separated seed the way SGLang's verify does, so a seeded
+    request is reproducible; unseeded ones draw from torch's generator.
+    """
+    batch = seq_lens.shape[0]
+    if sampling_info.sampling_seed is None:
+        return ChainUniforms(torch.rand(batch, num_draft, device=seq_lens.device),
+                             torch.rand(batch, device=seq_lens.device))
+    from sglang.srt.speculative.eagle_utils import _seeded_verify_coins
+
+    coins, final = _seeded_verify_coins(
+        sampling_seed=sampling_info.sampling_seed.to(torch.int64) ^ EXIT_COIN_SEED_TAG,
+        seq_lens=seq_lens, draft_token_num=num_draft, device=seq_lens.device)
+    return ChainUniforms(coins, final)
+
+
+def chain_forward_batch(verify_batch, keep: torch.Tensor):
+    """An EXTEND ``ForwardBatch`` for the kept verify positions of each request.
+
+    Args:
+        verify_batch: SGLang's TARGET_VERIFY ``ForwardBatch`` (W tokens per request, seq_lens =
+            committed lengths).
+        keep: bool [B, W], a prefix of each row (at least one token).
+    Returns:
+        (forward batch over sum(keep) tokens, int64 row index [sum(keep)] into the verify rows).
+    """
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    rows = keep.flatten().nonzero().squeeze(-1)
+    lengths = keep.sum(-1).to(verify_batch.seq_lens.dtype)
+    fb = copy.copy(verify_batch)
+    fb.forward_mode = ForwardMode.EXTEND
+    fb.input_ids = verify_batch.input_ids[rows]
+    fb.positions = verify_batch.positions[rows]
+    fb.out_cache_loc = verify_batch.out_cache_loc[rows]
+    fb.seq_lens = verify_batch.seq_lens + lengths
+    fb.seq_lens_cpu = fb.seq_lens.cpu()
+    fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
+    fb.extend_seq_lens = lengths
+    fb.extend_prefix_lens = verify_batch.seq_lens.clone()
+    fb.extend_start_loc = torch.cumsum(lengths, 0) - lengths
+    fb.extend_seq_lens_cpu = lengths.tolist()
+    fb.extend_prefix_lens_cpu = verify_batch.seq_lens.tolist()
+    fb.extend_logprob_start_lens_cpu = lengths.tolist()
+    fb.extend_num_tokens = int(rows.numel())
+    fb.spec_info = None
+    fb.return_logprob = False
+    fb.capture_hidden_mode = CaptureHiddenMode.NULL
+    fb.residual_stream = None
+    fb.forward_metadata_ready = False
+    return fb, rows
+
+
+class ExitLevelVerifier:
+    """Runs the exit level of every verify round of one ``HSDWorker``.
+
+    Args:
+        target_worker: SGLang's target ``TpModelWorker``.
+        exit_layer: L, 1 <= L < N.
+        head: ``ExitHead`` at layer L.
+        exit_method / target_method: chain rules of the two levels ("hsd" or "tokenwise").
+        check_split: also run SGLang's own full verify forward each round and record the largest
+            difference of the target logits (a self-test; doubles the target cost).
+    """
+
+    def __init__(self, target_worker, exit_layer: int, head, exit_method: str,
+                 target_method: str, check_split: bool = False, validate: bool = False) -> None:
+        self.target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.model = self.model_runner.model
+        self.num_layers = len(self.model.model.layers)
+        self.exit_layer = exit_layer
+        self.head = head
+        self.exit_method = exit_method
+        self.target_method = target_method
+        self.check_split = check_split
+        self.validate = validate
+        self.vocab_size = self.model_runner.model_config.vocab_size
+        self.stats = ExitLevelStats()
+        self.max_split_logit_diff = 0.0
+
+    def _run(self, forward_batch, forward):
+        with override_forward(self.model, forward):
+            return self.model_runner.forward(forward_batch).logits_output
+
+    def forward_verify(self, verify_batch, verify_input, sampling_info):
+        """Both levels' forwards for one TARGET_VERIFY batch; returns a GenerationBatchResult."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        batch = verify_batch.batch_size
+        width = verify_input.draft_token_num  # K + 1
+        num_draft = width - 1
+        L, N = self.exit_layer, self.num_layers
+
+        def lower(input_ids, positions, fb, **_):
+            return run_layer_range(self.model, positions, fb, 0, L, input_ids=input_ids)
+
+        clock = time.perf_counter()
+        low: StreamState = self._run(verify_batch, lower)
+        exit_logits = self.head(low.hidden())  # [B * W, V]
+        clock = self._lap("lower_forward", clock)
+        greedy = bool(sampling_info.is_all_greedy)
+        candidates = verify_input.draft_token.reshape(batch, width)
+        drafts = candidates[:, 1:].to(torch.int64)
+        if greedy:
+            exit_probs = exit_logits.reshape(batch, width, -1)
+            q, method = None, "greedy"
+        else:
+            exit_probs = probs_like_sglang_verify(exit_logits, sampling_info, width)
+            q, method = verify_input.draft_probs[:, :num_draft], self.exit_method
+        proposal = exit_round(drafts, q, exit_probs, method,
+                              exit_uniforms(sampling_info, verify_batch.seq_lens, num_draft),
+                              validate=self.validate)
+
+        clock = self._lap("exit_verify", clock)
+        keep = torch.arange(width, device=drafts.device).unsqueeze(0) < proposal.chain_len.unsqueeze(1)
+        upper_batch, rows = chain_forward_batch(verify_batch, keep)
+
+        def upper(input_ids, positions, fb, **_):
+            state = run_layer_range(self.model, positions, fb, L, N, state=low.select(rows))
+            return finish_stack(self.model, state, fb), state.aux
+
+        normed, upper_aux = self._run(upper_batch, upper)
+        logits = exit_logits.clone()
+        logits[rows] = lm_head_logits(self.model, normed, self.vocab_size)
+        self._lap("upper_forward", clock)
+        if self.check_split:
+            self._check_against_full_forward(verify_batch, logits, rows)
+
+        # The target now verifies the exit's chain: root, c_1..c_{a+1}, then padding.
+        chain = proposal.chain_tokens.clamp_min(0)  # padding past the chain: token 0, unread
+        candidates[:, 1:] = chain[:, :num_draft].to(candidates.dtype)
+        if greedy:  # SGLang's sampling path needs a q; the exit's rows are the target's q
+            proposal.chain_probs = probs_like_sglang_verify(exit_logits, sampling_info, width)
+        verify_input.draft_probs = proposal.chain_probs[:, :num_draft]
+        hidden = self._aux_hidden(low, upper_aux, rows, batch * width)
+        output = LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden)
+        _PENDING[:] = [ExitRound(proposal, "greedy" if greedy else self.target_method, greedy,
+                                 self, output)]
+        return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
+
+    def _lap(self, name: str, start: float) -> float:
+        now = time.perf_counter()
+        self.stats.seconds[name] = self.stats.seconds.get(name, 0.0) + now - start
+        return now
+
+    def _aux_hidden(self, low: StreamState, upper_aux: dict, rows, total: int):
+        """EAGLE-3 draft input [B * W, n_aux * D] (None without captures), in layer order."""
+        layers = sorted(set(low.aux) | set(upper_aux))
+        if not layers:
+            return None
+        parts = []
+        for layer in layers:
+            if layer in low.aux:
+                parts.append(low.aux[layer])
+            else:
+                full = upper_aux[layer].new_zeros(total, upper_aux[layer].shape[-1])
+                full[rows] = upper_aux[layer]
+                parts.append(full)
+        return torch.cat(parts, dim=-1)
+
+    def _check_against_full_forward(self, verify_batch, logits, rows) -> None:
+        out = self.model_runner.forward(verify_batch).logits_output
+        diff = float((out.next_token_logits[rows].float() - logits[rows]).abs().max())
+        self.max_split_logit_diff = max(self.max_split_logit_diff, diff)
+        logger.info("sglang-hsd: split forward check: max |logit diff| %.3g (worst so far %.3g)",
+                    diff, self.max_split_logit_diff)
+
+    def record(self, round_: ExitRound, result, target_accepted) -> None:
+        """Add a verified round to the statistics and to each request's ``meta_info``
+        (``hsd_exit_accepted``: drafts the exit accepted, ``hsd_target_accepted``: chain tokens
+        the target accepted; one entry per round)."""
+        proposal = round_.proposal
+        num_draft = proposal.chain_tokens.shape[1] - 1
+        self.stats.add_round(num_draft, self.exit_layer, self.num_layers, proposal, result,
+                             target_accepted)
+        if round_.output is not None:
+            round_.output.customized_info = {
+                "hsd_exit_accepted": proposal.exit_accepted.tolist(),
+                "hsd_target_accepted": target_accepted.tolist(),
+            }
+
+
+class ExitLevelTarget:
+    """Stands in for the target worker inside ``run_eagle_verify`` for one round: the verify
+    forward goes to ``ExitLevelVerifier``; everything else is the real worker's."""
+
+    def __init__(self, target_worker, verifier: ExitLevelVerifier, verify_input, sampling_info):
+        self._inner = target_worker
+        self._verifier = verifier
+        self._verify_input = verify_input
+        self._sampling_info = sampling_info
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def forward_batch_generation(self, batch=None, forward_batch=None, pp_proxy_tensors=None,
+                                 is_verify=False, **kwargs):
+        if (not is_verify or forward_batch is None or forward_batch.forward_mode.is_idle()
+                or pp_proxy_tensors is not None):
+            return self._inner.forward_batch_generation(
+                batch, forward_batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=is_verify,
+                **kwargs)
+        return self._verifier.forward_verify(forward_batch, self._verify_input, self._sampling_info)

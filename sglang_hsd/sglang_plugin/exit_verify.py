@@ -1,0 +1,162 @@
+"""Two chained verifications in one SGLang round: drafts -> early exit -> full target.
+
+One round for a request whose last emitted token r sits at position s (its KV not yet written):
+
+1. The EAGLE-3 head drafts d_1..d_K from q_1..q_K.
+2. Layers [0, L) run on r, d_1..d_K (positions s..s+K); the exit head gives m_1..m_{K+1}
+   (m_j: the exit's distribution of the token at position s + j).
+3. ``exit_round``: ``verify_chain(d, q, m)`` accepts a drafts and draws y (from m's residual, or
+   m's bonus row when a = K). The exit level proposes the chain c = (d_1..d_a, y), a + 1 tokens,
+   each with its m row as q.
+4. Layers [L, N) run only on positions s..s+a (tokens r, d_1..d_a: all have [0, L) state), giving
+   the target's p_1..p_{a+1}.
+5. ``target_round``: ``verify_chain(c, m, p)``; if it rejects at tau < a + 1 the request emits
+   c_1..c_tau and the target's resampled z; if it accepts all a + 1 tokens it emits c itself and
+   *no bonus token* (the bonus would need the target at position s + a + 1, i.e. y's own forward;
+   a bonus is a fresh draw from p given the accepted prefix, so leaving it to the next round does
+   not change the output law).
+
+Either way the emitted tokens are (accepted drafts, one last token), which is SGLang's round shape:
+the last token becomes the next round's root and every accepted draft has valid KV in all layers.
+
+Lossless: step 3 makes c follow the exit's own autoregressive law (a lossless chain rule), step 5
+verifies c against the target with a lossless chain rule. That the random chain length (which
+for ``hsd`` depends on drafts beyond c) and the dropped bonus keep the output law exact is checked
+by exact enumeration in ``tests/sglang_plugin/test_exit_verify.py`` (TV ~1e-16 on 2-4-token
+prefixes, both methods at both levels). Greedy (one-hot rows) is exact token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from sglang_hsd.verify.chain import ChainVerifyResult, verify_chain
+from sglang_hsd.verify.common import ChainUniforms
+
+
+@dataclass
+class ExitProposal:
+    """What the exit level hands to the target, per request (B requests, K drafts).
+
+    Fields:
+        exit_accepted: int64 [B], a: drafts the exit accepted.
+        chain_tokens: int64 [B, K + 1], c_1..c_{a+1} then -1 padding.
+        chain_len: int64 [B], a + 1.
+        chain_probs: float [B, K + 1, V], row j = the exit's distribution c_{j+1} was drawn from
+            (= m_{j+1}; rows beyond a are m rows too, unused).
+    """
+
+    exit_accepted: torch.Tensor
+    chain_tokens: torch.Tensor
+    chain_len: torch.Tensor
+    chain_probs: torch.Tensor
+
+
+def exit_round(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+               exit_probs: torch.Tensor, method: str, uniforms: ChainUniforms,
+               validate: bool = False) -> ExitProposal:
+    """The exit level verifies the EAGLE-3 drafts.
+
+    Args:
+        draft_tokens: int64 [B, K].
+        draft_probs: float [B, K, V], the q each draft was sampled from; None for greedy drafts
+            (then ``method`` must be "greedy").
+        exit_probs: float [B, K + 1, V], m_1..m_{K+1} (sampling transforms applied).
+        method: "hsd", "tokenwise" or "greedy".
+        uniforms: ``ChainUniforms`` (accept [B, K], sample [B]); independent of the target's.
+    """
+    result = verify_chain(draft_tokens, draft_probs, exit_probs, method=method,
+                          uniforms=uniforms, validate=validate)
+    accepted = result.num_accepted.to(torch.int64)
+    width = draft_tokens.shape[1] + 1
+    slot = torch.arange(width, device=draft_tokens.device).unsqueeze(0)
+    chain = torch.where(slot <= accepted.unsqueeze(1), result.tokens.to(torch.int64), -1)
+    return ExitProposal(accepted, chain, accepted + 1, exit_probs)
+
+
+def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str,
+                 uniforms: ChainUniforms, validate: bool = False
+                 ) -> tuple[ChainVerifyResult, torch.Tensor]:
+    """The target verifies the exit's chain; returns SGLang's round result.
+
+    Args:
+        proposal: from ``exit_round``.
+        target_probs: float [B, K + 1, V]; rows 0..a are p_1..p_{a+1} (row j: the target's
+            distribution of c_{j+1}); later rows must be valid distributions but are not used.
+        uniforms: accept [B, K + 1], sample [B].
+    Returns:
+        (``ChainVerifyResult`` with num_accepted [B] = accepted *drafts* (<= a) and tokens
+        [B, K + 1] = the accepted drafts followed by the round's last token, then -1;
+        int64 [B] chain tokens the target accepted, in [0, a + 1]).
+    """
+    chain_tokens = proposal.chain_tokens.clamp_min(0)
+    # verify_chain wants a bonus row after the longest chain; it is drawn and then discarded.
+    bonus_pad = target_probs[:, -1:]
+    result = verify_chain(
+        chain_tokens, proposal.chain_probs, torch.cat([target_probs, bonus_pad], dim=1),
+        method=method, uniforms=uniforms, draft_lengths=proposal.chain_len, validate=validate,
+    )
+    tau = result.num_accepted.to(torch.int64)
+    took_all = tau >= proposal.chain_len
+    num_accepted = torch.where(took_all, proposal.chain_len - 1, tau)
+    tokens = torch.where(took_all.unsqueeze(1), proposal.chain_tokens,
+                         result.tokens[:, : chain_tokens.shape[1]].to(torch.int64))
+    slot = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+    tokens = torch.where(slot <= num_accepted.unsqueeze(1), tokens, -1)
+    target_accepted = torch.where(took_all, proposal.chain_len, tau)
+    return ChainVerifyResult(num_accepted=num_accepted, tokens=tokens), target_accepted
+
+
+@dataclass
+class ExitLevelStats:
+    """Counters of one scheduler process (sums over requests and rounds).
+
+    Fields:
+        rounds: request-rounds verified.
+        exit_proposed / exit_accepted: drafts shown to / accepted by the exit level.
+        target_proposed / target_accepted: chain tokens shown to / accepted by the target.
+        emitted: tokens emitted (accepted drafts + the last token of each round).
+        layer_forwards / layer_forwards_stock: target layer-token forwards run, and what the
+            stock single-level verify would have run (every verify position through all layers).
+        seconds: wall time by phase ("lower_forward": layers [0, L) + exit head,
+            "exit_verify", "upper_forward": layers [L, N) + LM head).
+    """
+
+    rounds: int = 0
+    exit_proposed: int = 0
+    exit_accepted: int = 0
+    target_proposed: int = 0
+    target_accepted: int = 0
+    emitted: int = 0
+    layer_forwards: int = 0
+    layer_forwards_stock: int = 0
+    seconds: dict = field(default_factory=dict)
+
+    def add_round(self, num_draft: int, exit_layer: int, num_layers: int,
+                  proposal: ExitProposal, result: ChainVerifyResult,
+                  target_accepted: torch.Tensor) -> None:
+        batch = int(proposal.chain_len.shape[0])
+        chain = int(proposal.chain_len.sum())
+        self.rounds += batch
+        self.exit_proposed += batch * num_draft
+        self.exit_accepted += int(proposal.exit_accepted.sum())
+        self.target_proposed += chain
+        self.target_accepted += int(target_accepted.sum())
+        self.emitted += int(result.num_accepted.sum()) + batch
+        self.layer_forwards += batch * (num_draft + 1) * exit_layer + chain * (num_layers - exit_layer)
+        self.layer_forwards_stock += batch * (num_draft + 1) * num_layers
+
+    def as_dict(self) -> dict:
+        """The raw counters plus rates (accept rates, accept length at the exit, tokens per
+        round, fraction of the stock verify's target layer-forwards saved)."""
+        rounds = max(self.rounds, 1)
+        return {
+            **asdict(self),
+            "exit_accept_rate": self.exit_accepted / max(self.exit_proposed, 1),
+            "exit_accept_length": (self.exit_accepted + self.rounds) / rounds,
+            "target_accept_rate": self.target_accepted / max(self.target_proposed, 1),
+            "tokens_per_round": self.emitted / rounds,
+            "layer_forwards_saved": 1.0 - self.layer_forwards / max(self.layer_forwards_stock, 1),
+        }

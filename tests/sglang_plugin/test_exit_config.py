@@ -1,0 +1,129 @@
+"""Exit-level options (flags, environment, plan files, depth checks, exit-head folders) and the
+CPU top-k / top-p renormalisation SGLang lacks on CPU. Fast: no server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from sglang_hsd.sglang_plugin import cpu_sampling
+from sglang_hsd.sglang_plugin.config import (
+    EXIT_HEADS_ENV,
+    EXIT_LAYER_ENV,
+    EXIT_METHOD_ENV,
+    PLAN_ENV,
+    ExitLevelConfig,
+    ExitLevelConfigError,
+)
+from sglang_hsd.sampling import BatchSamplingParams, logits_to_probs
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in (EXIT_LAYER_ENV, EXIT_HEADS_ENV, EXIT_METHOD_ENV, PLAN_ENV):
+        # setenv first so that monkeypatch restores the variable (or its absence) afterwards,
+        # also when a flag's action wrote it straight into os.environ.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def _plan(tmp_path, levels):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"levels": levels, "buffers": "2,4"}))
+    return str(path)
+
+
+def test_no_exit_layer_means_two_levels():
+    assert not ExitLevelConfig.from_env().enabled
+
+
+def test_exit_layer_and_method_from_env(clean_env):
+    clean_env.setenv(EXIT_LAYER_ENV, "8")
+    clean_env.setenv(EXIT_METHOD_ENV, "tokenwise")
+    config = ExitLevelConfig.from_env()
+    assert (config.layer, config.method, config.heads_dir) == (8, "tokenwise", None)
+    config.check_depth(30)
+    with pytest.raises(ExitLevelConfigError, match=r"--hsd-exit-layer 8.*\[1, 7\]"):
+        config.check_depth(8)
+
+
+@pytest.mark.parametrize("env,says", [
+    ({EXIT_LAYER_ENV: "x"}, "must be an integer"),
+    ({EXIT_LAYER_ENV: "0"}, ">= 1"),
+    ({EXIT_HEADS_ENV: "/tmp"}, "needs --hsd-exit-layer"),
+    ({EXIT_LAYER_ENV: "2", EXIT_HEADS_ENV: "/no/such/dir"}, "not a directory"),
+    ({EXIT_LAYER_ENV: "2", EXIT_METHOD_ENV: "hsd-paper"}, "not a lossless"),
+])
+def test_bad_exit_options_name_the_flag(clean_env, env, says):
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ExitLevelConfigError, match=says):
+        ExitLevelConfig.from_env()
+
+
+def test_plan_gives_its_intermediate_exit(clean_env, tmp_path):
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,exit:12,target"))
+    assert ExitLevelConfig.from_env().layer == 12
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,target"))
+    assert not ExitLevelConfig.from_env().enabled
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,exit:8,exit:12,target"))
+    with pytest.raises(ExitLevelConfigError, match="one intermediate exit level"):
+        ExitLevelConfig.from_env()
+    clean_env.setenv(EXIT_LAYER_ENV, "3")
+    with pytest.raises(ExitLevelConfigError, match="not both"):
+        ExitLevelConfig.from_env()
+
+
+def test_exit_map_loading_names_missing_layers(tmp_path):
+    from safetensors.torch import save_file
+
+    from sglang_hsd.sglang_plugin.exit_head import load_exit_map
+
+    save_file({"layer4.A": torch.zeros(8, 8), "layer4.b": torch.zeros(8)},
+              str(tmp_path / "exit_heads.safetensors"))
+    (tmp_path / "manifest.json").write_text(json.dumps({"layers": [4]}))
+    A, b = load_exit_map(str(tmp_path), 4, 8)
+    assert A.shape == (8, 8) and b.shape == (8,)
+    with pytest.raises(KeyError, match="no head for exit layer 5.*layers \\[4\\]"):
+        load_exit_map(str(tmp_path), 5, 8)
+    with pytest.raises(ValueError, match="hidden size is 16"):
+        load_exit_map(str(tmp_path), 4, 16)
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        load_exit_map(str(tmp_path / "missing"), 4, 8)
+
+
+@pytest.mark.sglang
+def test_cli_flags_reach_the_environment(clean_env):
+    pytest.importorskip("sglang")
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "x", "--hsd-exit-layer", "8", "--hsd-exit-heads",
+                            "none", "--hsd-exit-method", "tokenwise"])
+    assert not any(name.startswith("hsd") for name in vars(ns))
+    import os
+
+    assert (os.environ[EXIT_LAYER_ENV], os.environ[EXIT_HEADS_ENV],
+            os.environ[EXIT_METHOD_ENV]) == ("8", "none", "tokenwise")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-path", "x", "--hsd-exit-layer", "eight"])
+
+
+def test_cpu_renorm_matches_the_runtime_sampling_transform():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50, dtype=torch.float64)
+    top_k = torch.tensor([1, 5, 50, 0, 7, 3])
+    top_p = torch.tensor([1.0, 0.9, 0.5, 0.3, 1.0, 0.99], dtype=torch.float64)
+    probs = torch.softmax(logits, -1)
+    ours = cpu_sampling.top_p_renorm_prob(cpu_sampling.top_k_renorm_prob(probs, top_k), top_p)
+    params = BatchSamplingParams(torch.ones(6), top_k, top_p)
+    expected = logits_to_probs(logits, params).double()
+    torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-9)
+    assert torch.equal((ours[0] > 0).nonzero(), logits[0].argmax().view(1, 1))

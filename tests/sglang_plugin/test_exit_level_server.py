@@ -1,0 +1,114 @@
+"""End to end on CPU: ``--speculative-algorithm HSD --hsd-exit-layer 2`` (EAGLE-3 drafts -> the
+target's first 2 of 4 layers + logit lens -> full target) on a tiny random Llama.
+
+One server (float32, radix cache off, split self-check on) checks:
+* greedy output equals plain greedy decoding of the same weights (transformers) token for token,
+  alone and inside a batch that mixes greedy, T=1, top-k and top-p requests;
+* every request of the mixed batch completes with its length;
+* per-request ``meta_info`` carries each round's exit / target acceptance;
+* ``/server_info``: the exit level ran, saved target layer-forwards, its split forward (layers
+  [0, 2) then [2, 4) over the surviving positions) matched SGLang's full verify forward, and the
+  KV pool's free slots returned to their starting count after all requests.
+~2 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("sglang")
+pytestmark = [pytest.mark.sglang]
+
+PROMPTS = [[1, 40, 41, 42], [1, 77, 300, 12, 9], [1, 5], [1, 200, 201, 202, 203, 204]]
+MAX_NEW_TOKENS = 20
+# Split vs full verify forward (float32; different attention kernels for the two passes).
+SPLIT_LOGIT_TOLERANCE = 1e-3
+
+
+def _post(url, path, payload, timeout=180):
+    req = urllib.request.Request(url + path, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _get(url, path):
+    with urllib.request.urlopen(url + path, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _generate(url, ids, **sampling):
+    params = {"max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True, "temperature": 0.0}
+    params.update(sampling)
+    return _post(url, "/generate", {"input_ids": ids, "sampling_params": params})
+
+
+def _hsd_state(url):
+    return _get(url, "/server_info")["internal_states"][0]["hsd"]
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    from eagle_heads.eagle3 import build_random_eagle3_head
+    from sglang_hsd.sglang_plugin.tiny_models import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("hsd_exit")
+    config = build_tiny_llama(str(root / "target"), init_std=0.1)
+    build_random_eagle3_head(str(root / "eagle3"), config, draft_vocab_size=config.vocab_size // 2)
+    return root
+
+
+def _reference(target_dir):
+    from sglang_hsd.runtime.model import CausalLM
+    from sglang_hsd.runtime.testing import greedy_reference
+
+    model = CausalLM.from_pretrained(target_dir)
+    return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
+
+
+def test_exit_level_server_end_to_end(tiny_models):
+    from sglang_hsd.sglang_plugin.cpu_server import (
+        cpu_server_command, free_port, running_server, server_env)
+
+    target, head = str(tiny_models / "target"), str(tiny_models / "eagle3")
+    expected = _reference(target)
+    cmd = cpu_server_command(target, free_port(), "HSD", head, num_steps=3, extra=[
+        "--hsd-exit-layer", "2", "--hsd-exit-heads", "none", "--dtype", "float32",
+        "--disable-radix-cache"])
+    env = server_env()
+    env["SGLANG_HSD_CHECK_SPLIT"] = "1"
+    log_path = str(tiny_models / "exit_server.log")
+    with running_server(cmd, env, log_path, timeout=600) as url:
+        free_at_start = _hsd_state(url)["kv_available_size"]
+        for ids, reference in zip(PROMPTS, expected):
+            out = _generate(url, ids)
+            assert out["output_ids"] == reference, ids
+            meta = out["meta_info"]  # one entry per verify round and level
+            assert len(meta["hsd_exit_accepted"]) == meta["spec_verify_ct"]
+            assert all(0 <= t <= e + 1 for e, t in zip(meta["hsd_exit_accepted"],
+                                                        meta["hsd_target_accepted"]))
+
+        requests = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_k=20),
+                    dict(temperature=1.0, top_p=0.9)]
+        jobs = [(ids, sampling) for ids in PROMPTS for sampling in requests]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outputs = list(pool.map(lambda job: _generate(url, job[0], **job[1]), jobs))
+        for (ids, sampling), out in zip(jobs, outputs):
+            assert len(out["output_ids"]) == MAX_NEW_TOKENS
+            if sampling["temperature"] == 0.0:  # greedy rows inside a mixed batch
+                assert out["output_ids"] == expected[PROMPTS.index(ids)], ids
+        state = _hsd_state(url)
+    with open(log_path) as f:
+        log = f.read()
+    assert "Traceback" not in log
+    assert "exit level at layer 2 of 4 (logit lens)" in log
+    levels = state["levels"]
+    assert levels["rounds"] > 0 and levels["layer_forwards"] < levels["layer_forwards_stock"]
+    assert 0.0 < levels["layer_forwards_saved"] < 0.5
+    assert state["max_split_logit_diff"] < SPLIT_LOGIT_TOLERANCE, state
+    assert state["kv_available_size"] == free_at_start, state
+    print(f"\nexit level: {levels}")
