@@ -14,11 +14,11 @@ One server (float32, radix cache off, split self-check on) checks:
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.sglang_plugin.http_client import get_json, post_json
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang]
@@ -29,26 +29,14 @@ MAX_NEW_TOKENS = 20
 SPLIT_LOGIT_TOLERANCE = 1e-3
 
 
-def _post(url, path, payload, timeout=180):
-    req = urllib.request.Request(url + path, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def _get(url, path):
-    with urllib.request.urlopen(url + path, timeout=30) as resp:
-        return json.loads(resp.read())
-
-
 def _generate(url, ids, **sampling):
     params = {"max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True, "temperature": 0.0}
     params.update(sampling)
-    return _post(url, "/generate", {"input_ids": ids, "sampling_params": params})
+    return post_json(url, "/generate", {"input_ids": ids, "sampling_params": params})
 
 
 def _hsd_state(url):
-    return _get(url, "/server_info")["internal_states"][0]["hsd"]
+    return get_json(url, "/server_info")["internal_states"][0]["hsd"]
 
 
 @pytest.fixture(scope="module")

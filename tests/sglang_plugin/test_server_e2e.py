@@ -7,12 +7,12 @@ line) and the accept length read from /server_info is above 1. ~2 minutes on 2 c
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.sglang_plugin.http_client import get_json, post_json
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -21,20 +21,8 @@ PROMPTS = ["Hello world", "The quick brown fox", "def add(a, b):", "Once upon a 
 MAX_NEW_TOKENS = 24
 
 
-def _post(url, path, payload, timeout=120):
-    req = urllib.request.Request(url + path, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def _get(url, path):
-    with urllib.request.urlopen(url + path, timeout=30) as resp:
-        return json.loads(resp.read())
-
-
 def _generate(url, prompt, temperature, max_new_tokens=MAX_NEW_TOKENS):
-    return _post(url, "/generate", {"text": prompt, "sampling_params": {
+    return post_json(url, "/generate", {"text": prompt, "sampling_params": {
         "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": True}})
 
 
@@ -71,13 +59,13 @@ def test_hsd_server_end_to_end(tiny_models):
         assert all(len(s["output_ids"]) == MAX_NEW_TOKENS for s in sampled)
         accept = [s["meta_info"]["spec_accept_length"] for s in sampled]
 
-        chat = _post(url, "/v1/chat/completions", {
+        chat = post_json(url, "/v1/chat/completions", {
             "model": "tiny", "messages": [{"role": "user", "content": "Say hello"}],
             "max_tokens": 8, "temperature": 1.0})
         assert chat["choices"][0]["message"]["content"] is not None
         assert chat["usage"]["completion_tokens"] == 8
 
-        info = _get(url, "/server_info")
+        info = get_json(url, "/server_info")
         server_accept = info["internal_states"][0]["avg_spec_accept_length"]
     with open(hsd_log) as f:
         log = f.read()
