@@ -129,12 +129,18 @@ def smollm():
     return target, tok, heads_dir("smollm2-135m")
 
 
-@pytest.mark.slow
-def test_real_model_trained_exit_heads_beat_the_logit_lens(smollm):
-    target, tok, root = smollm
+@pytest.fixture(scope="module")
+def smollm_exit_heads(smollm):
+    target, _, root = smollm
     if not (root / "exit" / "manifest.json").exists():
         pytest.skip("no trained exit heads: run `sglang-hsd train-heads --model smollm2-135m`")
-    heads = load_exit_heads(str(root / "exit"), target)
+    return load_exit_heads(str(root / "exit"), target)
+
+
+@pytest.mark.slow
+def test_real_model_trained_exit_heads_beat_the_logit_lens(smollm, smollm_exit_heads):
+    target, tok, _ = smollm
+    heads = smollm_exit_heads
     features = collect_features(target, tok, ["mtbench"], 4, sorted(heads), max_new_tokens=16, progress=False)
     metrics = evaluate_exit_heads(target, features, heads)
     for name, row in metrics.items():
@@ -142,11 +148,9 @@ def test_real_model_trained_exit_heads_beat_the_logit_lens(smollm):
 
 
 @pytest.mark.slow
-def test_real_model_greedy_with_trained_exit_heads_equals_target(smollm):
-    target, tok, root = smollm
-    if not (root / "exit" / "manifest.json").exists():
-        pytest.skip("no trained exit heads: run `sglang-hsd train-heads --model smollm2-135m`")
-    heads = load_exit_heads(str(root / "exit"), target)
+def test_real_model_greedy_with_trained_exit_heads_equals_target(smollm, smollm_exit_heads):
+    target, tok, _ = smollm
+    heads = smollm_exit_heads
     prompt = tok("Name three colours.", add_special_tokens=False)["input_ids"]
     plain = SpeculativeGenerator(target, parse_levels("target")).generate([prompt], SamplingParams(temperature=0.0), 24)
     layers = sorted(heads)[:2]

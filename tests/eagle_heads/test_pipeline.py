@@ -13,19 +13,10 @@ from eagle_heads.pipeline import train_and_save_eagle3, train_and_save_exit_head
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
-from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
+from tests.eagle_heads.test_eagle3_head import target  # noqa: E402,F401  (shared tiny target fixture)
 
 LAYERS = [2, 3]  # exit layers; with 6 target layers the EAGLE-3 captures are [2, 3, 3]
-
-
-@pytest.fixture(scope="module")
-def target():
-    hf = tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(4.0)
-    return CausalLM.from_hf(hf).requires_grad_(False)
 
 
 def features(target, lengths, prompt_lens, seed=0) -> FeatureSet:
