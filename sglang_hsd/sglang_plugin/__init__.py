@@ -11,7 +11,8 @@ What it installs:
   scattered to the target vocabulary;
 * ``verify_hook.py``: our chain verifier behind SGLang's own verify entry point;
 * ``--hsd-verify-method {hsd,tokenwise}``, ``--hsd-exit-layer L``, ``--hsd-exit-heads DIR|none``,
-  ``--hsd-exit-method``, ``--hsd-plan plan.json`` on the launcher's parser (``config.py``);
+  ``--hsd-exit-method``, ``--hsd-exit-buffer N``, ``--hsd-plan plan.json`` on the launcher's
+  parser (``config.py``);
 * with an exit layer, an intermediate early-exit verifier level (``exit_level.py``).
 
 CPU-only machines also need ``cpu_shims`` installed before SGLang is imported; put
@@ -26,6 +27,7 @@ import os
 
 from sglang_hsd.sglang_plugin.config import (
     ALGORITHM_NAME,
+    EXIT_BUFFER_ENV,
     EXIT_HEADS_ENV,
     EXIT_LAYER_ENV,
     EXIT_METHOD_ENV,
@@ -138,8 +140,13 @@ HSD_FLAGS = (
      "(default none)"),
     ("--hsd-exit-method", EXIT_METHOD_ENV, {"choices": SERVER_VERIFY_METHODS},
      "chain verifier of the exit level (default: --hsd-verify-method)"),
+    ("--hsd-exit-buffer", EXIT_BUFFER_ENV, {"type": int},
+     "N_i: provisional tokens the exit level accumulates (exit sub-rounds inside one verify "
+     "window of --speculative-num-steps + 1 positions) before the full target verifies them "
+     "(default 1: one exit sub-round per round)"),
     ("--hsd-plan", PLAN_ENV, {},
-     "take the exit layer from a `sglang-hsd plan` JSON (its one intermediate exit level)"),
+     "take the exit layer and its buffer from a `sglang-hsd plan` JSON (its one intermediate "
+     "exit level)"),
 )
 
 

@@ -46,6 +46,7 @@ class PluginConfig:
 EXIT_LAYER_ENV = "SGLANG_HSD_EXIT_LAYER"
 EXIT_HEADS_ENV = "SGLANG_HSD_EXIT_HEADS"
 EXIT_METHOD_ENV = "SGLANG_HSD_EXIT_METHOD"
+EXIT_BUFFER_ENV = "SGLANG_HSD_EXIT_BUFFER"
 PLAN_ENV = "SGLANG_HSD_PLAN"
 CHECK_SPLIT_ENV = "SGLANG_HSD_CHECK_SPLIT"
 
@@ -65,6 +66,11 @@ class ExitLevelConfig:
             logit lens (the target's final norm and LM head applied at layer L).
         method: chain rule of the exit level ("hsd" or "tokenwise"); the target level uses
             ``PluginConfig.verify_method``.
+        buffer: N_i, provisional tokens the exit level accumulates before the target verifies
+            them: exit sub-rounds (draft, exit-verify) repeat inside one verify window while
+            fewer than N_i tokens are provisional and the window has room for another draft
+            (so N_i is capped by the window, --speculative-num-steps + 1). 1 = one exit
+            sub-round per round.
         check_split: self-test: also run SGLang's full verify forward each round and log the
             largest target-logit difference of the split forward (doubles the target's cost).
     """
@@ -73,6 +79,7 @@ class ExitLevelConfig:
     heads_dir: str | None = None
     method: str = "hsd"
     check_split: bool = False
+    buffer: int = 1
 
     @property
     def enabled(self) -> bool:
@@ -87,7 +94,8 @@ class ExitLevelConfig:
                 raise ExitLevelConfigError(
                     f"give either --hsd-plan ({PLAN_ENV}) or --hsd-exit-layer ({EXIT_LAYER_ENV}), "
                     "not both")
-            layer_text = str(exit_layer_from_plan(plan) or "")
+            plan_layer, plan_buffer = exit_level_from_plan(plan)
+            layer_text = str(plan_layer or "")
         layer = None
         if layer_text:
             try:
@@ -110,7 +118,8 @@ class ExitLevelConfig:
             raise ExitLevelConfigError(
                 f"--hsd-exit-method ({EXIT_METHOD_ENV}) {method!r} is not a lossless chain "
                 f"verifier; use one of {SERVER_VERIFY_METHODS}")
-        return cls(layer, heads_dir, method, os.environ.get(CHECK_SPLIT_ENV, "0") == "1")
+        buffer = _exit_buffer(plan_buffer if plan else None, layer)
+        return cls(layer, heads_dir, method, os.environ.get(CHECK_SPLIT_ENV, "0") == "1", buffer)
 
     def check_depth(self, num_layers: int) -> None:
         """Raise unless the exit layer lies strictly inside a target of ``num_layers`` layers."""
@@ -119,25 +128,51 @@ class ExitLevelConfig:
                 f"--hsd-exit-layer {self.layer}: the target has {num_layers} layers, so the exit "
                 f"layer must be in [1, {num_layers - 1}]")
 
+    def check_window(self, num_draft_tokens: int) -> None:
+        """Raise unless N_i fits the verify window of ``num_draft_tokens`` (= K + 1) positions."""
+        if self.enabled and self.buffer > num_draft_tokens:
+            raise ExitLevelConfigError(
+                f"--hsd-exit-buffer {self.buffer}: one verify window holds at most "
+                f"{num_draft_tokens} provisional tokens (--speculative-num-steps + 1); lower it or "
+                "raise --speculative-num-steps")
 
-def exit_layer_from_plan(path: str) -> int | None:
-    """The intermediate exit layer of a ``sglang-hsd plan`` JSON (None: the plan has none).
+
+def _exit_buffer(from_plan: int | None, layer: int | None) -> int:
+    """N_i from ``--hsd-exit-buffer`` (which wins) or the plan; 1 by default."""
+    text = os.environ.get(EXIT_BUFFER_ENV, "").strip()
+    if not text:
+        return from_plan or 1
+    try:
+        buffer = int(text)
+    except ValueError:
+        raise ExitLevelConfigError(
+            f"--hsd-exit-buffer ({EXIT_BUFFER_ENV}) must be an integer, got {text!r}") from None
+    if buffer < 1:
+        raise ExitLevelConfigError(f"--hsd-exit-buffer must be >= 1, got {buffer}")
+    if layer is None:
+        raise ExitLevelConfigError(
+            f"--hsd-exit-buffer ({EXIT_BUFFER_ENV}) needs --hsd-exit-layer (or --hsd-plan)")
+    return buffer
+
+
+def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
+    """(exit layer, its buffer N_i) of a ``sglang-hsd plan`` JSON ((None, None): no exit level).
 
     The plan's cheapest level is the drafter; in the server the EAGLE-3 head drafts instead, so
-    only the levels between drafter and target matter. The server runs one intermediate level
-    and verifies its chain every round (its buffer N_i is not used).
+    only the levels between drafter and target matter. The server runs one intermediate level.
     """
     from sglang_hsd.hierarchy.cli import load_plan
 
     if not os.path.isfile(path):
         raise ExitLevelConfigError(f"--hsd-plan {path}: no such file")
-    levels, _ = load_plan(path)
+    levels, buffers = load_plan(path)
     names = [name.strip() for name in levels.split(",") if name.strip()]
     middle = names[1:-1]
     if not middle:
-        return None
+        return None, None
     if len(middle) > 1 or not middle[0].startswith("exit:"):
         raise ExitLevelConfigError(
             f"--hsd-plan {path}: levels {levels!r} have intermediate levels {middle}; the server "
             "supports one intermediate exit level (exit:L between the drafter and the target)")
-    return int(middle[0].split(":", 1)[1])
+    buffer = buffers[1] if len(buffers) > 1 else None
+    return int(middle[0].split(":", 1)[1]), buffer

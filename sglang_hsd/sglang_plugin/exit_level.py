@@ -26,7 +26,6 @@ s + a are zero and are not read for accepted positions.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from sglang_hsd.sglang_plugin.exit_verify import (
     exit_round,
     target_round,
 )
+from sglang_hsd.sglang_plugin.forward_batches import window_extend_batch
 from sglang_hsd.sglang_plugin.layer_range import (
     StreamState,
     finish_stack,
@@ -84,76 +84,44 @@ def clear_pending() -> None:
     _PENDING.clear()
 
 
-def probs_like_sglang_verify(logits: torch.Tensor, sampling_info, width: int) -> torch.Tensor:
-    """float [B * width, V] -> [B, width, V] with the transforms ``eagle_sample`` applies to the
-    target (temperature softmax, then top-k and top-p renormalisation)."""
+def probs_like_sglang_verify(logits: torch.Tensor, sampling_info, width: int,
+                             requests: torch.Tensor | None = None) -> torch.Tensor:
+    """float [A * width, V] -> [A, width, V] with the transforms ``eagle_sample`` applies to the
+    target (temperature softmax, then top-k and top-p renormalisation). ``requests``: int64 [A],
+    which of the batch's requests the rows belong to (default: all of them, in order)."""
     from sglang.kernels.ops.sampling import softmax as sampling_softmax
     from sglang.srt.speculative import eagle_utils  # its renorm names (CPU: cpu_sampling's)
 
-    probs = sampling_softmax(
-        logits, temperatures=torch.repeat_interleave(sampling_info.temperatures, width, dim=0))
+    def per_row(values):
+        values = values if requests is None else values[requests]
+        return torch.repeat_interleave(values, width, dim=0)
+
+    probs = sampling_softmax(logits, temperatures=per_row(sampling_info.temperatures))
     if sampling_info.need_top_k_sampling:
-        probs = eagle_utils.top_k_renorm_prob(
-            probs, torch.repeat_interleave(sampling_info.top_ks, width, dim=0))
+        probs = eagle_utils.top_k_renorm_prob(probs, per_row(sampling_info.top_ks))
     if sampling_info.need_top_p_sampling:
-        probs = eagle_utils.top_p_renorm_prob(
-            probs, torch.repeat_interleave(sampling_info.top_ps, width, dim=0))
+        probs = eagle_utils.top_p_renorm_prob(probs, per_row(sampling_info.top_ps))
     return probs.reshape(-1, width, probs.shape[-1])
 
 
-def exit_uniforms(sampling_info, seq_lens: torch.Tensor, num_draft: int) -> ChainUniforms:
+def exit_uniforms(sampling_seed: torch.Tensor | None, seq_lens: torch.Tensor,
+                  num_draft: int) -> ChainUniforms:
     """Coins of the exit level, independent of the target level's (SGLang's ``_verify_coins``).
 
     Seeded requests hash a domain-separated seed the way SGLang's verify does, so a seeded
-    request is reproducible; unseeded ones draw from torch's generator.
+    request is reproducible (``seq_lens``: the position each sub-round starts at, distinct per
+    sub-round); unseeded ones draw from torch's generator.
     """
     batch = seq_lens.shape[0]
-    if sampling_info.sampling_seed is None:
+    if sampling_seed is None:
         return ChainUniforms(torch.rand(batch, num_draft, device=seq_lens.device),
                              torch.rand(batch, device=seq_lens.device))
     from sglang.srt.speculative.eagle_utils import _seeded_verify_coins
 
     coins, final = _seeded_verify_coins(
-        sampling_seed=sampling_info.sampling_seed.to(torch.int64) ^ EXIT_COIN_SEED_TAG,
+        sampling_seed=sampling_seed.to(torch.int64) ^ EXIT_COIN_SEED_TAG,
         seq_lens=seq_lens, draft_token_num=num_draft, device=seq_lens.device)
     return ChainUniforms(coins, final)
-
-
-def chain_forward_batch(verify_batch, keep: torch.Tensor):
-    """An EXTEND ``ForwardBatch`` for the kept verify positions of each request.
-
-    Args:
-        verify_batch: SGLang's TARGET_VERIFY ``ForwardBatch`` (W tokens per request, seq_lens =
-            committed lengths).
-        keep: bool [B, W], a prefix of each row (at least one token).
-    Returns:
-        (forward batch over sum(keep) tokens, int64 row index [sum(keep)] into the verify rows).
-    """
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-
-    rows = keep.flatten().nonzero().squeeze(-1)
-    lengths = keep.sum(-1).to(verify_batch.seq_lens.dtype)
-    fb = copy.copy(verify_batch)
-    fb.forward_mode = ForwardMode.EXTEND
-    fb.input_ids = verify_batch.input_ids[rows]
-    fb.positions = verify_batch.positions[rows]
-    fb.out_cache_loc = verify_batch.out_cache_loc[rows]
-    fb.seq_lens = verify_batch.seq_lens + lengths
-    fb.seq_lens_cpu = fb.seq_lens.cpu()
-    fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
-    fb.extend_seq_lens = lengths
-    fb.extend_prefix_lens = verify_batch.seq_lens.clone()
-    fb.extend_start_loc = torch.cumsum(lengths, 0) - lengths
-    fb.extend_seq_lens_cpu = lengths.tolist()
-    fb.extend_prefix_lens_cpu = verify_batch.seq_lens.tolist()
-    fb.extend_logprob_start_lens_cpu = lengths.tolist()
-    fb.extend_num_tokens = int(rows.numel())
-    fb.spec_info = None
-    fb.return_logprob = False
-    fb.capture_hidden_mode = CaptureHiddenMode.NULL
-    fb.residual_stream = None
-    fb.forward_metadata_ready = False
-    return fb, rows
 
 
 class ExitLevelVerifier:
@@ -166,10 +134,13 @@ class ExitLevelVerifier:
         exit_method / target_method: chain rules of the two levels ("hsd" or "tokenwise").
         check_split: also run SGLang's own full verify forward each round and record the largest
             difference of the target logits (a self-test; doubles the target cost).
+        buffer: N_i; above 1 the worker sets ``drafter`` (a ``DraftContinuation``) for the exit
+            sub-rounds after the first.
     """
 
     def __init__(self, target_worker, exit_layer: int, head, exit_method: str,
-                 target_method: str, check_split: bool = False, validate: bool = False) -> None:
+                 target_method: str, check_split: bool = False, validate: bool = False,
+                 buffer: int = 1) -> None:
         self.target_worker = target_worker
         self.model_runner = target_worker.model_runner
         self.model = self.model_runner.model
@@ -180,6 +151,8 @@ class ExitLevelVerifier:
         self.target_method = target_method
         self.check_split = check_split
         self.validate = validate
+        self.buffer = buffer
+        self.drafter = None
         self.vocab_size = self.model_runner.model_config.vocab_size
         self.stats = ExitLevelStats()
         self.max_split_logit_diff = 0.0
@@ -187,6 +160,17 @@ class ExitLevelVerifier:
     def _run(self, forward_batch, forward):
         with override_forward(self.model, forward):
             return self.model_runner.forward(forward_batch).logits_output
+
+    def _lower(self, input_ids, positions, fb, **_):
+        return run_layer_range(self.model, positions, fb, 0, self.exit_layer, input_ids=input_ids)
+
+    @staticmethod
+    def _exit_probs(exit_logits, sampling_info, width, greedy, requests=None):
+        """Exit rows [A, W, V] of window rows [A * W, V]: the logits themselves for an all-greedy
+        batch (verified by argmax), else the target's sampling transforms applied."""
+        if greedy:
+            return exit_logits.reshape(-1, width, exit_logits.shape[-1])
+        return probs_like_sglang_verify(exit_logits, sampling_info, width, requests)
 
     def forward_verify(self, verify_batch, verify_input, sampling_info):
         """Both levels' forwards for one TARGET_VERIFY batch; returns a GenerationBatchResult."""
@@ -198,29 +182,29 @@ class ExitLevelVerifier:
         num_draft = width - 1
         L, N = self.exit_layer, self.num_layers
 
-        def lower(input_ids, positions, fb, **_):
-            return run_layer_range(self.model, positions, fb, 0, L, input_ids=input_ids)
-
         clock = time.perf_counter()
-        low: StreamState = self._run(verify_batch, lower)
+        low: StreamState = self._run(verify_batch, self._lower)
         exit_logits = self.head(low.hidden())  # [B * W, V]
         clock = self._lap("lower_forward", clock)
         greedy = bool(sampling_info.is_all_greedy)
         candidates = verify_input.draft_token.reshape(batch, width)
-        drafts = candidates[:, 1:].to(torch.int64)
-        if greedy:
-            exit_probs = exit_logits.reshape(batch, width, -1)
-            q, method = None, "greedy"
-        else:
-            exit_probs = probs_like_sglang_verify(exit_logits, sampling_info, width)
-            q, method = verify_input.draft_probs[:, :num_draft], self.exit_method
-        proposal = exit_round(drafts, q, exit_probs, method,
-                              exit_uniforms(sampling_info, verify_batch.seq_lens, num_draft),
+        exit_probs = self._exit_probs(exit_logits, sampling_info, width, greedy)
+        q = None if greedy else verify_input.draft_probs[:, :num_draft]
+        method = "greedy" if greedy else self.exit_method
+        proposal = exit_round(candidates[:, 1:].to(torch.int64), q, exit_probs, method,
+                              exit_uniforms(sampling_info.sampling_seed, verify_batch.seq_lens,
+                                            num_draft),
                               validate=self.validate)
-
         clock = self._lap("exit_verify", clock)
-        keep = torch.arange(width, device=drafts.device).unsqueeze(0) < proposal.chain_len.unsqueeze(1)
-        upper_batch, rows = chain_forward_batch(verify_batch, keep)
+        window_tokens = verify_batch.input_ids
+        if self.buffer > 1:
+            proposal, window_tokens = self._more_sub_rounds(
+                verify_batch, candidates, sampling_info, low, exit_logits, proposal, method)
+            clock = time.perf_counter()
+
+        upper_batch, rows = window_extend_batch(
+            verify_batch, torch.arange(batch, device=candidates.device),
+            torch.zeros_like(proposal.chain_len), proposal.chain_len)
 
         def upper(input_ids, positions, fb, **_):
             state = run_layer_range(self.model, positions, fb, L, N, state=low.select(rows))
@@ -231,9 +215,9 @@ class ExitLevelVerifier:
         logits[rows] = lm_head_logits(self.model, normed, self.vocab_size)
         self._lap("upper_forward", clock)
         if self.check_split:
-            self._check_against_full_forward(verify_batch, logits, rows)
+            self._check_against_full_forward(verify_batch, window_tokens, logits, rows)
 
-        # The target now verifies the exit's chain: root, c_1..c_{a+1}, then padding.
+        # The target now verifies the exit's chain: root, c_1..c_n, then padding.
         chain = proposal.chain_tokens.clamp_min(0)  # padding past the chain: token 0, unread
         candidates[:, 1:] = chain[:, :num_draft].to(candidates.dtype)
         if greedy:  # SGLang's sampling path needs a q; the exit's rows are the target's q
@@ -244,6 +228,82 @@ class ExitLevelVerifier:
         _PENDING[:] = [ExitRound(proposal, "greedy" if greedy else self.target_method, greedy,
                                  self, output)]
         return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
+
+    def _more_sub_rounds(self, verify_batch, candidates, sampling_info, low: StreamState,
+                         exit_logits, first: ExitProposal, method: str) -> ExitProposal:
+        """Exit sub-rounds after the first, inside the window, until every request holds
+        ``buffer`` provisional tokens or has no room for another draft (n >= K).
+
+        Updates ``low`` and ``exit_logits`` (rows [B * W, V]) in place at the window rows it
+        re-runs. Returns the round's whole ``ExitProposal`` (chain of n tokens per request) and
+        the window's tokens as the last forwards saw them ([B * W]; positions s..s+n hold r and
+        the chain).
+        """
+        batch, width = candidates.shape
+        num_draft = width - 1
+        greedy = method == "greedy"
+        device = candidates.device
+        tokens = candidates.to(torch.int64).flatten().clone()  # window row b * W + j: position s + j
+        chain = first.chain_tokens.clone()  # [B, W]: c_1..c_n, then -1
+        # [B, W, V]: row j = the exit's row of position s + j + 1 (greedy: a view of the logits)
+        probs = exit_logits.view(batch, width, -1) if greedy else first.chain_probs.clone()
+        n = first.chain_len.clone()
+        accepted, drafted = first.exit_accepted.clone(), first.drafted.clone()
+        lower_positions = first.lower_positions.clone()
+        sub_accepted = [first.exit_accepted]
+        seed = sampling_info.sampling_seed
+        sub_round = 1
+        while True:
+            active = (n < self.buffer) & (n < num_draft)
+            if not bool(active.any()):
+                break
+            clock = time.perf_counter()
+            reqs = active.nonzero().squeeze(-1)
+            last = n[reqs]  # c_n sits at window index n
+            counts = num_draft - last
+            last_token = chain[reqs, last - 1]
+            drafts, q = self.drafter.draft(reqs, last_token, last, counts, sampling_info, sub_round)
+            clock = self._lap("draft_continuation", clock)
+
+            span = torch.arange(drafts.shape[1] + 1, device=device).unsqueeze(0)
+            in_run = span <= counts.unsqueeze(1)
+            window_rows = reqs.unsqueeze(1) * width + last.unsqueeze(1) + span
+            run_tokens = torch.cat([last_token.unsqueeze(1), drafts], dim=1)
+            tokens[window_rows[in_run]] = run_tokens[in_run]
+            fb, rows = window_extend_batch(verify_batch, reqs, last, counts + 1, input_ids=tokens)
+            part = self._run(fb, self._lower)
+            low.overwrite(rows, part)
+            exit_logits[rows] = self.head(part.hidden())
+            clock = self._lap("lower_forward", clock)
+
+            window_logits = exit_logits.view(batch, width, -1)[reqs].reshape(-1, exit_logits.shape[-1])
+            req_probs = self._exit_probs(window_logits, sampling_info, width, greedy, reqs)
+            if not greedy:
+                probs[reqs] = req_probs
+            m_rows = req_probs.gather(
+                1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
+                .expand(-1, -1, req_probs.shape[-1]))
+            uniforms = exit_uniforms(None if seed is None else seed[reqs],
+                                     verify_batch.seq_lens[reqs] + last, drafts.shape[1])
+            step = exit_round(drafts.clamp_min(0), q, m_rows, method, uniforms,
+                              validate=self.validate, draft_lengths=counts)
+            taken = span <= step.exit_accepted.unsqueeze(1)
+            chain_slots = last.unsqueeze(1) + span
+            chain[reqs.unsqueeze(1).expand_as(chain_slots)[taken], chain_slots[taken]] = (
+                step.chain_tokens[taken])
+            n[reqs] += step.chain_len
+            accepted[reqs] += step.exit_accepted
+            drafted[reqs] += counts
+            lower_positions[reqs] += counts + 1
+            this_round = torch.full_like(n, -1)
+            this_round[reqs] = step.exit_accepted
+            sub_accepted.append(this_round)
+            sub_round += 1
+            self._lap("exit_verify", clock)
+        proposal = ExitProposal(accepted, chain, n, probs, drafted=drafted,
+                                lower_positions=lower_positions,
+                                sub_accepted=torch.stack(sub_accepted, dim=1))
+        return proposal, tokens.to(verify_batch.input_ids.dtype)
 
     def _lap(self, name: str, start: float) -> float:
         now = time.perf_counter()
@@ -265,8 +325,15 @@ class ExitLevelVerifier:
                 parts.append(full)
         return torch.cat(parts, dim=-1)
 
-    def _check_against_full_forward(self, verify_batch, logits, rows) -> None:
-        out = self.model_runner.forward(verify_batch).logits_output
+    def _check_against_full_forward(self, verify_batch, window_tokens, logits, rows) -> None:
+        # SGLang's one-pass verify forward over the window as the split forwards last saw it (it
+        # rewrites the window's KV slots with the same values, up to rounding).
+        original = verify_batch.input_ids
+        verify_batch.input_ids = window_tokens
+        try:
+            out = self.model_runner.forward(verify_batch).logits_output
+        finally:
+            verify_batch.input_ids = original
         diff = float((out.next_token_logits[rows].float() - logits[rows]).abs().max())
         self.max_split_logit_diff = max(self.max_split_logit_diff, diff)
         logger.info("sglang-hsd: split forward check: max |logit diff| %.3g (worst so far %.3g)",
@@ -274,15 +341,18 @@ class ExitLevelVerifier:
 
     def record(self, round_: ExitRound, result, target_accepted) -> None:
         """Add a verified round to the statistics and to each request's ``meta_info``
-        (``hsd_exit_accepted``: drafts the exit accepted, ``hsd_target_accepted``: chain tokens
-        the target accepted; one entry per round)."""
+        (``hsd_exit_accepted``: drafts the exit accepted, ``hsd_exit_sub_rounds``: the same per
+        exit sub-round, ``hsd_target_accepted``: chain tokens the target accepted; one entry per
+        round)."""
         proposal = round_.proposal
         num_draft = proposal.chain_tokens.shape[1] - 1
         self.stats.add_round(num_draft, self.exit_layer, self.num_layers, proposal, result,
                              target_accepted)
         if round_.output is not None:
+            sub_rounds = [[a for a in row if a >= 0] for row in proposal.sub_accepted.tolist()]
             round_.output.customized_info = {
                 "hsd_exit_accepted": proposal.exit_accepted.tolist(),
+                "hsd_exit_sub_rounds": sub_rounds,
                 "hsd_target_accepted": target_accepted.tolist(),
             }
 

@@ -19,6 +19,15 @@ One round for a request whose last emitted token r sits at position s (its KV no
 Either way the emitted tokens are (accepted drafts, one last token), which is SGLang's round shape:
 the last token becomes the next round's root and every accepted draft has valid KV in all layers.
 
+With an exit buffer N_i > 1 (``--hsd-exit-buffer``), steps 1-3 repeat inside the round's verify
+window (positions s..s+K) before step 4: while fewer than N_i tokens are provisional (n) and
+n < K, the EAGLE-3 head drafts K - n more tokens after the last provisional one, layers [0, L)
+run on that token and the new drafts, and ``exit_round`` (with ragged ``draft_lengths``) appends
+its accepted drafts and its own token; steps 4-5 then verify all n provisional tokens. The
+stopping rule depends only on what the exit level has produced (a stopping time), so each exit
+sub-round is a lossless chain rule step of the exit's own law and the target sees a chain that
+follows the exit's law; exact enumeration of this rule is in the same test file.
+
 Lossless: step 3 makes c follow the exit's own autoregressive law (a lossless chain rule), step 5
 verifies c against the target with a lossless chain rule. That the random chain length (which
 for ``hsd`` depends on drafts beyond c) and the dropped bonus keep the output law exact is checked
@@ -46,17 +55,24 @@ class ExitProposal:
         chain_len: int64 [B], a + 1.
         chain_probs: float [B, K + 1, V], row j = the exit's distribution c_{j+1} was drawn from
             (= m_{j+1}; rows beyond a are m rows too, unused).
+        drafted: int64 [B], drafts the exit level verified (all sub-rounds).
+        lower_positions: int64 [B], verify positions that ran layers [0, L) (all sub-rounds).
+        sub_accepted: int64 [B, S], drafts accepted in each of S exit sub-rounds (-1: the
+            request had no such sub-round).
     """
 
     exit_accepted: torch.Tensor
     chain_tokens: torch.Tensor
     chain_len: torch.Tensor
     chain_probs: torch.Tensor
+    drafted: torch.Tensor | None = None
+    lower_positions: torch.Tensor | None = None
+    sub_accepted: torch.Tensor | None = None
 
 
 def exit_round(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                exit_probs: torch.Tensor, method: str, uniforms: ChainUniforms,
-               validate: bool = False) -> ExitProposal:
+               validate: bool = False, draft_lengths: torch.Tensor | None = None) -> ExitProposal:
     """The exit level verifies the EAGLE-3 drafts.
 
     Args:
@@ -66,14 +82,19 @@ def exit_round(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
         exit_probs: float [B, K + 1, V], m_1..m_{K+1} (sampling transforms applied).
         method: "hsd", "tokenwise" or "greedy".
         uniforms: ``ChainUniforms`` (accept [B, K], sample [B]); independent of the target's.
+        draft_lengths: int64 [B] in [1, K], drafts per request (None: all K); row b's exit token
+            comes from ``exit_probs[b, draft_lengths[b]]`` when all its drafts are accepted.
     """
     result = verify_chain(draft_tokens, draft_probs, exit_probs, method=method,
-                          uniforms=uniforms, validate=validate)
+                          uniforms=uniforms, validate=validate, draft_lengths=draft_lengths)
     accepted = result.num_accepted.to(torch.int64)
-    width = draft_tokens.shape[1] + 1
-    slot = torch.arange(width, device=draft_tokens.device).unsqueeze(0)
+    batch, num_draft = draft_tokens.shape
+    slot = torch.arange(num_draft + 1, device=draft_tokens.device).unsqueeze(0)
     chain = torch.where(slot <= accepted.unsqueeze(1), result.tokens.to(torch.int64), -1)
-    return ExitProposal(accepted, chain, accepted + 1, exit_probs)
+    drafted = (torch.full((batch,), num_draft, dtype=torch.int64, device=accepted.device)
+               if draft_lengths is None else draft_lengths.to(torch.int64))
+    return ExitProposal(accepted, chain, accepted + 1, exit_probs, drafted=drafted,
+                        lower_positions=drafted + 1, sub_accepted=accepted.unsqueeze(1))
 
 
 def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str,
@@ -115,6 +136,7 @@ class ExitLevelStats:
 
     Fields:
         rounds: request-rounds verified.
+        exit_subrounds: exit sub-rounds run (= rounds with exit buffer 1).
         exit_proposed / exit_accepted: drafts shown to / accepted by the exit level.
         target_proposed / target_accepted: chain tokens shown to / accepted by the target.
         emitted: tokens emitted (accepted drafts + the last token of each round).
@@ -125,6 +147,7 @@ class ExitLevelStats:
     """
 
     rounds: int = 0
+    exit_subrounds: int = 0
     exit_proposed: int = 0
     exit_accepted: int = 0
     target_proposed: int = 0
@@ -140,12 +163,15 @@ class ExitLevelStats:
         batch = int(proposal.chain_len.shape[0])
         chain = int(proposal.chain_len.sum())
         self.rounds += batch
-        self.exit_proposed += batch * num_draft
+        self.exit_subrounds += int((proposal.sub_accepted >= 0).sum())
+        self.exit_proposed += int(proposal.drafted.sum())
         self.exit_accepted += int(proposal.exit_accepted.sum())
         self.target_proposed += chain
         self.target_accepted += int(target_accepted.sum())
         self.emitted += int(result.num_accepted.sum()) + batch
-        self.layer_forwards += batch * (num_draft + 1) * exit_layer + chain * (num_layers - exit_layer)
+        # The target's last layers run on the root and the first chain_len - 1 chain tokens.
+        self.layer_forwards += (int(proposal.lower_positions.sum()) * exit_layer
+                                + chain * (num_layers - exit_layer))
         self.layer_forwards_stock += batch * (num_draft + 1) * num_layers
 
     def as_dict(self) -> dict:
@@ -155,7 +181,9 @@ class ExitLevelStats:
         return {
             **asdict(self),
             "exit_accept_rate": self.exit_accepted / max(self.exit_proposed, 1),
-            "exit_accept_length": (self.exit_accepted + self.rounds) / rounds,
+            "exit_accept_length": (self.exit_accepted + self.exit_subrounds)
+            / max(self.exit_subrounds, 1),
+            "exit_subrounds_per_round": self.exit_subrounds / rounds,
             "target_accept_rate": self.target_accepted / max(self.target_proposed, 1),
             "tokens_per_round": self.emitted / rounds,
             "layer_forwards_saved": 1.0 - self.layer_forwards / max(self.layer_forwards_stock, 1),

@@ -55,6 +55,17 @@ class StreamState:
             self.update, self.written, {k: v[rows] for k, v in self.aux.items()},
         )
 
+    def overwrite(self, rows: torch.Tensor, other: "StreamState") -> None:
+        """Replace the tokens ``rows`` (int64 [T']) by ``other``'s T' tokens, in place (a later
+        forward over the same positions, e.g. an exit sub-round re-running rejected ones)."""
+        if (other.residual is None) != (self.residual is None) or other.written != self.written:
+            raise ValueError("cannot merge stream states of different layouts")
+        self.value[rows] = other.value
+        if self.residual is not None:
+            self.residual[rows] = other.residual
+        for layer, captured in other.aux.items():
+            self.aux[layer][rows] = captured
+
     def hidden(self) -> torch.Tensor:
         """The full residual stream h = value + residual, [T, D] (what an exit head reads)."""
         if self.residual is None or self.written:

@@ -79,7 +79,27 @@ def build_worker_classes():
             return scatter_draft_probs(draft_probs, self.hot_token_id, self.hsd_target_vocab_size)
 
         def draft_forward(self, forward_batch):
-            parents, scores_index, draft_tokens, draft_probs = super().draft_forward(forward_batch)
+            continuation = getattr(self, "hsd_continuation", None)
+            if continuation is None or forward_batch.forward_mode.is_idle():
+                out = super().draft_forward(forward_batch)
+            else:  # record every draft entry's hidden output for exit sub-rounds
+                steps = continuation.begin_round(forward_batch, forward_batch.spec_info.hidden_states,
+                                                 self.speculative_num_steps)
+                runner = self.draft_runner
+                forward = runner.forward
+
+                def recording_forward(fb, *args, **kwargs):
+                    result = forward(fb, *args, **kwargs)
+                    steps.append(result.logits_output.hidden_states.clone())
+                    return result
+
+                runner.forward = recording_forward
+                try:
+                    out = super().draft_forward(forward_batch)
+                finally:
+                    del runner.forward
+                continuation.end_round(steps)
+            parents, scores_index, draft_tokens, draft_probs = out
             return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)
 
         def init_cuda_graphs(self):
@@ -113,6 +133,12 @@ def build_worker_classes():
                         f"HSD: expected an EagleDraftWorker, got {type(draft).__name__}"
                     )
                 draft.__class__ = HSDDraftWorker
+                if self.hsd_exit is not None and self.hsd_exit.buffer > 1:
+                    from sglang_hsd.sglang_plugin.draft_continuation import DraftContinuation
+
+                    draft.hsd_continuation = DraftContinuation(
+                        draft, target_worker.model_config.vocab_size)
+                    self.hsd_exit.drafter = draft.hsd_continuation
 
         def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
             if (self.hsd_exit is None or batch.forward_mode.is_idle() or batch.has_grammar
@@ -164,8 +190,9 @@ def build_exit_verifier(target_worker):
         return None
     runner = target_worker.model_runner
     config.check_depth(check_layer_range_model(runner.model))
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_parallel, get_spec
 
+    config.check_window(get_spec().speculative_num_draft_tokens)
     parallel = get_parallel()
     if parallel.tp_size > 1 or parallel.dp_size > 1:
         raise ExitLevelConfigError("--hsd-exit-layer: tensor / data parallelism (--tp-size, "
@@ -180,9 +207,10 @@ def build_exit_verifier(target_worker):
     if config.heads_dir is not None:
         A, b = load_exit_map(config.heads_dir, config.layer, hidden)
     head = ExitHead(runner.model, vocab, A, b)
-    logger.info("sglang-hsd: exit level at layer %d of %d (%s), methods exit=%s target=%s",
-                config.layer, len(runner.model.model.layers),
-                config.heads_dir or "logit lens", config.method, plugin.verify_method)
+    logger.info("sglang-hsd: exit level at layer %d of %d (%s), methods exit=%s target=%s, "
+                "buffer %d", config.layer, len(runner.model.model.layers),
+                config.heads_dir or "logit lens", config.method, plugin.verify_method,
+                config.buffer)
     return ExitLevelVerifier(target_worker, config.layer, head, config.method,
                              plugin.verify_method, check_split=config.check_split,
-                             validate=plugin.validate)
+                             validate=plugin.validate, buffer=config.buffer)

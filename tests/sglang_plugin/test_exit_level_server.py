@@ -1,15 +1,17 @@
 """End to end on CPU: ``--speculative-algorithm HSD --hsd-exit-layer 2`` (EAGLE-3 drafts -> the
-target's first 2 of 4 layers + logit lens -> full target) on a tiny random Llama.
+target's first 2 of 4 layers + logit lens -> full target) on a tiny random Llama, with exit buffer
+N_i = 1 (one exit sub-round per round) and N_i = 4 (exit sub-rounds fill the 4-position window).
 
-One server (float32, radix cache off, split self-check on) checks:
+One server per buffer (float32, radix cache off, split self-check on) checks:
 * greedy output equals plain greedy decoding of the same weights (transformers) token for token,
   alone and inside a batch that mixes greedy, T=1, top-k and top-p requests;
 * every request of the mixed batch completes with its length;
-* per-request ``meta_info`` carries each round's exit / target acceptance;
+* per-request ``meta_info`` carries each round's exit acceptance per sub-round and the target's,
+  and the sub-rounds follow the rule (stop once N_i tokens are provisional or the window is full);
 * ``/server_info``: the exit level ran, saved target layer-forwards, its split forward (layers
   [0, 2) then [2, 4) over the surviving positions) matched SGLang's full verify forward, and the
   KV pool's free slots returned to their starting count after all requests.
-~2 minutes on 2 cores.
+~1-2 minutes per buffer on 2 cores.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ pytestmark = [pytest.mark.sglang]
 
 PROMPTS = [[1, 40, 41, 42], [1, 77, 300, 12, 9], [1, 5], [1, 200, 201, 202, 203, 204]]
 MAX_NEW_TOKENS = 20
+NUM_STEPS = 3  # K drafts: a verify window of 4 positions
 # Split vs full verify forward (float32; different attention kernels for the two passes).
 SPLIT_LOGIT_TOLERANCE = 1e-3
 
@@ -58,18 +61,19 @@ def _reference(target_dir):
     return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
 
 
-def test_exit_level_server_end_to_end(tiny_models):
+@pytest.mark.parametrize("exit_buffer", [1, 4])
+def test_exit_level_server_end_to_end(tiny_models, exit_buffer):
     from sglang_hsd.sglang_plugin.cpu_server import (
         cpu_server_command, free_port, running_server, server_env)
 
     target, head = str(tiny_models / "target"), str(tiny_models / "eagle3")
     expected = _reference(target)
-    cmd = cpu_server_command(target, free_port(), "HSD", head, num_steps=3, extra=[
+    cmd = cpu_server_command(target, free_port(), "HSD", head, num_steps=NUM_STEPS, extra=[
         "--hsd-exit-layer", "2", "--hsd-exit-heads", "none", "--dtype", "float32",
-        "--disable-radix-cache"])
+        "--disable-radix-cache", "--hsd-exit-buffer", str(exit_buffer)])
     env = server_env()
     env["SGLANG_HSD_CHECK_SPLIT"] = "1"
-    log_path = str(tiny_models / "exit_server.log")
+    log_path = str(tiny_models / f"exit_server_{exit_buffer}.log")
     with running_server(cmd, env, log_path, timeout=600) as url:
         free_at_start = _hsd_state(url)["kv_available_size"]
         for ids, reference in zip(PROMPTS, expected):
@@ -77,8 +81,15 @@ def test_exit_level_server_end_to_end(tiny_models):
             assert out["output_ids"] == reference, ids
             meta = out["meta_info"]  # one entry per verify round and level
             assert len(meta["hsd_exit_accepted"]) == meta["spec_verify_ct"]
-            assert all(0 <= t <= e + 1 for e, t in zip(meta["hsd_exit_accepted"],
-                                                        meta["hsd_target_accepted"]))
+            for total, subs, taken in zip(meta["hsd_exit_accepted"], meta["hsd_exit_sub_rounds"],
+                                          meta["hsd_target_accepted"]):
+                provisional = sum(a + 1 for a in subs)  # n: what the target verified
+                assert sum(subs) == total and 0 <= taken <= provisional <= NUM_STEPS + 1
+                # sub-rounds stop exactly when N_i tokens are provisional or the window is full
+                assert provisional >= min(exit_buffer, NUM_STEPS)
+                assert provisional - (subs[-1] + 1) < min(exit_buffer, NUM_STEPS)
+            if exit_buffer == 1:
+                assert all(len(subs) == 1 for subs in meta["hsd_exit_sub_rounds"])
 
         requests = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_k=20),
                     dict(temperature=1.0, top_p=0.9)]
@@ -95,8 +106,13 @@ def test_exit_level_server_end_to_end(tiny_models):
     assert "Traceback" not in log
     assert "exit level at layer 2 of 4 (logit lens)" in log
     levels = state["levels"]
-    assert levels["rounds"] > 0 and levels["layer_forwards"] < levels["layer_forwards_stock"]
-    assert 0.0 < levels["layer_forwards_saved"] < 0.5
+    assert levels["rounds"] > 0
+    if exit_buffer == 1:
+        assert levels["exit_subrounds"] == levels["rounds"]
+        assert 0.0 < levels["layer_forwards_saved"] < 0.5
+    else:  # later sub-rounds re-run window positions through layers [0, 2): no saving promised
+        assert levels["exit_subrounds_per_round"] > 1.0
+        assert levels["target_proposed"] / levels["rounds"] > 1.5
     assert state["max_split_logit_diff"] < SPLIT_LOGIT_TOLERANCE, state
     assert state["kv_available_size"] == free_at_start, state
     print(f"\nexit level: {levels}")
