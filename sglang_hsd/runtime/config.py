@@ -85,7 +85,7 @@ class HierarchyConfig:
                 f"exit layers must strictly increase from drafter to target (L_d < L_i), got {exits}"
             )
         if self.window:
-            if len(self.levels) != 3 or self.levels[1].kind != "exit":
+            if len(self.levels) != 3:  # the middle one is then an exit (checked above)
                 names = ",".join(level.name for level in self.levels)
                 raise ValueError(
                     f"window=True needs exactly three levels (drafter, one 'exit' level, target), got {names}"
