@@ -61,10 +61,16 @@ class HierarchyConfig:
         reuse_kv: early-exit levels share the target's KV cache and hidden states (each layer
             runs once per position). ``False`` gives every level its own cache, recomputing the
             shared layers: the baseline the reuse is measured against.
+        window: every round works inside one verify window of N_d + 1 positions and the target
+            keeps no bonus token on full acceptance, as the SGLang plugin's exit level does
+            (``sglang_plugin/exit_verify.py``); used to compare the runtime with the server round
+            by round. Needs exactly three levels (drafter, one ``exit`` level, target) and the exit
+            level's buffer N_i <= N_d + 1 (the window holds at most N_d + 1 provisional tokens).
     """
 
     levels: tuple[LevelSpec, ...] = field(default_factory=lambda: (LevelSpec("target"),))
     reuse_kv: bool = True
+    window: bool = False
 
     def __post_init__(self) -> None:
         if not self.levels or self.levels[-1].kind != "target":
@@ -78,6 +84,18 @@ class HierarchyConfig:
             raise ValueError(
                 f"exit layers must strictly increase from drafter to target (L_d < L_i), got {exits}"
             )
+        if self.window:
+            if len(self.levels) != 3:  # the middle one is then an exit (checked above)
+                names = ",".join(level.name for level in self.levels)
+                raise ValueError(
+                    f"window=True needs exactly three levels (drafter, one 'exit' level, target), got {names}"
+                )
+            drafter, middle = self.levels[0], self.levels[1]
+            if middle.buffer > drafter.buffer + 1:
+                raise ValueError(
+                    f"window=True needs the exit level's buffer N_i <= drafter buffer N_d + 1 (one window "
+                    f"holds N_d + 1 tokens), got N_i = {middle.buffer}, N_d = {drafter.buffer}"
+                )
 
     def check_depth(self, num_layers: int) -> None:
         """Raise unless every exit layer lies strictly inside the target's ``num_layers``."""
@@ -90,7 +108,7 @@ class HierarchyConfig:
 
 
 def parse_levels(
-    spec: str, buffers: list[int] | None = None, methods: list[str] | None = None
+    spec: str, buffers: list[int] | None = None, methods: list[str] | None = None, window: bool = False
 ) -> HierarchyConfig:
     """Parse ``"exit:4,exit:12,target"`` (or ``"model:/path,target"``, ``"eagle3:/dir,exit:16,target"``,
     or ``"target"``).
@@ -98,6 +116,7 @@ def parse_levels(
     Args:
         buffers: one per non-target level (N_d for the drafter, N_i for intermediates).
         methods: one per verifying level (every level but the drafter), or a single method for all.
+        window: ``HierarchyConfig.window``.
     """
     names = [part.strip() for part in spec.split(",") if part.strip()]
     num_below = len(names) - 1
@@ -125,4 +144,4 @@ def parse_levels(
             levels.append(LevelSpec("target", method=method))
         else:
             raise ValueError(f"unknown level {name!r}: expected exit:<layer>, model:<path>, eagle3:<dir> or target")
-    return HierarchyConfig(tuple(levels))
+    return HierarchyConfig(tuple(levels), window=window)

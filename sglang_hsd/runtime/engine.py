@@ -28,6 +28,14 @@ full verification of a buffer only runs the layers above the highest exit for it
 EAGLE-3 drafter (level kind ``eagle3``): extra group boundaries at the head's capture layers store
 the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_drafter.py``) owns
 the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_verify``.
+
+Windowed rounds (``HierarchyConfig.window``, drafter -> one exit -> target): a round reproduces the
+SGLang plugin's (``sglang_plugin/exit_verify.py``) so the two can be compared round by round. With
+n tokens in the exit's buffer the drafter drafts only N_d - n (the room left in the verify window
+of N_d + 1 positions), the exit stops filling once n >= min(N_i, N_d), and the target keeps no
+bonus token when it accepts all n (the bonus is a fresh draw from the target given the accepted
+prefix, so leaving it to the next round keeps the output law). ``generate(trace_rounds=True)``
+records per round what each level accepted (``GenerationResult.round_trace``).
 """
 
 from __future__ import annotations
@@ -111,14 +119,20 @@ class SpeculativeGenerator:
         max_new_tokens: int | list[int] = 32,
         eos_token_id: int | list[int] | None = None,
         seed: int = 0,
+        trace_rounds: bool = False,
     ) -> GenerationResult:
         """Generate for a batch of prompts (token id lists of any lengths).
 
-        Returns the generated tokens per request and per-level statistics.
+        Returns the generated tokens per request and per-level statistics; with ``trace_rounds``
+        (three levels only: drafter, one exit, target) also ``round_trace``, what every target
+        round of every request accepted (``GenerationResult``).
         """
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts must be a non-empty list of non-empty token id lists")
-        run = _Run(self, prompts, params, max_new_tokens, eos_token_id, seed)
+        if trace_rounds and len(self.config.levels) != 3:
+            names = ",".join(level.name for level in self.config.levels)
+            raise ValueError(f"trace_rounds needs three levels (drafter, one exit level, target), got {names}")
+        run = _Run(self, prompts, params, max_new_tokens, eos_token_id, seed, trace_rounds)
         start = time.perf_counter()
         run.run()
         elapsed = time.perf_counter() - start
@@ -128,10 +142,17 @@ class SpeculativeGenerator:
 class _Run:
     """The state of one ``generate`` call."""
 
-    def __init__(self, gen: SpeculativeGenerator, prompts, params, max_new_tokens, eos_token_id, seed):
+    def __init__(self, gen: SpeculativeGenerator, prompts, params, max_new_tokens, eos_token_id, seed,
+                 trace_rounds: bool = False):
         self.gen = gen
         self.levels = gen.config.levels
         self.top = len(self.levels) - 1
+        self.window = gen.config.window
+        # _fill(k) stops once buf_k holds fill_to[k] tokens. In a window the exit also stops when
+        # no room is left for a draft (n >= N_d): one window holds at most N_d + 1 tokens.
+        self.fill_to = [level.buffer for level in self.levels[: self.top]]
+        if self.window:
+            self.fill_to[1] = min(self.levels[1].buffer, self.levels[0].buffer)
         target = gen.target
         device = target.embed_tokens.weight.device
         batch = len(prompts)
@@ -164,6 +185,9 @@ class _Run:
         self._build_groups(batch)
         self.target_forwards0 = target.counters.layer_token_forwards
         self.drafter_forwards0 = gen.drafter.counters.layer_token_forwards if gen.drafter else 0
+        # Per request: finished target rounds, and the exit's accepted counts of the open round.
+        self.trace = [[] for _ in range(batch)] if trace_rounds else None
+        self.trace_open = [[] for _ in range(batch)] if trace_rounds else None
 
     def _build_groups(self, batch: int) -> None:
         exits = [level.layer for level in self.levels if level.kind == "exit"]
@@ -205,7 +229,7 @@ class _Run:
             self._draft(rows)
             return
         while True:
-            short = rows & (self.seq_len - self.buf_start[k] < self.levels[k].buffer)
+            short = rows & (self.seq_len - self.buf_start[k] < self.fill_to[k])
             if not bool(short.any()):
                 return
             self._fill(k - 1, short)
@@ -230,8 +254,11 @@ class _Run:
     def _draft(self, rows: torch.Tensor) -> None:
         start_time = time.perf_counter()
         group, stats = self.level_group[0], self.stats[0]
+        # In a window the drafts may only reach position s + N_d (s: the last committed token), so
+        # the drafter counts the exit's buffer too and drafts N_d - n tokens.
+        base = self.buf_start[self.top - 1] if self.window else self.buf_start[0]
         for _ in range(self.levels[0].buffer):
-            idx = (rows & (self.seq_len - self.buf_start[0] < self.levels[0].buffer)).nonzero().squeeze(-1)
+            idx = (rows & (self.seq_len - base < self.levels[0].buffer)).nonzero().squeeze(-1)
             if idx.numel() == 0:
                 break
             if self.eagle is not None:
@@ -267,6 +294,10 @@ class _Run:
         )
         accepted = res.num_accepted
         new_len = start + accepted + 1
+        if self.window and k == self.top:
+            # No bonus token after a full acceptance: its position is dropped like a rejected one
+            # (nothing ran there yet, and the caches are cut at start + accepted below).
+            new_len = new_len - (accepted == draft_len).long()
         self.tokens[idx, start + accepted] = res.tokens.gather(1, accepted.unsqueeze(-1)).squeeze(-1)
         keep = self.seq_len.clone()
         keep[idx] = start + accepted  # the first changed position
@@ -276,6 +307,8 @@ class _Run:
         self.seq_len[idx] = new_len
         for lower in range(k):
             self.buf_start[lower][idx] = new_len
+        if self.trace is not None:
+            self._trace(k, idx, accepted, new_len - start)
         if k < self.top:
             self._append_to_buffer(k, idx, start, accepted, p)
         else:
@@ -292,6 +325,17 @@ class _Run:
         kept = torch.arange(p.shape[1], device=idx.device).unsqueeze(0) <= accepted.unsqueeze(-1)
         rows = idx.unsqueeze(-1).expand_as(offset)
         self.buf_probs[k][rows[kept], offset[kept]] = p[kept]
+
+    def _trace(self, k: int, idx: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> None:
+        """Record level k's accepted counts of rows ``idx`` (int64 [R]); a target round also closes
+        the rows' open rounds, with ``emitted`` [R] = tokens kept after the buffer's start."""
+        if k < self.top:
+            for row, count in zip(idx.tolist(), accepted.tolist()):
+                self.trace_open[row].append(count)
+            return
+        for row, count, kept in zip(idx.tolist(), accepted.tolist(), emitted.tolist()):
+            self.trace[row].append({"exit_accepted": self.trace_open[row], "target_accepted": count, "emitted": kept})
+            self.trace_open[row] = []
 
     def _autoregressive_step(self, rows: torch.Tensor) -> None:
         start_time = time.perf_counter()
@@ -331,4 +375,5 @@ class _Run:
             seconds=elapsed,
             target_layer_forwards=self.gen.target.counters.layer_token_forwards - self.target_forwards0,
             drafter_layer_forwards=(drafter.counters.layer_token_forwards - self.drafter_forwards0) if drafter else 0,
+            round_trace=self.trace or [],
         )

@@ -54,6 +54,10 @@ class GenerationResult:
         included); with KV reuse each position runs through each layer once.
     drafter_layer_forwards: the same for a separate drafter model (0 for early-exit drafters,
         whose layers are the target's and are counted above).
+    round_trace: with ``generate(..., trace_rounds=True)``, per request, one dict per target
+        round: ``exit_accepted`` (list, drafts the exit level accepted in each of its verifications
+        this round), ``target_accepted`` (the exit's buffered tokens the target accepted) and
+        ``emitted`` (tokens committed this round, before EOS / max-length cutting). Else empty.
     """
 
     tokens: list[list[int]]
@@ -61,6 +65,7 @@ class GenerationResult:
     seconds: float = 0.0
     target_layer_forwards: int = 0
     drafter_layer_forwards: int = 0
+    round_trace: list[list[dict]] = field(default_factory=list)
 
     @property
     def num_generated(self) -> int:
@@ -97,4 +102,5 @@ class GenerationResult:
             "target_layer_forwards": self.target_layer_forwards,
             "drafter_layer_forwards": self.drafter_layer_forwards,
             "layer_forwards_per_token": self.layer_forwards_per_token,
+            **({"round_trace": self.round_trace} if self.round_trace else {}),
         }
