@@ -53,6 +53,28 @@ def tiny_models(tmp_path_factory):
     return root
 
 
+def _runtime_rounds(tiny_models, exit_buffer, first_tokens):
+    """The runtime's windowed rounds (``HierarchyConfig.window``) for the same hierarchy, per
+    prompt: [(exit accepted per sub-round, target accepted)] for each round. SGLang emits the
+    first token from its prefill, so the runtime starts after prompt + that token."""
+    from sglang_hsd.runtime.config import parse_levels
+    from sglang_hsd.runtime.engine import SpeculativeGenerator
+    from sglang_hsd.runtime.model import CausalLM
+    from sglang_hsd.sampling import SamplingParams
+
+    target_dir, head_dir = str(tiny_models / "target"), str(tiny_models / "eagle3")
+    model = CausalLM.from_pretrained(target_dir)
+    config = parse_levels(f"eagle3:{head_dir},exit:2,target", buffers=[NUM_STEPS, exit_buffer],
+                          window=True)
+    generator = SpeculativeGenerator(model, config)
+    rounds = []
+    for ids, first in zip(PROMPTS, first_tokens):
+        result = generator.generate([ids + [first]], SamplingParams(temperature=0.0),
+                                    max_new_tokens=MAX_NEW_TOKENS - 1, trace_rounds=True)
+        rounds.append([(r["exit_accepted"], r["target_accepted"]) for r in result.round_trace[0]])
+    return rounds
+
+
 def _reference(target_dir):
     from sglang_hsd.runtime.model import CausalLM
     from sglang_hsd.runtime.testing import greedy_reference
@@ -76,10 +98,12 @@ def test_exit_level_server_end_to_end(tiny_models, exit_buffer):
     log_path = str(tiny_models / f"exit_server_{exit_buffer}.log")
     with running_server(cmd, env, log_path, timeout=600) as url:
         free_at_start = _hsd_state(url)["kv_available_size"]
+        server_rounds = []
         for ids, reference in zip(PROMPTS, expected):
             out = _generate(url, ids)
             assert out["output_ids"] == reference, ids
             meta = out["meta_info"]  # one entry per verify round and level
+            server_rounds.append(list(zip(meta["hsd_exit_sub_rounds"], meta["hsd_target_accepted"])))
             assert len(meta["hsd_exit_accepted"]) == meta["spec_verify_ct"]
             for total, subs, taken in zip(meta["hsd_exit_accepted"], meta["hsd_exit_sub_rounds"],
                                           meta["hsd_target_accepted"]):
@@ -101,6 +125,14 @@ def test_exit_level_server_end_to_end(tiny_models, exit_buffer):
             if sampling["temperature"] == 0.0:  # greedy rows inside a mixed batch
                 assert out["output_ids"] == expected[PROMPTS.index(ids)], ids
         state = _hsd_state(url)
+    # The runtime and the server agree round by round on what each level accepted (greedy: the
+    # sampling streams are identical by construction).
+    runtime_rounds = _runtime_rounds(tiny_models, exit_buffer, [ref[0] for ref in expected])
+    for ids, server, runtime in zip(PROMPTS, server_rounds, runtime_rounds):
+        assert server == runtime, (ids, server, runtime)
+    compared = [r for rounds in server_rounds for r in rounds]
+    assert any(sum(subs) > 0 for subs, _ in compared) and any(t > 0 for _, t in compared)
+    print(f"\nN_i={exit_buffer}: {len(compared)} rounds agree, e.g. {server_rounds[0][:6]}")
     with open(log_path) as f:
         log = f.read()
     assert "Traceback" not in log
