@@ -179,7 +179,8 @@ def markdown(summary: dict) -> str:
     serving = s["serving_client"]
     return "\n".join([
         f"Load test, SGLang HSD server with the exit level at layer {s['exit_layer']} "
-        f"({s['exit_heads']}), {s['model']}, CPU ({s['cpu_count']} cores), loopback.", "",
+        f"({s['exit_heads']}, exit buffer N_i = {s.get('exit_buffer', 1)}), {s['model']}, CPU "
+        f"({s['cpu_count']} cores), loopback.", "",
         "| check | result |", "|---|---|",
         f"| our mixed requests (T in {list(TEMPERATURES)}, top-k/top-p, 8-64 tokens) | "
         f"{s['completed']} completed, {s['aborted_by_client']} aborted midway (finish reason "
@@ -207,6 +208,8 @@ def parse_args(argv=None):
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--num-steps", type=int, default=3)
+    parser.add_argument("--exit-buffer", type=int, default=1,
+                        help="--hsd-exit-buffer N_i (exit sub-rounds per verify window)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--client-timeout", type=float, default=1800.0)
@@ -229,9 +232,11 @@ def main(argv=None) -> int:
                                  num_steps=args.num_steps, extra=[
             "--hsd-exit-layer", str(setup.exit_layer), "--hsd-exit-heads",
             str(setup.exit_heads) if setup.exit_heads else "none", "--dtype", args.dtype,
-            "--disable-radix-cache", "--max-running-requests", "32"])
+            "--disable-radix-cache", "--max-running-requests", "32",
+            "--hsd-exit-buffer", str(args.exit_buffer)])
         log_path = workdir / "server.log"
         meta = {"model": setup.name, "exit_layer": setup.exit_layer, "cpu_count": os.cpu_count(),
+                "exit_buffer": args.exit_buffer,
                 "exit_heads": "trained heads" if setup.exit_heads else "logit lens",
                 "num_requests": args.num_requests,
                 "command": "PYTHONPATH=. python benchmarks/bench_sglang_load.py "
@@ -246,6 +251,8 @@ def main(argv=None) -> int:
         summary = summarize(run, before, after, free_after, log_path.read_text(errors="replace"),
                             meta)
     stem = "sglang_load" if args.model == "tiny" else f"sglang_load_{args.model}"
+    if args.exit_buffer != 1:
+        stem += f"_buffer{args.exit_buffer}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     (args.out_dir / f"{stem}.md").write_text(markdown(summary))

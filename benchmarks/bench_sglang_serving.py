@@ -110,6 +110,10 @@ CONFIGS = {
         "hsd-exit", "HSD", "hsd",
         "HSD 3-level: EAGLE-3 drafts, early exit (first L layers + exit head) verifies with hsd, "
         "the remaining layers run only for the positions the exit accepted"),
+    "hsd-exit-window": ServerConfig(
+        "hsd-exit-window", "HSD", "hsd",
+        "hsd-exit with exit buffer N_i = K + 1 (--hsd-exit-buffer): exit sub-rounds (EAGLE-3 "
+        "drafts continuing the exit's chain) fill the verify window before the full target runs"),
 }
 
 
@@ -211,9 +215,11 @@ def run_config(config: ServerConfig, setup: ModelSetup, dataset: Path, args,
     extra = list(config.extra) + ["--dtype", args.dtype]
     if config.verify_method:
         extra += ["--hsd-verify-method", config.verify_method]
-    if config.name == "hsd-exit":
+    if config.name.startswith("hsd-exit"):
         extra += ["--hsd-exit-layer", str(setup.exit_layer), "--hsd-exit-heads",
                   str(setup.exit_heads) if setup.exit_heads else "none"]
+    if config.name == "hsd-exit-window":
+        extra += ["--hsd-exit-buffer", str(args.num_steps + 1)]
     cmd = cpu_server_command(str(setup.target), port, config.algorithm,
                              str(setup.head) if config.algorithm else None,
                              num_steps=args.num_steps if config.algorithm else None,
@@ -294,19 +300,21 @@ def _fmt(value, digits=2):
 def markdown_table(records: list[dict], meta: dict) -> str:
     lines = [
         "| config | completed | output tok/s | req/s | mean e2e ms | median TPOT ms | "
-        "accept length | exit accept length | target accept rate | target layer-forwards saved |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "accept length | exit sub-rounds per round | exit accept length | target accept rate | "
+        "target layer-forwards saved |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | | | | |")
             continue
         levels = r.get("hsd_levels") or {}
         lines.append(
             f"| {r['config']} | {r['completed']}/{meta['num_prompts']} | "
             f"{_fmt(r['output_throughput'])} | {_fmt(r['request_throughput'], 3)} | "
             f"{_fmt(r['mean_e2e_latency_ms'], 0)} | {_fmt(r['median_tpot_ms'], 1)} | "
-            f"{_fmt(r['accept_length'])} | {_fmt(levels.get('exit_accept_length'))} | "
+            f"{_fmt(r['accept_length'])} | {_fmt(levels.get('exit_subrounds_per_round'))} | "
+            f"{_fmt(levels.get('exit_accept_length'))} | "
             f"{_fmt(levels.get('target_accept_rate'))} | "
             f"{_fmt(levels.get('layer_forwards_saved'))} |")
     notes = [f"- `{r['config']}`: {r['note']}" for r in records]

@@ -36,6 +36,7 @@ from sglang_hsd.sglang_plugin.exit_verify import (
     ExitLevelStats,
     ExitProposal,
     exit_round,
+    exit_sub_rounds,
     target_round,
 )
 from sglang_hsd.sglang_plugin.forward_batches import window_extend_batch
@@ -230,9 +231,9 @@ class ExitLevelVerifier:
         return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
 
     def _more_sub_rounds(self, verify_batch, candidates, sampling_info, low: StreamState,
-                         exit_logits, first: ExitProposal, method: str) -> ExitProposal:
-        """Exit sub-rounds after the first, inside the window, until every request holds
-        ``buffer`` provisional tokens or has no room for another draft (n >= K).
+                         exit_logits, first: ExitProposal, method: str):
+        """Exit sub-rounds after the first (``exit_verify.exit_sub_rounds``) with SGLang's draft
+        model and layers [0, L) doing the work.
 
         Updates ``low`` and ``exit_logits`` (rows [B * W, V]) in place at the window rows it
         re-runs. Returns the round's whole ``ExitProposal`` (chain of n tokens per request) and
@@ -240,69 +241,36 @@ class ExitLevelVerifier:
         the chain).
         """
         batch, width = candidates.shape
-        num_draft = width - 1
         greedy = method == "greedy"
-        device = candidates.device
         tokens = candidates.to(torch.int64).flatten().clone()  # window row b * W + j: position s + j
-        chain = first.chain_tokens.clone()  # [B, W]: c_1..c_n, then -1
-        # [B, W, V]: row j = the exit's row of position s + j + 1 (greedy: a view of the logits)
-        probs = exit_logits.view(batch, width, -1) if greedy else first.chain_probs.clone()
-        n = first.chain_len.clone()
-        accepted, drafted = first.exit_accepted.clone(), first.drafted.clone()
-        lower_positions = first.lower_positions.clone()
-        sub_accepted = [first.exit_accepted]
         seed = sampling_info.sampling_seed
-        sub_round = 1
-        while True:
-            active = (n < self.buffer) & (n < num_draft)
-            if not bool(active.any()):
-                break
-            clock = time.perf_counter()
-            reqs = active.nonzero().squeeze(-1)
-            last = n[reqs]  # c_n sits at window index n
-            counts = num_draft - last
-            last_token = chain[reqs, last - 1]
-            drafts, q = self.drafter.draft(reqs, last_token, last, counts, sampling_info, sub_round)
-            clock = self._lap("draft_continuation", clock)
 
-            span = torch.arange(drafts.shape[1] + 1, device=device).unsqueeze(0)
+        def draft(reqs, last_token, last, counts, sub_round):
+            clock = time.perf_counter()
+            out = self.drafter.draft(reqs, last_token, last, counts, sampling_info, sub_round)
+            self._lap("draft_continuation", clock)
+            return out
+
+        def exit_rows(reqs, last, run_tokens, counts):
+            clock = time.perf_counter()
+            span = torch.arange(run_tokens.shape[1], device=reqs.device).unsqueeze(0)
             in_run = span <= counts.unsqueeze(1)
-            window_rows = reqs.unsqueeze(1) * width + last.unsqueeze(1) + span
-            run_tokens = torch.cat([last_token.unsqueeze(1), drafts], dim=1)
-            tokens[window_rows[in_run]] = run_tokens[in_run]
+            tokens[(reqs.unsqueeze(1) * width + last.unsqueeze(1) + span)[in_run]] = run_tokens[in_run]
             fb, rows = window_extend_batch(verify_batch, reqs, last, counts + 1, input_ids=tokens)
             part = self._run(fb, self._lower)
             low.overwrite(rows, part)
             exit_logits[rows] = self.head(part.hidden())
-            clock = self._lap("lower_forward", clock)
+            window_logits = exit_logits.view(batch, width, -1)[reqs].flatten(0, 1)
+            table = self._exit_probs(window_logits, sampling_info, width, greedy, reqs)
+            self._lap("lower_forward", clock)
+            return table
 
-            window_logits = exit_logits.view(batch, width, -1)[reqs].reshape(-1, exit_logits.shape[-1])
-            req_probs = self._exit_probs(window_logits, sampling_info, width, greedy, reqs)
-            if not greedy:
-                probs[reqs] = req_probs
-            m_rows = req_probs.gather(
-                1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
-                .expand(-1, -1, req_probs.shape[-1]))
-            uniforms = exit_uniforms(None if seed is None else seed[reqs],
-                                     verify_batch.seq_lens[reqs] + last, drafts.shape[1])
-            step = exit_round(drafts.clamp_min(0), q, m_rows, method, uniforms,
-                              validate=self.validate, draft_lengths=counts)
-            taken = span <= step.exit_accepted.unsqueeze(1)
-            chain_slots = last.unsqueeze(1) + span
-            chain[reqs.unsqueeze(1).expand_as(chain_slots)[taken], chain_slots[taken]] = (
-                step.chain_tokens[taken])
-            n[reqs] += step.chain_len
-            accepted[reqs] += step.exit_accepted
-            drafted[reqs] += counts
-            lower_positions[reqs] += counts + 1
-            this_round = torch.full_like(n, -1)
-            this_round[reqs] = step.exit_accepted
-            sub_accepted.append(this_round)
-            sub_round += 1
-            self._lap("exit_verify", clock)
-        proposal = ExitProposal(accepted, chain, n, probs, drafted=drafted,
-                                lower_positions=lower_positions,
-                                sub_accepted=torch.stack(sub_accepted, dim=1))
+        def uniforms(reqs, last, num_draft):
+            return exit_uniforms(None if seed is None else seed[reqs],
+                                 verify_batch.seq_lens[reqs] + last, num_draft)
+
+        proposal = exit_sub_rounds(first, self.buffer, method, draft, exit_rows, uniforms,
+                                   validate=self.validate)
         return proposal, tokens.to(verify_batch.input_ids.dtype)
 
     def _lap(self, name: str, start: float) -> float:

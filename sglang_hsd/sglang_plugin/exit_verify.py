@@ -97,6 +97,77 @@ def exit_round(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                         lower_positions=drafted + 1, sub_accepted=accepted.unsqueeze(1))
 
 
+def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_rows, uniforms,
+                    validate: bool = False) -> ExitProposal:
+    """Exit sub-rounds after ``first`` inside the verify window, until every request holds
+    ``buffer`` (N_i) provisional tokens or has no room for another draft (n >= K).
+
+    A sub-round of request b with n provisional tokens c_1..c_n (c_n at window index n, position
+    s + n) drafts k = K - n tokens after c_n, verifies them against the exit's rows of window
+    indices n..n+k and appends the a accepted drafts and the exit's own token. The model work is
+    injected, so SGLang's forwards (``exit_level.py``) and tabular worlds (the tests) run the
+    same rule:
+
+    Args:
+        first: the first sub-round's proposal (K drafts over the whole window; its
+            ``chain_probs`` [B, K + 1, V] is the table of exit rows: row j = the exit's
+            distribution of position s + j + 1).
+        buffer: N_i.
+        method: the exit's chain rule ("hsd", "tokenwise" or "greedy").
+        draft: ``(requests, last_token, last_index, counts, sub_round) -> (drafts int64
+            [A, k_max] (-1 padding), q float [A, k_max, V] or None)``.
+        exit_rows: ``(requests, last_index, run_tokens, counts) -> float [A, K + 1, V]``, the
+            requests' whole table of exit rows after the exit level ran on window indices
+            last_index .. last_index + counts (``run_tokens`` int64 [A, k_max + 1]: c_n and the
+            drafts there).
+        uniforms: ``(requests, last_index, k_max) -> ChainUniforms`` (accept [A, k_max],
+            sample [A]); fresh for every sub-round.
+    Returns:
+        The round's ``ExitProposal``: chain c_1..c_n, ``chain_probs`` the final table (its rows
+        0..n-1 are the rows each c_j was drawn from), counters summed over sub-rounds.
+    """
+    batch, width = first.chain_tokens.shape
+    num_draft = width - 1
+    device = first.chain_tokens.device
+    chain, table = first.chain_tokens.clone(), first.chain_probs.clone()
+    n, accepted = first.chain_len.clone(), first.exit_accepted.clone()
+    drafted, lower_positions = first.drafted.clone(), first.lower_positions.clone()
+    sub_accepted = [first.exit_accepted]
+    sub_round = 1
+    while True:
+        active = (n < buffer) & (n < num_draft)
+        if not bool(active.any()):
+            break
+        reqs = active.nonzero().squeeze(-1)
+        last = n[reqs]
+        counts = num_draft - last
+        last_token = chain[reqs, last - 1]
+        drafts, q = draft(reqs, last_token, last, counts, sub_round)
+        span = torch.arange(drafts.shape[1] + 1, device=device).unsqueeze(0)
+        run_tokens = torch.cat([last_token.unsqueeze(1), drafts], dim=1)
+        req_table = exit_rows(reqs, last, run_tokens, counts)
+        table[reqs] = req_table.to(table.dtype)
+        m_rows = req_table.gather(1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
+                                  .expand(-1, -1, req_table.shape[-1]))
+        step = exit_round(drafts.clamp_min(0), q, m_rows, method,
+                          uniforms(reqs, last, drafts.shape[1]), validate=validate,
+                          draft_lengths=counts)
+        taken = span <= step.exit_accepted.unsqueeze(1)
+        slots = last.unsqueeze(1) + span
+        chain[reqs.unsqueeze(1).expand_as(slots)[taken], slots[taken]] = step.chain_tokens[taken]
+        n[reqs] += step.chain_len
+        accepted[reqs] += step.exit_accepted
+        drafted[reqs] += counts
+        lower_positions[reqs] += counts + 1
+        this_round = torch.full_like(n, -1)
+        this_round[reqs] = step.exit_accepted
+        sub_accepted.append(this_round)
+        sub_round += 1
+    return ExitProposal(accepted, chain, n, table, drafted=drafted,
+                        lower_positions=lower_positions,
+                        sub_accepted=torch.stack(sub_accepted, dim=1))
+
+
 def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str,
                  uniforms: ChainUniforms, validate: bool = False
                  ) -> tuple[ChainVerifyResult, torch.Tensor]:

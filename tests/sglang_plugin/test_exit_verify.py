@@ -5,7 +5,12 @@
   rounds: 2-4-token prefixes equal the target's (TV ~1e-16) for every pair of methods;
 * the batched torch implementation (``exit_round`` + ``target_round``) samples the exact round law
   (one round from a fixed prefix, 40k requests, TV against the enumeration);
-* greedy (one-hot rows) emits the target's argmax chain.
+* greedy (one-hot rows) emits the target's argmax chain;
+* with exit buffer N_i > 1 (exit sub-rounds inside the verify window, ``exit_sub_rounds``): exact
+  enumeration of the rule over repeated rounds (TV ~1e-16, 2-4-token prefixes, K = 2 and 3,
+  several N_i, every method pairing), and the batched implementation driven by tabular worlds
+  samples the exact round law (chi-square, 100k requests; the same test rejects a sub-round that
+  verifies its drafts against the wrong q).
 """
 
 from __future__ import annotations
@@ -148,3 +153,199 @@ def test_greedy_rows_emit_the_target_argmax_chain():
     stats = ExitLevelStats()
     stats.add_round(K, 2, 6, proposal, result, target_accepted)
     assert stats.emitted == 2 + 4 and stats.layer_forwards == 2 * 4 * 2 + 7 * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Exit buffer N_i > 1: exit sub-rounds inside the verify window (``exit_sub_rounds``)
+# ---------------------------------------------------------------------------------------------
+
+
+def windowed_round_law(wq, wm, exit_method, target_method, num_draft, buffer, prefix=()):
+    """Exact law {emitted block: probability} of one round with exit buffer N_i = ``buffer``:
+    sub-rounds draft K - n tokens after the n provisional ones (q from ``wq`` given everything
+    before) until n >= min(N_i, K); the target then verifies the n tokens, no bonus."""
+    exit_law, target_law = exact.OUTCOME_LAWS[exit_method], exact.OUTCOME_LAWS[target_method]
+    law: dict[tuple[int, ...], float] = {}
+
+    def target_phase(chain, mass):
+        contexts = [prefix + chain[:t] for t in range(len(chain) + 1)]
+        chain_q = np.stack([wm.q(c) for c in contexts[:-1]])
+        chain_p = np.stack([wm.p(c) for c in contexts])
+        for (tau, z), p_target in target_law(chain_p, chain_q, chain).items():
+            block = chain if tau == len(chain) else chain[:tau] + (z,)
+            law[block] = law.get(block, 0.0) + mass * p_target
+
+    def sub_round(chain, mass):
+        n = len(chain)
+        if n and (n >= buffer or n >= num_draft):
+            target_phase(chain, mass)
+            return
+        count = num_draft - n
+        for draft in itertools.product(range(wq.vocab_size), repeat=count):
+            contexts = [prefix + chain + draft[:t] for t in range(count + 1)]
+            q_rows = np.stack([wq.q(c) for c in contexts[:-1]])
+            draft_prob = float(np.prod([q_rows[t][x] for t, x in enumerate(draft)]))
+            m_rows = np.stack([wm.q(c) for c in contexts])
+            for (accepted, y), p_exit in exit_law(m_rows, q_rows, draft).items():
+                sub_round(chain + draft[:accepted] + (y,), mass * draft_prob * p_exit)
+
+    sub_round((), 1.0)
+    return law
+
+
+def windowed_prefix_distribution(wq, wm, exit_method, target_method, num_draft, buffer, length):
+    laws = {}
+    done, frontier = {}, {(): 1.0}
+    while frontier:
+        following = {}
+        for prefix, mass in frontier.items():
+            if prefix not in laws:
+                laws[prefix] = windowed_round_law(wq, wm, exit_method, target_method, num_draft,
+                                                  buffer, prefix)
+            for block, prob in laws[prefix].items():
+                extended = (prefix + block)[:length]
+                bucket = done if len(extended) == length else following
+                bucket[extended] = bucket.get(extended, 0.0) + mass * prob
+        frontier = following
+    return done
+
+
+def _marginal(distribution, length):
+    out: dict[tuple[int, ...], float] = {}
+    for prefix, prob in distribution.items():
+        out[prefix[:length]] = out.get(prefix[:length], 0.0) + prob
+    return out
+
+
+@pytest.mark.parametrize("num_draft,buffer", [(2, 2), (2, 3), (3, 4)])
+@pytest.mark.parametrize("exit_method,target_method",
+                         [("hsd", "hsd"), ("tokenwise", "hsd"), ("hsd", "tokenwise")])
+def test_exit_sub_rounds_are_lossless_exactly(num_draft, buffer, exit_method, target_method):
+    wq, wm = _worlds(7, max_len=4 + num_draft + 1)
+    longest = 4 if num_draft == 2 else 3
+    full = windowed_prefix_distribution(wq, wm, exit_method, target_method, num_draft, buffer,
+                                        longest)
+    for length in range(2, longest + 1):
+        tv = exact.total_variation(_marginal(full, length),
+                                   exact.target_prefix_distribution(wq, length))
+        assert tv < EXACT_TV, (length, tv)
+
+
+def test_exit_sub_round_law_differs_from_a_single_sub_round():
+    """The enumeration sees the sub-rounds: their round law is not the one-sub-round law (and
+    a rule that forgot to verify the continuation drafts would not be lossless)."""
+    wq, wm = _worlds(7, max_len=7)
+    single = three_level_round_law(wq, wm, "hsd", "hsd", 3)
+    windowed = windowed_round_law(wq, wm, "hsd", "hsd", 3, 4)
+    assert windowed_round_law(wq, wm, "hsd", "hsd", 3, 1) == pytest.approx(single)
+    assert exact.total_variation(single, windowed) > 0.01
+    assert max(len(block) for block in windowed) == 4 > max(len(block) for block in single) - 1
+
+
+def _table_rows(table: np.ndarray, vocab: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Rows of a ``TabularWorld`` table for every prefix tokens[:, :j], j = 0..T: [A, T + 1, V]."""
+    batch, length = tokens.shape
+    codes = torch.zeros(batch, length + 1, dtype=torch.long)
+    value = torch.zeros(batch, dtype=torch.long)
+    for j in range(length + 1):
+        codes[:, j] = exact.prefix_offset(vocab, j) + value
+        if j < length:
+            value = value * vocab + tokens[:, j]
+    return torch.from_numpy(table)[codes]
+
+
+def _sample_windowed_rounds(wq, wm, num_draft, buffer, batch, exit_method, target_method, seed):
+    """One round of ``exit_round`` + ``exit_sub_rounds`` + ``target_round`` for ``batch``
+    requests from the empty prefix, with tabular callbacks in place of SGLang's forwards."""
+    from sglang_hsd.sglang_plugin.exit_verify import exit_sub_rounds
+
+    gen = torch.Generator().manual_seed(seed)
+    V, width = wq.vocab_size, num_draft + 1
+    window = torch.zeros(batch, width, dtype=torch.long)  # index j: token at position j (0: root)
+
+    def sample_after(context: torch.Tensor, count: int):
+        tokens = torch.zeros(context.shape[0], count, dtype=torch.long)
+        q = torch.zeros(context.shape[0], count, V, dtype=torch.float64)
+        for t in range(count):
+            rows = _table_rows(wq.draft, V, torch.cat([context, tokens[:, :t]], 1))[:, -1]
+            q[:, t] = rows
+            tokens[:, t] = torch.multinomial(rows, 1, generator=gen).squeeze(-1)
+        return tokens, q
+
+    drafts, q = sample_after(window[:, :0], num_draft)
+    window[:, 1:] = drafts
+    table = _table_rows(wm.draft, V, window[:, 1:])
+    first = exit_round(drafts, q, table, exit_method,
+                       ChainUniforms.draw(batch, num_draft, "cpu", gen), validate=True)
+
+    def draft(reqs, last_token, last, counts, sub_round):
+        k_max = int(counts.max())
+        out = torch.full((reqs.shape[0], k_max), -1, dtype=torch.long)
+        q_out = torch.zeros(reqs.shape[0], k_max, V, dtype=torch.float64)
+        for n in last.unique().tolist():  # requests with the same n share a context length
+            rows = (last == n).nonzero().squeeze(-1)
+            # c_1..c_{n-1} sit at window indices 1..n-1 (accepted drafts are written there)
+            context = torch.cat([window[reqs[rows], 1:n], last_token[rows, None]], 1)
+            tokens, q_rows = sample_after(context, num_draft - n)
+            out[rows, : num_draft - n], q_out[rows, : num_draft - n] = tokens, q_rows
+        return out, q_out
+
+    def exit_rows(reqs, last, run_tokens, counts):
+        span = torch.arange(run_tokens.shape[1]).unsqueeze(0)
+        in_run = span <= counts.unsqueeze(1)
+        index = (last.unsqueeze(1) + span).clamp(max=num_draft)
+        rows = reqs.unsqueeze(1).expand_as(index)
+        window[rows[in_run], index[in_run]] = run_tokens[in_run]
+        return _table_rows(wm.draft, V, window[reqs, 1:])
+
+    def uniforms(reqs, last, k_max):
+        return ChainUniforms.draw(reqs.shape[0], k_max, "cpu", gen)
+
+    proposal = exit_sub_rounds(first, buffer, exit_method, draft, exit_rows, uniforms,
+                               validate=True)
+    chain = proposal.chain_tokens.clamp_min(0)
+    p = _table_rows(wm.target, V, chain)[:, :width]  # row j: p given c_1..c_j
+    result, _ = target_round(proposal, p, target_method,
+                             ChainUniforms.draw(batch, width, "cpu", gen), validate=True)
+    return result, proposal
+
+
+def _round_p_value(result, law) -> float:
+    """Chi-square p-value of the sampled blocks (accepted drafts + last token) against ``law``."""
+    from sglang_hsd.verify.simulate import chi_square_p_value
+
+    blocks = sorted(law)
+    index = {block: i for i, block in enumerate(blocks)}
+    observed = torch.zeros(len(blocks))
+    for n, row in zip(result.num_accepted.tolist(), result.tokens.tolist()):
+        observed[index[tuple(row[: n + 1])]] += 1  # a block outside the law raises KeyError
+    return chi_square_p_value(observed, torch.tensor([law[b] for b in blocks]))
+
+
+@pytest.mark.parametrize("num_draft,buffer,exit_method,target_method",
+                         [(2, 3, "hsd", "hsd"), (3, 4, "hsd", "hsd"), (3, 4, "tokenwise", "hsd")])
+def test_torch_sub_rounds_sample_the_exact_round_law(num_draft, buffer, exit_method, target_method):
+    wq, wm = _worlds(3, max_len=num_draft + 2)
+    result, proposal = _sample_windowed_rounds(wq, wm, num_draft, buffer, 100_000, exit_method,
+                                               target_method, seed=0)
+    assert int((proposal.sub_accepted >= 0).sum(1).max()) > 1  # some requests ran sub-rounds
+    law = windowed_round_law(wq, wm, exit_method, target_method, num_draft, buffer)
+    assert _round_p_value(result, law) > 1e-3
+
+
+def test_torch_sub_rounds_test_catches_a_wrong_draft_q(monkeypatch):
+    """The same test fails when the continuation drafts are verified against a q they were not
+    drawn from (uniform), i.e. it can tell a biased sub-round from the exact one."""
+    from sglang_hsd.sglang_plugin import exit_verify
+
+    real = exit_verify.exit_round
+
+    def wrong_q(drafts, q, m, method, uniforms, validate=False, draft_lengths=None):
+        if draft_lengths is not None:
+            q = torch.full_like(q, 1.0 / q.shape[-1])
+        return real(drafts, q, m, method, uniforms, draft_lengths=draft_lengths)
+
+    monkeypatch.setattr(exit_verify, "exit_round", wrong_q)
+    wq, wm = _worlds(3, max_len=5)
+    result, _ = _sample_windowed_rounds(wq, wm, 3, 4, 100_000, "hsd", "hsd", seed=0)
+    assert _round_p_value(result, windowed_round_law(wq, wm, "hsd", "hsd", 3, 4)) < 1e-6
