@@ -21,6 +21,9 @@ Configurations:
                  logit lens for the tiny model): EAGLE-3 drafts -> layers [0, L) + exit head ->
                  layers [L, N) for the surviving positions only. Its per-level statistics (exit and
                  target acceptance, target layer-forwards saved) come from ``/server_info``.
+* ``hsd-exit-window`` ``hsd-exit`` with ``--hsd-exit-buffer K + 1``: exit sub-rounds (EAGLE-3 drafts
+                 continuing the exit's provisional chain) fill the verify window before the
+                 remaining layers run once for all provisional tokens.
 
 ``--model smollm2-135m`` runs the real SmolLM2-135M-Instruct from ``~/.cache/sglang-hsd`` with the
 EAGLE-3 head and exit heads trained by ``eagle_heads`` (``heads/smollm2-135m/{eagle3,exit}``), on
@@ -28,7 +31,7 @@ ShareGPT prompts (``--dataset-name sharegpt``); results go to
 ``sglang_serving_smollm2-135m_t<temperature>.*``.
 
     PYTHONPATH=. python benchmarks/bench_sglang_serving.py --model smollm2-135m \
-        --configs eagle3,hsd,hsd-exit --temperature 0 --num-prompts 8
+        --configs eagle3,hsd,hsd-exit,hsd-exit-window,none --temperature 0 --num-prompts 8
 
 Random weights: accept lengths here say nothing about real models (the head is untrained; with
 near-uniform p and q on a random model a sampled draft is accepted often, an argmax one rarely).

@@ -79,8 +79,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def running_server(cmd: list[str], env: dict, log_path: str, timeout: float = 240.0):
-    """Run ``cmd`` in its own process group; yield its base URL; kill the group on exit."""
+def running_server(cmd: list[str], env: dict, log_path: str, timeout: float = 600.0):
+    """Run ``cmd`` in its own process group; yield its base URL; kill the group on exit.
+
+    ``timeout``: seconds to wait for ``/health`` (start-up takes ~1 minute on 2 idle cores and
+    several under load)."""
     port = cmd[cmd.index("--port") + 1]
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log:

@@ -36,6 +36,11 @@ def resolve_hsd_server_args(args) -> None:
     if args.device == "cpu" and not args.disable_overlap_schedule:
         logger.warning("HSD: overlap scheduling is not implemented on CPU; disabling it.")
         args.disable_overlap_schedule = True
+    if args.device == "cpu" and getattr(args, "dtype", None) == "auto":
+        # SGLang's "auto" serves float32 checkpoints in float16, which most CPUs run far slower
+        # than float32; the choice is the user's, so only say so.
+        logger.warning("HSD on CPU: --dtype auto serves float32 checkpoints in float16, which is "
+                       "slow on most CPUs; pass --dtype float32 (or bfloat16) for speed.")
     if args.enable_mixed_chunk:
         args.enable_mixed_chunk = False
     if args.speculative_num_steps is None:

@@ -11,6 +11,7 @@ import torch
 
 from sglang_hsd.sglang_plugin import cpu_sampling
 from sglang_hsd.sglang_plugin.config import (
+    EXIT_BUFFER_ENV,
     EXIT_HEADS_ENV,
     EXIT_LAYER_ENV,
     EXIT_METHOD_ENV,
@@ -23,7 +24,7 @@ from sglang_hsd.sampling import BatchSamplingParams, logits_to_probs
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in (EXIT_LAYER_ENV, EXIT_HEADS_ENV, EXIT_METHOD_ENV, PLAN_ENV):
+    for name in (EXIT_LAYER_ENV, EXIT_HEADS_ENV, EXIT_METHOD_ENV, EXIT_BUFFER_ENV, PLAN_ENV):
         # setenv first so that monkeypatch restores the variable (or its absence) afterwards,
         # also when a flag's action wrote it straight into os.environ.
         monkeypatch.setenv(name, "")
@@ -96,6 +97,35 @@ def test_exit_map_loading_names_missing_layers(tmp_path):
         load_exit_map(str(tmp_path / "missing"), 4, 8)
 
 
+def test_exit_buffer_from_flag_or_plan(clean_env, tmp_path):
+    clean_env.setenv(EXIT_LAYER_ENV, "8")
+    assert ExitLevelConfig.from_env().buffer == 1  # default: one exit sub-round per round
+    clean_env.setenv(EXIT_BUFFER_ENV, "5")
+    config = ExitLevelConfig.from_env()
+    assert config.buffer == 5
+    config.check_window(5)  # K = 4 drafts: a window of 5 positions holds N_i = 5
+    with pytest.raises(ExitLevelConfigError, match=r"--hsd-exit-buffer 5.*at most 4"):
+        config.check_window(4)
+    clean_env.delenv(EXIT_LAYER_ENV)
+    clean_env.delenv(EXIT_BUFFER_ENV)
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,exit:16,target"))  # buffers "2,4"
+    assert (ExitLevelConfig.from_env().layer, ExitLevelConfig.from_env().buffer) == (16, 4)
+    clean_env.setenv(EXIT_BUFFER_ENV, "2")  # the flag wins over the plan
+    assert ExitLevelConfig.from_env().buffer == 2
+
+
+@pytest.mark.parametrize("env,says", [
+    ({EXIT_LAYER_ENV: "2", EXIT_BUFFER_ENV: "two"}, "--hsd-exit-buffer .* must be an integer"),
+    ({EXIT_LAYER_ENV: "2", EXIT_BUFFER_ENV: "0"}, "--hsd-exit-buffer must be >= 1"),
+    ({EXIT_BUFFER_ENV: "3"}, "--hsd-exit-buffer .* needs --hsd-exit-layer"),
+])
+def test_bad_exit_buffer_is_refused_with_the_flag_named(clean_env, env, says):
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ExitLevelConfigError, match=says):
+        ExitLevelConfig.from_env()
+
+
 @pytest.mark.sglang
 def test_cli_flags_reach_the_environment(clean_env):
     pytest.importorskip("sglang")
@@ -106,12 +136,12 @@ def test_cli_flags_reach_the_environment(clean_env):
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(["--model-path", "x", "--hsd-exit-layer", "8", "--hsd-exit-heads",
-                            "none", "--hsd-exit-method", "tokenwise"])
+                            "none", "--hsd-exit-method", "tokenwise", "--hsd-exit-buffer", "3"])
     assert not any(name.startswith("hsd") for name in vars(ns))
     import os
 
-    assert (os.environ[EXIT_LAYER_ENV], os.environ[EXIT_HEADS_ENV],
-            os.environ[EXIT_METHOD_ENV]) == ("8", "none", "tokenwise")
+    assert (os.environ[EXIT_LAYER_ENV], os.environ[EXIT_HEADS_ENV], os.environ[EXIT_METHOD_ENV],
+            os.environ[EXIT_BUFFER_ENV]) == ("8", "none", "tokenwise", "3")
     with pytest.raises(SystemExit):
         parser.parse_args(["--model-path", "x", "--hsd-exit-layer", "eight"])
 

@@ -92,7 +92,9 @@ def test_cli_flag_sets_verify_method(plugin_loaded, monkeypatch):
 
     from sglang.srt.server_args import ServerArgs
 
-    monkeypatch.delenv("SGLANG_HSD_VERIFY_METHOD", raising=False)
+    # setenv (not delenv) so monkeypatch restores the variable's absence after the test: the
+    # flag's action writes os.environ directly.
+    monkeypatch.setenv("SGLANG_HSD_VERIFY_METHOD", "hsd")
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(["--model-path", "x", "--hsd-verify-method", "tokenwise"])
