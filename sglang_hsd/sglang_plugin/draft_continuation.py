@@ -17,8 +17,9 @@ the round, as in a stock round.
 
 q is what SGLang's own draft sampler returns (``sample_draft_proposal``: softmax(logits / T);
 greedy rows take the argmax), scattered to the target vocabulary, so each draft carries the
-exact distribution it was drawn from. Seeded requests draw from SGLang's seeded stream with a
-draft-step tag no stock draft step uses.
+exact distribution it was drawn from. Seeded requests draw from SGLang's seeded stream keyed by
+(a sub-round seed, the round's window start s, the draft's step in the sub-round): no other draw
+of the request shares that key (``exit_level.sub_round_seed``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_hsd.sglang_plugin.forward_batches import draft_decode_batch
-
-# SGLang's draft steps use draft_step 0..num_steps; continuation steps use tags from here on.
-CONTINUATION_STEP_TAG = 1 << 16
+from sglang_hsd.sglang_plugin.seeds import CONTINUATION_SEED_TAG, sub_round_seed
 
 
 @dataclass
@@ -124,10 +123,12 @@ class DraftContinuation:
                 ids = logits.argmax(dim=-1)
             else:
                 seed = sampling_info.sampling_seed
+                if seed is not None:
+                    seed = sub_round_seed(seed[reqs], CONTINUATION_SEED_TAG, sub_round)
                 probs, _, ids = sample_draft_proposal(
                     logits, sampling_info.temperatures[reqs], sampling_info.top_ks[reqs],
-                    sampling_seed=None if seed is None else seed[reqs],
-                    positions=positions + 1, draft_step=CONTINUATION_STEP_TAG + sub_round)
+                    sampling_seed=seed, positions=record.seq_lens[reqs].to(torch.int64),
+                    draft_step=step)
                 ids = ids.squeeze(-1)
                 if worker.hot_token_id is not None:
                     probs = scatter_draft_probs(probs, worker.hot_token_id, self.vocab_size)

@@ -37,7 +37,6 @@ from sglang_hsd.sglang_plugin.exit_verify import (
     ExitProposal,
     exit_round,
     exit_sub_rounds,
-    target_round,
 )
 from sglang_hsd.sglang_plugin.forward_batches import window_extend_batch
 from sglang_hsd.sglang_plugin.layer_range import (
@@ -47,11 +46,10 @@ from sglang_hsd.sglang_plugin.layer_range import (
     override_forward,
     run_layer_range,
 )
+from sglang_hsd.sglang_plugin.seeds import EXIT_COIN_SEED_TAG, sub_round_seed
 from sglang_hsd.verify.common import ChainUniforms
 
 logger = logging.getLogger(__name__)
-# Domain tag for the exit level's seeded coins (the target level uses SGLang's own stream).
-EXIT_COIN_SEED_TAG = 0x5EED_E417
 
 
 @dataclass
@@ -106,12 +104,12 @@ def probs_like_sglang_verify(logits: torch.Tensor, sampling_info, width: int,
 
 
 def exit_uniforms(sampling_seed: torch.Tensor | None, seq_lens: torch.Tensor,
-                  num_draft: int) -> ChainUniforms:
+                  num_draft: int, sub_round: int = 0) -> ChainUniforms:
     """Coins of the exit level, independent of the target level's (SGLang's ``_verify_coins``).
 
-    Seeded requests hash a domain-separated seed the way SGLang's verify does, so a seeded
-    request is reproducible (``seq_lens``: the position each sub-round starts at, distinct per
-    sub-round); unseeded ones draw from torch's generator.
+    Seeded requests hash a domain-separated seed (``sub_round_seed``) with the window start
+    ``seq_lens`` the way SGLang's verify does, so a seeded request is reproducible; unseeded ones
+    draw from torch's generator.
     """
     batch = seq_lens.shape[0]
     if sampling_seed is None:
@@ -120,7 +118,7 @@ def exit_uniforms(sampling_seed: torch.Tensor | None, seq_lens: torch.Tensor,
     from sglang.srt.speculative.eagle_utils import _seeded_verify_coins
 
     coins, final = _seeded_verify_coins(
-        sampling_seed=sampling_seed.to(torch.int64) ^ EXIT_COIN_SEED_TAG,
+        sampling_seed=sub_round_seed(sampling_seed, EXIT_COIN_SEED_TAG, sub_round),
         seq_lens=seq_lens, draft_token_num=num_draft, device=seq_lens.device)
     return ChainUniforms(coins, final)
 
@@ -265,9 +263,9 @@ class ExitLevelVerifier:
             self._lap("lower_forward", clock)
             return table
 
-        def uniforms(reqs, last, num_draft):
-            return exit_uniforms(None if seed is None else seed[reqs],
-                                 verify_batch.seq_lens[reqs] + last, num_draft)
+        def uniforms(reqs, sub_round, num_draft):
+            return exit_uniforms(None if seed is None else seed[reqs], verify_batch.seq_lens[reqs],
+                                 num_draft, sub_round)
 
         proposal = exit_sub_rounds(first, self.buffer, method, draft, exit_rows, uniforms,
                                    validate=self.validate)

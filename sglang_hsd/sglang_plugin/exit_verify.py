@@ -120,8 +120,8 @@ def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_r
             requests' whole table of exit rows after the exit level ran on window indices
             last_index .. last_index + counts (``run_tokens`` int64 [A, k_max + 1]: c_n and the
             drafts there).
-        uniforms: ``(requests, last_index, k_max) -> ChainUniforms`` (accept [A, k_max],
-            sample [A]); fresh for every sub-round.
+        uniforms: ``(requests, sub_round, k_max) -> ChainUniforms`` (accept [A, k_max],
+            sample [A]); fresh for every sub-round (sub_round = 1, 2, ...).
     Returns:
         The round's ``ExitProposal``: chain c_1..c_n, ``chain_probs`` the final table (its rows
         0..n-1 are the rows each c_j was drawn from), counters summed over sub-rounds.
@@ -150,7 +150,7 @@ def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_r
         m_rows = req_table.gather(1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
                                   .expand(-1, -1, req_table.shape[-1]))
         step = exit_round(drafts.clamp_min(0), q, m_rows, method,
-                          uniforms(reqs, last, drafts.shape[1]), validate=validate,
+                          uniforms(reqs, sub_round, drafts.shape[1]), validate=validate,
                           draft_lengths=counts)
         taken = span <= step.exit_accepted.unsqueeze(1)
         slots = last.unsqueeze(1) + span

@@ -298,7 +298,7 @@ def _sample_windowed_rounds(wq, wm, num_draft, buffer, batch, exit_method, targe
         window[rows[in_run], index[in_run]] = run_tokens[in_run]
         return _table_rows(wm.draft, V, window[reqs, 1:])
 
-    def uniforms(reqs, last, k_max):
+    def uniforms(reqs, sub_round, k_max):
         return ChainUniforms.draw(reqs.shape[0], k_max, "cpu", gen)
 
     proposal = exit_sub_rounds(first, buffer, exit_method, draft, exit_rows, uniforms,
