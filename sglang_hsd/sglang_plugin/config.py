@@ -132,9 +132,9 @@ class ExitLevelConfig:
         """Raise unless N_i fits the verify window of ``num_draft_tokens`` (= K + 1) positions."""
         if self.enabled and self.buffer > num_draft_tokens:
             raise ExitLevelConfigError(
-                f"--hsd-exit-buffer {self.buffer}: one verify window holds at most "
-                f"{num_draft_tokens} provisional tokens (--speculative-num-steps + 1); lower it or "
-                "raise --speculative-num-steps")
+                f"--hsd-exit-buffer {self.buffer} (or the --hsd-plan buffer): one verify window "
+                f"holds at most {num_draft_tokens} provisional tokens (--speculative-num-steps + "
+                "1); lower it or raise --speculative-num-steps")
 
 
 def _exit_buffer(from_plan: int | None, layer: int | None) -> int:
