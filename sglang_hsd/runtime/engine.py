@@ -34,7 +34,9 @@ SGLang plugin's (``sglang_plugin/exit_verify.py``) so the two can be compared ro
 n tokens in the exit's buffer the drafter drafts only N_d - n (the room left in the verify window
 of N_d + 1 positions), the exit stops filling once n >= min(N_i, N_d), and the target keeps no
 bonus token when it accepts all n (the bonus is a fresh draw from the target given the accepted
-prefix, so leaving it to the next round keeps the output law). ``generate(trace_rounds=True)``
+prefix, so leaving it to the next round keeps the output law). An EAGLE-3 drafter reads target
+features only up to the token before the last committed one, as in SGLang, where that token's
+features come with the next verify forward. ``generate(trace_rounds=True)``
 records per round what each level accepted (``GenerationResult.round_trace``).
 """
 
@@ -263,7 +265,12 @@ class _Run:
                 break
             if self.eagle is not None:
                 params = BatchSamplingParams(self.params.temperature[idx], self.params.top_k[idx], self.params.top_p[idx])
-                q = self.eagle.propose(idx, self.tokens, self.seq_len, self.buf_start[self.top - 1], params)
+                committed = self.buf_start[self.top - 1]
+                if self.window:
+                    # SGLang's drafter has no target features for the last committed token (they
+                    # come with the next verify); its entry is fed by the head's own output.
+                    committed = committed - 1
+                q = self.eagle.propose(idx, self.tokens, self.seq_len, committed, params)
             else:
                 advance(group, self.tokens, self.seq_len)
                 q = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]

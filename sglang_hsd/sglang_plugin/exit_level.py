@@ -6,22 +6,28 @@ the target worker. Its ``forward_batch_generation`` (the target-verify forward) 
 
 1. layers [0, L) over the verify batch (root + K drafts per request; SGLang's TARGET_VERIFY
    ``ForwardBatch``, attention backend and KV slots) -> exit logits -> ``exit_round``;
-2. layers [L, N) over positions s..s+a only, as an EXTEND ``ForwardBatch`` built from the verify
-   batch (same KV slots, prefix = committed tokens), resuming from the stored stream rows;
+1b. with exit buffer N_i > 1, exit sub-rounds (``exit_verify.exit_sub_rounds``): the EAGLE-3 head
+   drafts after the exit's last provisional token (``draft_continuation.py``), layers [0, L) run
+   on that token and the new drafts (an EXTEND batch over those window positions, re-writing their
+   KV slots), the exit verifies them; until N_i tokens are provisional or the window is full;
+2. layers [L, N) over positions s..s+n-1 only (root + all but the last of the n provisional
+   tokens), as an EXTEND ``ForwardBatch`` built from the verify batch (same KV slots, prefix =
+   committed tokens), resuming from the stored stream rows;
 3. it rewrites the verify input in place to the exit's chain (``draft_token``, ``draft_probs`` =
    the exit's rows) and leaves a pending ``ExitRound``; SGLang's ``eagle_sample`` then computes the
    target probabilities from the returned logits exactly as for a stock round and calls the chain
    sampler, where ``verify_hook`` finds the round and runs ``target_round``.
 
 KV: the verify batch's slots are SGLang's (allocated before verify, one per verify position);
-layers [0, L) write all of them, layers [L, N) the first a + 1 per request. Only the accepted
+layers [0, L) write all of them (sub-rounds re-write the positions they re-run), layers [L, N)
+the first n per request. Only the accepted
 prefix's slots are kept by SGLang's bookkeeping (``new_seq_lens``); the rest are reused next round
 or freed with the request, exactly as in a stock round, so no slot is allocated or freed here.
 
-Logits rows the target did not compute (positions past s + a) are filled with the exit's logits:
-they are valid distributions for SGLang's probability transform and are never emitted.
+Logits rows the target did not compute (positions past s + n - 1) are filled with the exit's
+logits: they are valid distributions for SGLang's probability transform and are never emitted.
 EAGLE-3 aux hidden states (the draft head's input) are assembled from both ranges; rows past
-s + a are zero and are not read for accepted positions.
+s + n - 1 are zero and are not read for accepted positions.
 """
 
 from __future__ import annotations
@@ -264,8 +270,11 @@ class ExitLevelVerifier:
             return table
 
         def uniforms(reqs, sub_round, num_draft):
-            return exit_uniforms(None if seed is None else seed[reqs], verify_batch.seq_lens[reqs],
-                                 num_draft, sub_round)
+            # Columns of the whole window, cut to this sub-round's width: a request's coins must
+            # not depend on which other requests share its batch (seeded reproducibility).
+            coins = exit_uniforms(None if seed is None else seed[reqs], verify_batch.seq_lens[reqs],
+                                  width - 1, sub_round)
+            return ChainUniforms(coins.accept[:, :num_draft], coins.sample)
 
         proposal = exit_sub_rounds(first, self.buffer, method, draft, exit_rows, uniforms,
                                    validate=self.validate)
