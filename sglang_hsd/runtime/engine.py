@@ -32,7 +32,8 @@ the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_ver
 Windowed rounds (``HierarchyConfig.window``, drafter -> one exit -> target): a round reproduces the
 SGLang plugin's (``sglang_plugin/exit_verify.py``) so the two can be compared round by round. With
 n tokens in the exit's buffer the drafter drafts only N_d - n (the room left in the verify window
-of N_d + 1 positions), the exit stops filling once n >= min(N_i, N_d), and the target keeps no
+of N_d + 1 positions), the exit stops filling once n >= min(N_i, N_d) (or once its buffer holds
+an EOS token or every token the request may still emit), and the target keeps no
 bonus token when it accepts all n (the bonus is a fresh draw from the target given the accepted
 prefix, so leaving it to the next round keeps the output law). An EAGLE-3 drafter reads target
 features only up to the token before the last committed one, as in SGLang, where that token's
@@ -232,10 +233,23 @@ class _Run:
             return
         while True:
             short = rows & (self.seq_len - self.buf_start[k] < self.fill_to[k])
+            if self.window:
+                short &= ~self._buffer_finished(k)
             if not bool(short.any()):
                 return
             self._fill(k - 1, short)
             self._verify(k, short)
+
+    def _buffer_finished(self, k: int) -> torch.Tensor:
+        """bool [B]: buf_k already holds an EOS token or every token the request may still emit
+        (the SGLang plugin's exit sub-rounds stop there too)."""
+        length = self.seq_len - self.buf_start[k]
+        done = length >= self.prompt_len + self.max_new - self.buf_start[k]
+        if self.eos.numel():
+            positions = torch.arange(self.max_len, device=length.device)
+            in_buffer = (positions >= self.buf_start[k].unsqueeze(-1)) & (positions < self.seq_len.unsqueeze(-1))
+            done |= (torch.isin(self.tokens, self.eos) & in_buffer).any(-1)
+        return done
 
     # ------------------------------------------------------------------ level pieces
     def _probs(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -129,6 +129,30 @@ def exit_uniforms(sampling_seed: torch.Tensor | None, seq_lens: torch.Tensor,
     return ChainUniforms(coins, final)
 
 
+def finish_limits(reqs, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per request: tokens it may still emit (int64 [B]) and the tokens that would finish it
+    (int64 [B, S], -1 padding; none with ``ignore_eos``), as SGLang's ``Req`` checks them."""
+    remaining, stops = [], []
+    for req in reqs:
+        params = req.sampling_params
+        budget = params.max_new_tokens
+        remaining.append(2**31 if budget is None else max(budget - len(req.output_ids), 0))
+        ids = set()
+        if not params.ignore_eos:
+            ids |= set(params.stop_token_ids or ()) | set(req.eos_token_ids or ())
+            tokenizer = getattr(req, "tokenizer", None)
+            if tokenizer is not None:
+                if tokenizer.eos_token_id is not None:
+                    ids.add(tokenizer.eos_token_id)
+                ids |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
+        stops.append(sorted(ids))
+    width = max([len(s) for s in stops] + [1])
+    stop_ids = torch.full((len(reqs), width), -1, dtype=torch.int64)
+    for row, ids in enumerate(stops):
+        stop_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    return torch.tensor(remaining, dtype=torch.int64, device=device), stop_ids.to(device)
+
+
 class ExitLevelVerifier:
     """Runs the exit level of every verify round of one ``HSDWorker``.
 
@@ -177,8 +201,10 @@ class ExitLevelVerifier:
             return exit_logits.reshape(-1, width, exit_logits.shape[-1])
         return probs_like_sglang_verify(exit_logits, sampling_info, width, requests)
 
-    def forward_verify(self, verify_batch, verify_input, sampling_info):
-        """Both levels' forwards for one TARGET_VERIFY batch; returns a GenerationBatchResult."""
+    def forward_verify(self, verify_batch, verify_input, sampling_info, reqs=None):
+        """Both levels' forwards for one TARGET_VERIFY batch; returns a GenerationBatchResult.
+        ``reqs``: the batch's SGLang ``Req`` objects (token budgets and stop tokens end exit
+        sub-rounds early; None: no early end)."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.utils import GenerationBatchResult
 
@@ -204,7 +230,7 @@ class ExitLevelVerifier:
         window_tokens = verify_batch.input_ids
         if self.buffer > 1:
             proposal, window_tokens = self._more_sub_rounds(
-                verify_batch, candidates, sampling_info, low, exit_logits, proposal, method)
+                verify_batch, candidates, sampling_info, low, exit_logits, proposal, method, reqs)
             clock = time.perf_counter()
 
         upper_batch, rows = window_extend_batch(
@@ -235,7 +261,7 @@ class ExitLevelVerifier:
         return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
 
     def _more_sub_rounds(self, verify_batch, candidates, sampling_info, low: StreamState,
-                         exit_logits, first: ExitProposal, method: str):
+                         exit_logits, first: ExitProposal, method: str, reqs=None):
         """Exit sub-rounds after the first (``exit_verify.exit_sub_rounds``) with SGLang's draft
         model and layers [0, L) doing the work.
 
@@ -276,8 +302,9 @@ class ExitLevelVerifier:
                                   width - 1, sub_round)
             return ChainUniforms(coins.accept[:, :num_draft], coins.sample)
 
+        remaining, stop_ids = finish_limits(reqs, candidates.device) if reqs else (None, None)
         proposal = exit_sub_rounds(first, self.buffer, method, draft, exit_rows, uniforms,
-                                   validate=self.validate)
+                                   validate=self.validate, remaining=remaining, stop_ids=stop_ids)
         return proposal, tokens.to(verify_batch.input_ids.dtype)
 
     def _lap(self, name: str, start: float) -> float:
@@ -336,11 +363,13 @@ class ExitLevelTarget:
     """Stands in for the target worker inside ``run_eagle_verify`` for one round: the verify
     forward goes to ``ExitLevelVerifier``; everything else is the real worker's."""
 
-    def __init__(self, target_worker, verifier: ExitLevelVerifier, verify_input, sampling_info):
+    def __init__(self, target_worker, verifier: ExitLevelVerifier, verify_input, sampling_info,
+                 reqs=None):
         self._inner = target_worker
         self._verifier = verifier
         self._verify_input = verify_input
         self._sampling_info = sampling_info
+        self._reqs = reqs
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -352,4 +381,5 @@ class ExitLevelTarget:
             return self._inner.forward_batch_generation(
                 batch, forward_batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=is_verify,
                 **kwargs)
-        return self._verifier.forward_verify(forward_batch, self._verify_input, self._sampling_info)
+        return self._verifier.forward_verify(forward_batch, self._verify_input, self._sampling_info,
+                                             self._reqs)

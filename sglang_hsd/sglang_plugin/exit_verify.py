@@ -98,9 +98,11 @@ def exit_round(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
 
 
 def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_rows, uniforms,
-                    validate: bool = False) -> ExitProposal:
+                    validate: bool = False, remaining: torch.Tensor | None = None,
+                    stop_ids: torch.Tensor | None = None) -> ExitProposal:
     """Exit sub-rounds after ``first`` inside the verify window, until every request holds
-    ``buffer`` (N_i) provisional tokens or has no room for another draft (n >= K).
+    ``buffer`` (N_i) provisional tokens, has no room for another draft (n >= K), or is finished:
+    its chain holds one of its ``stop_ids`` or ``remaining`` tokens (what it may still emit).
 
     A sub-round of request b with n provisional tokens c_1..c_n (c_n at window index n, position
     s + n) drafts k = K - n tokens after c_n, verifies them against the exit's rows of window
@@ -122,6 +124,8 @@ def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_r
             drafts there).
         uniforms: ``(requests, sub_round, k_max) -> ChainUniforms`` (accept [A, k_max],
             sample [A]); fresh for every sub-round (sub_round = 1, 2, ...).
+        remaining: int64 [B] or None (no budget).
+        stop_ids: int64 [B, S] (-1 padding) or None: tokens that end a request (EOS).
     Returns:
         The round's ``ExitProposal``: chain c_1..c_n, ``chain_probs`` the final table (its rows
         0..n-1 are the rows each c_j was drawn from), counters summed over sub-rounds.
@@ -134,8 +138,15 @@ def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_r
     drafted, lower_positions = first.drafted.clone(), first.lower_positions.clone()
     sub_accepted = [first.exit_accepted]
     sub_round = 1
+    limit = torch.full_like(n, min(buffer, num_draft))
+    if remaining is not None:
+        limit = torch.minimum(limit, remaining.to(n.dtype))
     while True:
-        active = (n < buffer) & (n < num_draft)
+        active = n < limit
+        if stop_ids is not None:  # stopping at a finished chain is a stopping time too
+            in_chain = torch.arange(width, device=device).unsqueeze(0) < n.unsqueeze(1)
+            hit = (chain.unsqueeze(-1) == stop_ids.unsqueeze(1)) & (stop_ids >= 0).unsqueeze(1)
+            active &= ~(hit.any(-1) & in_chain).any(-1)
         if not bool(active.any()):
             break
         reqs = active.nonzero().squeeze(-1)

@@ -152,7 +152,7 @@ def build_worker_classes():
             from sglang_hsd.sglang_plugin.exit_level import ExitLevelTarget, clear_pending
 
             target = ExitLevelTarget(self.target_worker, self.hsd_exit, batch.spec_info,
-                                     batch.sampling_info)
+                                     batch.sampling_info, getattr(batch, "reqs", None))
             started = time.perf_counter()
             try:  # the same call as EAGLEWorkerV2.verify, with the exit level as the target
                 return eagle_worker_common.run_eagle_verify(

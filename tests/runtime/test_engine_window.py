@@ -31,19 +31,23 @@ def _generator(model, spec, buffers, methods=("hsd",), window=True, draft_vocab=
     return SpeculativeGenerator(model, config, eagle3_head=head, validate=True)
 
 
-def _check_window_trace(rounds, K, N_i):
-    """Assert every round of one request follows the windowed rule; return the drafts it implies."""
-    drafted = 0
+def _check_window_trace(rounds, K, N_i, max_new):
+    """Assert every round of one request (no EOS) follows the windowed rule; return the drafts it
+    implies. ``max_new``: the request's token budget (the exit also stops once its buffer holds
+    every token the request may still emit)."""
+    drafted, emitted = 0, 0
     for entry in rounds:
         n = 0  # tokens in the exit's buffer
+        limit = min(N_i, K, max_new - emitted)
         assert entry["exit_accepted"], entry
         for a in entry["exit_accepted"]:
-            assert n < N_i and n < K, entry  # a sub-round starts only while both hold
+            assert n < limit, entry  # a sub-round starts only below N_i, K and the budget
             room = K - n  # the drafter drafts up to position s + K
             assert 0 <= a <= room, entry
             drafted += room
             n += a + 1
-        assert n >= N_i or n >= K, entry  # ... and the exit stops as soon as one fails
+        assert n >= limit, entry  # ... and the exit stops as soon as one is reached
+        emitted += entry["emitted"]
         assert n <= K + 1, entry
         tau = entry["target_accepted"]
         assert 0 <= tau <= n, entry
@@ -65,7 +69,7 @@ def test_greedy_output_equals_target_greedy(target, spec, K, N_i):
     drafted = 0
     for prompt, out, rounds in zip(PROMPTS, result.tokens, result.round_trace):
         assert out == greedy_reference(target, prompt, 14)
-        drafted += _check_window_trace(rounds, K, N_i)
+        drafted += _check_window_trace(rounds, K, N_i, 14)
         _check_emitted(rounds, out)
     # The trace's implied draft counts are what the drafter drafted and the exit verified.
     assert result.levels[0].proposed == result.levels[1].proposed == drafted
@@ -92,7 +96,7 @@ def test_sampled_output_matches_target_distribution(spec, buffers, methods, para
     assert chi_square_p_value(counts, _exact_target_prefix_probs(model, prompt, length, params)) > 1e-4
     rounds = [entry for request in result.round_trace for entry in request]
     for request in result.round_trace:
-        _check_window_trace(request, *buffers)
+        _check_window_trace(request, *buffers, length)
     # The dropped bonus was exercised, and so was the window cap (a later sub-round drafts < K).
     assert any(entry["target_accepted"] == entry["emitted"] > 0 for entry in rounds)
     assert buffers[1] == 1 or any(len(entry["exit_accepted"]) > 1 for entry in rounds)

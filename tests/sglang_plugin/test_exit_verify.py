@@ -160,10 +160,12 @@ def test_greedy_rows_emit_the_target_argmax_chain():
 # ---------------------------------------------------------------------------------------------
 
 
-def windowed_round_law(wq, wm, exit_method, target_method, num_draft, buffer, prefix=()):
+def windowed_round_law(wq, wm, exit_method, target_method, num_draft, buffer, prefix=(),
+                       stop_token=None):
     """Exact law {emitted block: probability} of one round with exit buffer N_i = ``buffer``:
     sub-rounds draft K - n tokens after the n provisional ones (q from ``wq`` given everything
-    before) until n >= min(N_i, K); the target then verifies the n tokens, no bonus."""
+    before) until n >= min(N_i, K) or the chain holds ``stop_token``; the target then verifies the
+    n tokens, no bonus."""
     exit_law, target_law = exact.OUTCOME_LAWS[exit_method], exact.OUTCOME_LAWS[target_method]
     law: dict[tuple[int, ...], float] = {}
 
@@ -177,7 +179,7 @@ def windowed_round_law(wq, wm, exit_method, target_method, num_draft, buffer, pr
 
     def sub_round(chain, mass):
         n = len(chain)
-        if n and (n >= buffer or n >= num_draft):
+        if n and (n >= buffer or n >= num_draft or stop_token in chain):
             target_phase(chain, mass)
             return
         count = num_draft - n
@@ -193,7 +195,8 @@ def windowed_round_law(wq, wm, exit_method, target_method, num_draft, buffer, pr
     return law
 
 
-def windowed_prefix_distribution(wq, wm, exit_method, target_method, num_draft, buffer, length):
+def windowed_prefix_distribution(wq, wm, exit_method, target_method, num_draft, buffer, length,
+                                 stop_token=None):
     laws = {}
     done, frontier = {}, {(): 1.0}
     while frontier:
@@ -201,7 +204,7 @@ def windowed_prefix_distribution(wq, wm, exit_method, target_method, num_draft, 
         for prefix, mass in frontier.items():
             if prefix not in laws:
                 laws[prefix] = windowed_round_law(wq, wm, exit_method, target_method, num_draft,
-                                                  buffer, prefix)
+                                                  buffer, prefix, stop_token)
             for block, prob in laws[prefix].items():
                 extended = (prefix + block)[:length]
                 bucket = done if len(extended) == length else following
@@ -229,6 +232,45 @@ def test_exit_sub_rounds_are_lossless_exactly(num_draft, buffer, exit_method, ta
         tv = exact.total_variation(_marginal(full, length),
                                    exact.target_prefix_distribution(wq, length))
         assert tv < EXACT_TV, (length, tv)
+
+
+def test_exit_sub_rounds_stopping_at_a_stop_token_are_lossless_exactly():
+    wq, wm = _worlds(8, max_len=7)
+    full = windowed_prefix_distribution(wq, wm, "hsd", "hsd", 3, 4, 3, stop_token=1)
+    assert exact.total_variation(full, exact.target_prefix_distribution(wq, 3)) < EXACT_TV
+    assert windowed_round_law(wq, wm, "hsd", "hsd", 3, 4, stop_token=1) != pytest.approx(
+        windowed_round_law(wq, wm, "hsd", "hsd", 3, 4))  # the stop rule changes the round
+
+
+def test_exit_sub_rounds_stop_at_budget_and_stop_tokens():
+    """``remaining`` and ``stop_ids`` end a request's sub-rounds early (greedy rows, K = 4)."""
+    from sglang_hsd.sglang_plugin.exit_verify import exit_sub_rounds
+
+    V, K = 6, 4
+    eye = torch.eye(V, dtype=torch.float64)
+    drafts = torch.tensor([[1, 2, 3, 4]] * 3)
+    exit_argmax = torch.tensor([[5, 0, 0, 0, 0]] * 3)  # the exit rejects d_1 and proposes 5
+    first = exit_round(drafts, None, eye[exit_argmax], "greedy",
+                       ChainUniforms(torch.zeros(3, K), torch.zeros(3)))
+    calls = []
+
+    def draft(reqs, last_token, last, counts, sub_round):
+        calls.append(reqs.tolist())
+        k = int(counts.max())
+        return torch.full((reqs.shape[0], k), 2), None
+
+    def exit_rows(reqs, last, run_tokens, counts):
+        return eye[torch.full((reqs.shape[0], K + 1), 3)]  # rejects every draft, proposes 3
+
+    proposal = exit_sub_rounds(first, K + 1, "greedy", draft, exit_rows,
+                               lambda reqs, j, k: ChainUniforms(torch.zeros(len(reqs), k),
+                                                                torch.zeros(len(reqs))),
+                               remaining=torch.tensor([10, 2, 10]),
+                               stop_ids=torch.tensor([[-1, -1], [-1, -1], [5, 7]]))
+    # row 0 runs to n = K, row 1 stops at its budget of 2, row 2 at its stop token 5 (c_1)
+    assert proposal.chain_len.tolist() == [4, 2, 1]
+    assert proposal.chain_tokens[0, :4].tolist() == [5, 3, 3, 3]
+    assert calls == [[0, 1], [0], [0]]
 
 
 def test_exit_sub_round_law_differs_from_a_single_sub_round():
