@@ -98,8 +98,9 @@ def validate_hsd_server_args(args) -> None:
         problems.append("--enable-multi-layer-eagle: not supported with HSD; remove it")
     if getattr(args, "enable_deterministic_inference", False) and args.device != "cuda":
         problems.append(
-            "--enable-deterministic-inference: SGLang's seeded draft sampling needs CUDA; remove "
-            "it on this device"
+            "--enable-deterministic-inference: SGLang 0.5.23 allows it only with GPU attention "
+            "backends (fa3, fa4, flashinfer, triton, ...), none of which runs on this device; "
+            "remove it"
         )
     if getattr(args, "enable_unified_memory", False):
         problems.append("--enable-unified-memory: not supported with HSD; remove it")
