@@ -123,6 +123,25 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> 
     return float(torch.special.gammaincc(dof / 2, stat / 2))
 
 
+def two_sample_p_value(counts_a: torch.Tensor, counts_b: torch.Tensor) -> float:
+    """Pearson chi-square p-value that two samples of counts [C] come from one distribution
+    (2 x C contingency table; categories with an expected count below ``MIN_EXPECTED_COUNT`` in
+    either sample are pooled)."""
+    table = torch.stack([counts_a.double(), counts_b.double()])
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    small = (expected < MIN_EXPECTED_COUNT).any(0)
+    if bool(small.any()):
+        table = torch.cat([table[:, ~small], table[:, small].sum(1, keepdim=True)], 1)
+        expected = torch.cat([expected[:, ~small], expected[:, small].sum(1, keepdim=True)], 1)
+    keep = expected.sum(0) > 0
+    table, expected = table[:, keep], expected[:, keep]
+    if table.shape[1] < 2:
+        return 1.0
+    stat = ((table - expected) ** 2 / expected).sum()
+    dof = torch.tensor(float(table.shape[1] - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, stat / 2))
+
+
 def target_prefix_probs(world: TabularWorld, length: int) -> torch.Tensor:
     """Exact target probabilities of every ``length``-token prefix, indexed by base-V value. [V ** length]."""
     vocab = world.vocab_size

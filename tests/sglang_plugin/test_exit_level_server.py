@@ -8,6 +8,8 @@ One server per buffer (float32, radix cache off, split self-check on) checks:
 * every request of the mixed batch completes with its length;
 * per-request ``meta_info`` carries each round's exit acceptance per sub-round and the target's,
   and the sub-rounds follow the rule (stop once N_i tokens are provisional or the window is full);
+* the runtime's windowed rounds (``HierarchyConfig.window``) agree with the server round by round
+  at T = 0, and in distribution at T = 1 (accepted lengths per sub-round and per round);
 * ``/server_info``: the exit level ran, saved target layer-forwards, its split forward (layers
   [0, 2) then [2, 4) over the surviving positions) matched SGLang's full verify forward, and the
   KV pool's free slots returned to their starting count after all requests.
@@ -19,7 +21,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
+from sglang_hsd.verify.simulate import two_sample_p_value
 from tests.sglang_plugin.http_client import get_json, post_json
 
 pytest.importorskip("sglang")
@@ -28,6 +32,7 @@ pytestmark = [pytest.mark.sglang]
 PROMPTS = [[1, 40, 41, 42], [1, 77, 300, 12, 9], [1, 5], [1, 200, 201, 202, 203, 204]]
 MAX_NEW_TOKENS = 20
 NUM_STEPS = 3  # K drafts: a verify window of 4 positions
+SAMPLED_REPEATS = 12  # T = 1 requests per prompt for the runtime / server law comparison
 # Split vs full verify forward (float32; different attention kernels for the two passes).
 SPLIT_LOGIT_TOLERANCE = 1e-3
 
@@ -73,6 +78,36 @@ def _runtime_rounds(tiny_models, exit_buffer, first_tokens):
                                     max_new_tokens=MAX_NEW_TOKENS - 1, trace_rounds=True)
         rounds.append([(r["exit_accepted"], r["target_accepted"]) for r in result.round_trace[0]])
     return rounds
+
+
+def _histograms(rounds_per_request, width):
+    """(drafts the exit accepted per sub-round [width], tokens the target accepted per round
+    [width + 1]) counted over every round of every request."""
+    exit_counts, target_counts = torch.zeros(width), torch.zeros(width + 1)
+    for rounds in rounds_per_request:
+        for subs, taken in rounds:
+            for accepted in subs:
+                exit_counts[accepted] += 1
+            target_counts[taken] += 1
+    return exit_counts, target_counts
+
+
+def _runtime_sampled_rounds(tiny_models, exit_buffer, prompts):
+    """The runtime's windowed rounds at T = 1 for ``prompts`` (each already holding the server's
+    first token)."""
+    from sglang_hsd.runtime.config import parse_levels
+    from sglang_hsd.runtime.engine import SpeculativeGenerator
+    from sglang_hsd.runtime.model import CausalLM
+    from sglang_hsd.sampling import SamplingParams
+
+    model = CausalLM.from_pretrained(str(tiny_models / "target"))
+    config = parse_levels(f"eagle3:{tiny_models / 'eagle3'},exit:2,target",
+                          buffers=[NUM_STEPS, exit_buffer], window=True)
+    result = SpeculativeGenerator(model, config).generate(
+        prompts, SamplingParams(temperature=1.0), max_new_tokens=MAX_NEW_TOKENS - 1,
+        trace_rounds=True, seed=0)
+    return [[(r["exit_accepted"], r["target_accepted"]) for r in rounds]
+            for rounds in result.round_trace]
 
 
 def _reference(target_dir):
@@ -127,12 +162,27 @@ def test_exit_level_server_end_to_end(tiny_models, exit_buffer):
             assert len(out["output_ids"]) == MAX_NEW_TOKENS
             if sampling["temperature"] == 0.0:  # greedy rows inside a mixed batch
                 assert out["output_ids"] == expected[PROMPTS.index(ids)], ids
+        # T = 1: the server's random streams are its own, so compare laws, not draws.
+        sampled_jobs = [ids for ids in PROMPTS for _ in range(SAMPLED_REPEATS)]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            sampled = list(pool.map(lambda ids: _generate(url, ids, temperature=1.0), sampled_jobs))
         state = _hsd_state(url)
     # The runtime and the server agree round by round on what each level accepted (greedy: the
     # sampling streams are identical by construction).
     runtime_rounds = _runtime_rounds(tiny_models, exit_buffer, [ref[0] for ref in expected])
     for ids, server, runtime in zip(PROMPTS, server_rounds, runtime_rounds):
         assert server == runtime, (ids, server, runtime)
+    # At T = 1 the two produce the same distribution of accepted lengths (two-sample chi-square
+    # over every round of 48 requests; rounds of one request are not independent, hence 1e-4).
+    server_sampled = [list(zip(out["meta_info"]["hsd_exit_sub_rounds"],
+                               out["meta_info"]["hsd_target_accepted"])) for out in sampled]
+    runtime_sampled = _runtime_sampled_rounds(
+        tiny_models, exit_buffer, [ids + out["output_ids"][:1]
+                                   for ids, out in zip(sampled_jobs, sampled)])
+    for server_counts, runtime_counts in zip(_histograms(server_sampled, NUM_STEPS + 1),
+                                             _histograms(runtime_sampled, NUM_STEPS + 1)):
+        assert two_sample_p_value(server_counts, runtime_counts) > 1e-4, (server_counts,
+                                                                           runtime_counts)
     compared = [r for rounds in server_rounds for r in rounds]
     assert any(sum(subs) > 0 for subs, _ in compared) and any(t > 0 for _, t in compared)
     print(f"\nN_i={exit_buffer}: {len(compared)} rounds agree, e.g. {server_rounds[0][:6]}")

@@ -89,3 +89,19 @@ def test_chi_square_detects_a_one_percent_bias():
     observed = rng.multinomial(NUM_SEQUENCES, biased)
     p_value = chi_square_p_value(torch.as_tensor(observed), torch.as_tensor(probs))
     assert p_value < P_VALUE_FLOOR
+
+
+def test_two_sample_p_value_accepts_one_law_and_rejects_two():
+    from sglang_hsd.verify.simulate import two_sample_p_value
+
+    gen = torch.Generator().manual_seed(0)
+    law = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    other = torch.tensor([0.4, 0.3, 0.2, 0.1])
+
+    def sample(probs, n):
+        return torch.bincount(torch.multinomial(probs, n, replacement=True, generator=gen), minlength=4)
+
+    assert two_sample_p_value(sample(law, 3000), sample(law, 2000)) > 1e-3
+    assert two_sample_p_value(sample(law, 3000), sample(other, 2000)) < 1e-6
+    # categories too rare for the chi-square are pooled, empty ones dropped
+    assert two_sample_p_value(torch.tensor([50, 50, 1, 0]), torch.tensor([45, 55, 0, 0])) > 0.05
