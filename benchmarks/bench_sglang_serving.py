@@ -55,11 +55,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from sglang_hsd.sglang_plugin.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
+from sglang_hsd.sglang_plugin.exit_verify import ExitLevelStats
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # The client, run as ``python -c BENCH_CLIENT <args>``: stub ``datasets`` if absent, then run
@@ -268,24 +269,12 @@ def _levels_delta(before: dict | None, after: dict | None) -> dict | None:
     if not after:
         return None
     before = before or {}
-    raw = ("rounds", "exit_subrounds", "exit_proposed", "exit_accepted", "target_proposed",
-           "target_accepted", "emitted", "layer_forwards", "layer_forwards_stock")
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in raw}
-    rounds = max(d["rounds"], 1)
-    sub_rounds = max(d["exit_subrounds"], 1)
+    counters = {f.name: after.get(f.name, 0) - before.get(f.name, 0)
+                for f in fields(ExitLevelStats) if f.name != "seconds"}
     seconds_before = before.get("seconds", {})
-    return {
-        **d,
-        "exit_accept_length": (d["exit_accepted"] + d["exit_subrounds"]) / sub_rounds,
-        "exit_subrounds_per_round": d["exit_subrounds"] / rounds,
-        "exit_accept_rate": d["exit_accepted"] / max(d["exit_proposed"], 1),
-        "target_accept_rate": d["target_accepted"] / max(d["target_proposed"], 1),
-        "target_tokens_per_round": d["target_proposed"] / rounds,
-        "tokens_per_round": d["emitted"] / rounds,
-        "layer_forwards_saved": 1 - d["layer_forwards"] / max(d["layer_forwards_stock"], 1),
-        "seconds": {name: value - seconds_before.get(name, 0.0)
-                    for name, value in after.get("seconds", {}).items()},
-    }
+    seconds = {name: value - seconds_before.get(name, 0.0)
+               for name, value in after.get("seconds", {}).items()}
+    return ExitLevelStats(**counters, seconds=seconds).as_dict()
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -266,6 +266,7 @@ class ExitLevelStats:
             "exit_accept_length": (self.exit_accepted + self.exit_subrounds)
             / max(self.exit_subrounds, 1),
             "exit_subrounds_per_round": self.exit_subrounds / rounds,
+            "target_tokens_per_round": self.target_proposed / rounds,
             "target_accept_rate": self.target_accepted / max(self.target_proposed, 1),
             "tokens_per_round": self.emitted / rounds,
             "layer_forwards_saved": 1.0 - self.layer_forwards / max(self.layer_forwards_stock, 1),

@@ -58,26 +58,23 @@ def tiny_models(tmp_path_factory):
     return root
 
 
-def _runtime_rounds(tiny_models, exit_buffer, first_tokens):
+def _runtime_rounds(tiny_models, exit_buffer, prompts, temperature):
     """The runtime's windowed rounds (``HierarchyConfig.window``) for the same hierarchy, per
     prompt: [(exit accepted per sub-round, target accepted)] for each round. SGLang emits the
-    first token from its prefill, so the runtime starts after prompt + that token."""
+    first token from its prefill, so each prompt must already end with that token."""
     from sglang_hsd.runtime.config import parse_levels
     from sglang_hsd.runtime.engine import SpeculativeGenerator
     from sglang_hsd.runtime.model import CausalLM
     from sglang_hsd.sampling import SamplingParams
 
-    target_dir, head_dir = str(tiny_models / "target"), str(tiny_models / "eagle3")
-    model = CausalLM.from_pretrained(target_dir)
-    config = parse_levels(f"eagle3:{head_dir},exit:2,target", buffers=[NUM_STEPS, exit_buffer],
-                          window=True)
-    generator = SpeculativeGenerator(model, config)
-    rounds = []
-    for ids, first in zip(PROMPTS, first_tokens):
-        result = generator.generate([ids + [first]], SamplingParams(temperature=0.0),
-                                    max_new_tokens=MAX_NEW_TOKENS - 1, trace_rounds=True)
-        rounds.append([(r["exit_accepted"], r["target_accepted"]) for r in result.round_trace[0]])
-    return rounds
+    model = CausalLM.from_pretrained(str(tiny_models / "target"))
+    config = parse_levels(f"eagle3:{tiny_models / 'eagle3'},exit:2,target",
+                          buffers=[NUM_STEPS, exit_buffer], window=True)
+    result = SpeculativeGenerator(model, config).generate(
+        prompts, SamplingParams(temperature=temperature), max_new_tokens=MAX_NEW_TOKENS - 1,
+        trace_rounds=True, seed=0)
+    return [[(r["exit_accepted"], r["target_accepted"]) for r in rounds]
+            for rounds in result.round_trace]
 
 
 def _histograms(rounds_per_request, width):
@@ -90,24 +87,6 @@ def _histograms(rounds_per_request, width):
                 exit_counts[accepted] += 1
             target_counts[taken] += 1
     return exit_counts, target_counts
-
-
-def _runtime_sampled_rounds(tiny_models, exit_buffer, prompts):
-    """The runtime's windowed rounds at T = 1 for ``prompts`` (each already holding the server's
-    first token)."""
-    from sglang_hsd.runtime.config import parse_levels
-    from sglang_hsd.runtime.engine import SpeculativeGenerator
-    from sglang_hsd.runtime.model import CausalLM
-    from sglang_hsd.sampling import SamplingParams
-
-    model = CausalLM.from_pretrained(str(tiny_models / "target"))
-    config = parse_levels(f"eagle3:{tiny_models / 'eagle3'},exit:2,target",
-                          buffers=[NUM_STEPS, exit_buffer], window=True)
-    result = SpeculativeGenerator(model, config).generate(
-        prompts, SamplingParams(temperature=1.0), max_new_tokens=MAX_NEW_TOKENS - 1,
-        trace_rounds=True, seed=0)
-    return [[(r["exit_accepted"], r["target_accepted"]) for r in rounds]
-            for rounds in result.round_trace]
 
 
 def _reference(target_dir):
@@ -169,16 +148,17 @@ def test_exit_level_server_end_to_end(tiny_models, exit_buffer):
         state = _hsd_state(url)
     # The runtime and the server agree round by round on what each level accepted (greedy: the
     # sampling streams are identical by construction).
-    runtime_rounds = _runtime_rounds(tiny_models, exit_buffer, [ref[0] for ref in expected])
+    runtime_rounds = _runtime_rounds(
+        tiny_models, exit_buffer, [ids + ref[:1] for ids, ref in zip(PROMPTS, expected)], 0.0)
     for ids, server, runtime in zip(PROMPTS, server_rounds, runtime_rounds):
         assert server == runtime, (ids, server, runtime)
     # At T = 1 the two produce the same distribution of accepted lengths (two-sample chi-square
     # over every round of 48 requests; rounds of one request are not independent, hence 1e-4).
     server_sampled = [list(zip(out["meta_info"]["hsd_exit_sub_rounds"],
                                out["meta_info"]["hsd_target_accepted"])) for out in sampled]
-    runtime_sampled = _runtime_sampled_rounds(
+    runtime_sampled = _runtime_rounds(
         tiny_models, exit_buffer, [ids + out["output_ids"][:1]
-                                   for ids, out in zip(sampled_jobs, sampled)])
+                                   for ids, out in zip(sampled_jobs, sampled)], 1.0)
     for server_counts, runtime_counts in zip(_histograms(server_sampled, NUM_STEPS + 1),
                                              _histograms(runtime_sampled, NUM_STEPS + 1)):
         assert two_sample_p_value(server_counts, runtime_counts) > 1e-4, (server_counts,
