@@ -41,11 +41,9 @@ import torch
 
 from sglang_hsd.runtime.cli import check_same_tokenizer, encode_prompts, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
-from sglang_hsd.verify import tree_exact
-from sglang_hsd.verify.exact import TabularWorld, prefix_offset
-from sglang_hsd.verify.tree import TreeUniforms, verify_tree
-from sglang_hsd.verify.tree_draft import sample_tree, topk_tree
-from sglang_hsd.verify.tree_mask import tree_attention_mask
+from sglang_hsd.verify import TreeUniforms, sample_tree, topk_tree, tree_attention_mask, verify_tree
+from sglang_hsd.verify.oracles import tree_exact
+from sglang_hsd.verify.oracles.exact import TabularWorld, prefix_offset
 
 SAMPLED_METHODS = ("rrs", "hsd")
 # "hsd below stock" counts ignore differences this small: float32 target rows make a saturated

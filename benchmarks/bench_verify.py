@@ -38,7 +38,8 @@ from bench_report import (coupling_bound_per_length, format_verify_summary, form
                           summarize_draft_values)
 from sglang_hsd.runtime.cli import check_same_tokenizer, encode_prompts, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
-from sglang_hsd.verify.chain import expected_accepted_per_length, verify_chain
+from sglang_hsd.verify import verify_chain
+from sglang_hsd.verify.chain import expected_accepted_per_length
 from verify_drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter
 
 METHODS = ("tokenwise", "hsd", "hsd-paper")

@@ -38,7 +38,7 @@ def _add_check_parser(subparsers) -> None:
 def _run_check(args: argparse.Namespace) -> int:
     import warnings
 
-    from sglang_hsd.verify.report import chain_report, format_report, report_is_consistent
+    from sglang_hsd.verify.oracles.report import chain_report, format_report, report_is_consistent
 
     start = time.perf_counter()
     with warnings.catch_warnings():

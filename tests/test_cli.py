@@ -30,7 +30,7 @@ def test_check_marks_each_method(capsys):
 
 def test_check_fails_when_a_lossless_claim_breaks(monkeypatch, capsys):
     # Swap the capped rule's law for the uncapped one: check must exit 1 and say so.
-    from sglang_hsd.verify import exact
+    from sglang_hsd.verify.oracles import exact
 
     monkeypatch.setitem(exact.OUTCOME_LAWS, "hsd", exact.OUTCOME_LAWS["hsd-paper"])
     exact._round_law_cached.cache_clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_hsd.verify.chain import CHAIN_METHODS
+from sglang_hsd.verify import CHAIN_METHODS
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class LevelSpec:
         if self.buffer < 1:
             raise ValueError(f"buffer must be >= 1, got {self.buffer}")
         if self.method not in CHAIN_METHODS:
-            raise ValueError(f"method must be one of {CHAIN_METHODS}, got {self.method!r}")
+            raise ValueError(f"method must be one of {sorted(CHAIN_METHODS)}, got {self.method!r}")
 
     @property
     def name(self) -> str:

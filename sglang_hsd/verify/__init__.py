@@ -1,30 +1,45 @@
-"""Lossless verifiers for speculative decoding.
+"""Lossless verifiers for speculative decoding, one folder per operation.
 
-``verify_chain`` verifies one draft chain per request (``chain.py``), ``verify_tree`` one draft
-tree per request in SGLang's layout (``tree.py``; drafting in ``tree_draft.py``, attention masks in
-``tree_mask.py``); the exact-enumeration oracles live in ``exact.py`` and ``tree_exact.py``.
+``chain/`` verifies one draft chain per request (``verify_chain``), ``tree/`` one draft tree per
+request in SGLang's layout (``verify_tree``; drafting, layout and attention masks beside it). Each
+keeps its plain-torch reference (the CPU path and the kernels' oracle) beside its Triton kernel and
+dispatches through one method registry (``CHAIN_METHODS``, ``TREE_METHODS``). ``common.py`` and
+``validation.py`` hold what both share. ``oracles/`` holds the exact-enumeration and Monte Carlo
+oracles and their statistics, apart from the serving path.
 """
 
 from sglang_hsd.verify.chain import (
     CHAIN_METHODS,
     LOSSLESS_CHAIN_METHODS,
+    ChainMethod,
     ChainVerifyResult,
     verify_chain,
 )
 from sglang_hsd.verify.common import PLACEHOLDER_TOKEN_ID, ChainUniforms
-from sglang_hsd.verify.tree import TREE_METHODS, TreeUniforms, TreeVerifyResult, verify_tree
-from sglang_hsd.verify.tree_draft import DraftTree, sample_tree, topk_tree
-from sglang_hsd.verify.tree_mask import flashinfer_tree_mask, tree_attention_mask
+from sglang_hsd.verify.tree import (
+    TREE_METHODS,
+    DraftTree,
+    TreeMethod,
+    TreeUniforms,
+    TreeVerifyResult,
+    flashinfer_tree_mask,
+    sample_tree,
+    topk_tree,
+    tree_attention_mask,
+    verify_tree,
+)
 
 __all__ = [
     "CHAIN_METHODS",
     "LOSSLESS_CHAIN_METHODS",
+    "ChainMethod",
     "ChainUniforms",
     "ChainVerifyResult",
     "PLACEHOLDER_TOKEN_ID",
     "verify_chain",
     "TREE_METHODS",
     "DraftTree",
+    "TreeMethod",
     "TreeUniforms",
     "TreeVerifyResult",
     "flashinfer_tree_mask",

@@ -1,8 +1,10 @@
-"""Small pieces every verifier shares: placeholder ids, uniforms, inverse-CDF sampling, output assembly."""
+"""Small pieces every verifier shares: placeholder ids, uniforms, inverse-CDF sampling, output
+assembly, and the choice between the torch reference and a Triton kernel."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, Protocol
 
 import torch
 
@@ -74,3 +76,35 @@ def assemble_emitted(
     n = num_accepted.unsqueeze(-1)
     out = torch.where(slot < n, padded, torch.full_like(padded, PLACEHOLDER_TOKEN_ID))
     return torch.where(slot == n, next_token.unsqueeze(-1).to(out.dtype), out)
+
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+class _HasTritonKernel(Protocol):
+    triton_kernel: str | None
+
+
+def use_triton(
+    backend: str, method: str, methods: Mapping[str, _HasTritonKernel], kind: str, target_probs: torch.Tensor
+) -> bool:
+    """Whether ``method`` runs on its Triton kernel rather than the torch reference.
+
+    Args:
+        backend: one of ``BACKENDS``; ``"auto"`` picks the kernel on CUDA when one exists.
+        method: a key of ``methods``, a method registry whose entries name their kernel wrapper
+            (``triton_kernel``, ``None`` without one).
+        kind: ``"chain"`` or ``"tree"``, for the error message.
+        target_probs: the target rows; their device decides ``"auto"``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if backend == "torch":
+        return False
+    has_kernel = methods[method].triton_kernel is not None
+    if backend == "triton":
+        if not has_kernel:
+            with_kernel = sorted(name for name, entry in methods.items() if entry.triton_kernel)
+            raise ValueError(f"the Triton {kind} kernels implement {with_kernel}, not {method!r}")
+        return True
+    return has_kernel and target_probs.is_cuda

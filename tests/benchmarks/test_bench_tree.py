@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from benchmarks import bench_tree
-from sglang_hsd.verify import exact
-from sglang_hsd.verify.tree import verify_tree
-from sglang_hsd.verify.tree_draft import topk_tree
+from sglang_hsd.verify import topk_tree, verify_tree
+from sglang_hsd.verify.oracles import exact
 
 # Monte Carlo means must sit within this many standard errors of the exact value (plus a floor
 # for worlds where the SE is ~0 because every tree accepts everything).
@@ -71,8 +70,7 @@ def test_world_at_rows_are_distributions():
 def test_lumping_rare_tokens_keeps_the_accepted_counts():
     """Rows over 3000 tokens with a long tail: verifying the lumped rows gives the same accepted
     count draw for draw (same uniforms) except where a coin lands within the lumped mass of a weight."""
-    from sglang_hsd.verify.tree import TreeUniforms
-    from sglang_hsd.verify.tree_draft import sample_tree
+    from sglang_hsd.verify import TreeUniforms, sample_tree
 
     vocab, draws = 3000, 400
     gen = torch.Generator().manual_seed(0)

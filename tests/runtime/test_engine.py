@@ -8,30 +8,17 @@ from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama
 from sglang_hsd.sampling import SamplingParams
-from sglang_hsd.verify.simulate import chi_square_p_value
+from sglang_hsd.verify.oracles.stats import chi_square_p_value
+from tests.runtime.helpers import PROMPTS, exact_target_prefix_probs, sharpen_lm_head
 
 pytest.importorskip("transformers")
 
 
-def _sharpen(hf_model, scale):
-    # Random tiny models are nearly uniform; scaling the LM head gives peaked, realistic rows so
-    # early exits agree with the target often but not always.
-    with torch.no_grad():
-        hf_model.lm_head.weight.mul_(scale)
-    return hf_model
-
-
-@pytest.fixture(scope="module")
-def target():
-    return CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0))
-
-
 @pytest.fixture(scope="module")
 def small_drafter():
-    return CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=2), 4.0))
+    return CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=2), 4.0))
 
 
-PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12], [3, 3]]
 GREEDY_CONFIGS = {
     "autoregressive": "target",
     "exit drafter": "exit:2,target",
@@ -63,7 +50,7 @@ def test_greedy_with_separate_drafter(target, small_drafter):
 
 def test_reference_decoder_matches_transformers_generate():
     # Guards greedy_reference itself: the target's own HF generate gives the same tokens.
-    hf = _sharpen(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0)
+    hf = sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0)
     model = CausalLM.from_hf(hf)
     prompt = PROMPTS[2]
     out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, pad_token_id=0)
@@ -119,23 +106,7 @@ def test_seeds_are_honoured(target):
 # ---- distribution -----------------------------------------------------------------------------
 
 
-def _exact_target_prefix_probs(model, prompt, length, params):
-    """Exact probability of every ``length``-token continuation, base-V order. float64 [V ** length]."""
-    from sglang_hsd.sampling import logits_to_probs
-
-    vocab = model.vocab_size
-    probs = torch.ones(1, dtype=torch.float64)
-    contexts = [list(prompt)]
-    with torch.inference_mode():
-        for _ in range(length):
-            batch = torch.tensor(contexts)
-            cache = model.new_cache(len(contexts), batch.shape[1])
-            rows = logits_to_probs(model(batch, cache)[:, -1], params).double()
-            probs = (probs.unsqueeze(-1) * rows).reshape(-1)
-            contexts = [c + [v] for c in contexts for v in range(vocab)]
-    return probs
-
-
+@pytest.mark.statistical
 @pytest.mark.parametrize(
     "spec,params",
     [
@@ -146,27 +117,28 @@ def _exact_target_prefix_probs(model, prompt, length, params):
 )
 def test_sampled_output_matches_target_distribution(spec, params):
     vocab, length, runs = 6, 3, 6000
-    model = CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
+    model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
     below = len(spec.split(",")) - 1
     gen = SpeculativeGenerator(model, parse_levels(spec, buffers=[2] * below), validate=True)
     prompt = [1, 4, 2]
     result = gen.generate([prompt] * runs, params, max_new_tokens=length, seed=0)
     codes = torch.tensor([t[0] * vocab * vocab + t[1] * vocab + t[2] for t in result.tokens])
     counts = torch.bincount(codes, minlength=vocab**length)
-    expected = _exact_target_prefix_probs(model, prompt, length, params)
+    expected = exact_target_prefix_probs(model, prompt, length, params)
     assert chi_square_p_value(counts, expected) > 1e-4
     assert result.levels[-1].accepted > 0  # speculation really happened
 
 
+@pytest.mark.statistical
 def test_sampled_test_catches_mismatched_sampling_parameters():
     # Teeth: decoding at T = 1 but comparing against the target at T = 0.5 must fail.
     vocab, length, runs = 6, 3, 6000
-    model = CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
+    model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
     gen = SpeculativeGenerator(model, parse_levels("exit:2,target", buffers=[2]))
     result = gen.generate([[1, 4, 2]] * runs, SamplingParams(temperature=1.0), max_new_tokens=length, seed=0)
     codes = torch.tensor([t[0] * vocab * vocab + t[1] * vocab + t[2] for t in result.tokens])
     counts = torch.bincount(codes, minlength=vocab**length)
-    expected = _exact_target_prefix_probs(model, [1, 4, 2], length, SamplingParams(temperature=0.5))
+    expected = exact_target_prefix_probs(model, [1, 4, 2], length, SamplingParams(temperature=0.5))
     assert chi_square_p_value(counts, expected) < 1e-6
 
 

@@ -6,31 +6,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from eagle_heads.eagle3 import Eagle3HeadConfig, random_eagle3_state_dict, save_eagle3_head  # noqa: E402
+from eagle_heads.eagle3 import save_eagle3_head  # noqa: E402
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
-from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
-from sglang_hsd.verify.simulate import chi_square_p_value  # noqa: E402
-from tests.runtime.test_engine import PROMPTS, _exact_target_prefix_probs, _sharpen  # noqa: E402
-
-
-def _head(model, draft_vocab, captures, seed=0, std=0.05):
-    """A random head whose lm_head is the target's (rows of the draft vocabulary), so it often agrees."""
-    config = Eagle3HeadConfig.for_target(model.config, draft_vocab, aux_layer_ids=[c - 1 for c in captures], init_std=std)
-    head = Eagle3Head(config.to_hf_dict(), model)
-    head.load_state_dict(random_eagle3_state_dict(config, seed))
-    with torch.no_grad():
-        head.lm_head.weight.copy_(model.lm_head.weight[head.draft_to_target])
-        head.fc.weight[:, -model.hidden_size:] += torch.eye(model.hidden_size)
-    return head.eval(), config
-
-
-@pytest.fixture(scope="module")
-def target():
-    return CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0))
+from sglang_hsd.verify.oracles.stats import chi_square_p_value  # noqa: E402
+from tests.runtime.helpers import PROMPTS, eagle3_head_for, exact_target_prefix_probs, sharpen_lm_head  # noqa: E402
 
 
 @pytest.mark.parametrize("spec,buffers", [
@@ -41,7 +24,7 @@ def target():
 @pytest.mark.parametrize("draft_vocab", [48, 24])
 @pytest.mark.parametrize("method", ["hsd", "greedy"])
 def test_greedy_output_equals_target_greedy(target, spec, buffers, draft_vocab, method):
-    head, _ = _head(target, draft_vocab, [2, 3, 5])
+    head, _ = eagle3_head_for(target, draft_vocab, [2, 3, 5])
     gen = SpeculativeGenerator(target, parse_levels(spec, buffers=buffers, methods=[method]), eagle3_head=head, validate=True)
     result = gen.generate(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=14)
     for prompt, out in zip(PROMPTS, result.tokens):
@@ -50,7 +33,7 @@ def test_greedy_output_equals_target_greedy(target, spec, buffers, draft_vocab, 
 
 
 def test_drafter_sees_target_features_and_rolls_back(target):
-    head, _ = _head(target, 48, [2, 3, 5])
+    head, _ = eagle3_head_for(target, 48, [2, 3, 5])
     gen = SpeculativeGenerator(target, parse_levels("eagle3:x,target", buffers=[4]), eagle3_head=head)
     from sglang_hsd.runtime.engine import _Run
 
@@ -67,26 +50,27 @@ def test_drafter_sees_target_features_and_rolls_back(target):
     assert int(run.eagle.length()[0]) == 4 and int(run.eagle.self_fed_from[0]) == run.max_len
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("spec,params", [
     ("eagle3:x,target", SamplingParams(temperature=1.0)),
     ("eagle3:x,exit:2,target", SamplingParams(temperature=0.8, top_p=0.9)),
 ])
 def test_sampled_output_matches_target_distribution(spec, params):
     vocab, length, runs = 6, 3, 6000
-    model = CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
-    head, _ = _head(model, 4, [1, 2, 3])  # reduced draft vocabulary: 2 target ids can never be drafted
+    model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
+    head, _ = eagle3_head_for(model, 4, [1, 2, 3])  # reduced draft vocabulary: 2 target ids can never be drafted
     below = len(spec.split(",")) - 1
     gen = SpeculativeGenerator(model, parse_levels(spec, buffers=[2] * below), eagle3_head=head, validate=True)
     prompt = [1, 4, 2]
     result = gen.generate([prompt] * runs, params, max_new_tokens=length, seed=0)
     codes = torch.tensor([t[0] * vocab * vocab + t[1] * vocab + t[2] for t in result.tokens])
     counts = torch.bincount(codes, minlength=vocab**length)
-    assert chi_square_p_value(counts, _exact_target_prefix_probs(model, prompt, length, params)) > 1e-4
+    assert chi_square_p_value(counts, exact_target_prefix_probs(model, prompt, length, params)) > 1e-4
     assert result.levels[1].accepted > 0
 
 
 def test_loads_an_exported_head_from_the_level_path(target, tmp_path):
-    head, config = _head(target, 32, [2, 3, 5])
+    head, config = eagle3_head_for(target, 32, [2, 3, 5])
     save_eagle3_head(str(tmp_path), config, head.state_dict())
     spec = parse_levels(f"eagle3:{tmp_path},target", buffers=[3])
     a = SpeculativeGenerator(target, spec).generate(PROMPTS, SamplingParams(temperature=1.0), 8, seed=3)

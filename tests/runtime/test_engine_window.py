@@ -14,10 +14,8 @@ from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
-from sglang_hsd.verify.simulate import chi_square_p_value  # noqa: E402
-from tests.runtime.test_engine import PROMPTS, _exact_target_prefix_probs, _sharpen  # noqa: E402
-from tests.runtime.test_engine import target  # noqa: E402, F401  (module fixture)
-from tests.runtime.test_engine_eagle3 import _head  # noqa: E402
+from sglang_hsd.verify.oracles.stats import chi_square_p_value  # noqa: E402
+from tests.runtime.helpers import PROMPTS, eagle3_head_for, exact_target_prefix_probs, sharpen_lm_head  # noqa: E402
 
 SPECS = ["exit:2,exit:4,target", "eagle3:x,exit:4,target"]
 # (K = N_d, N_i): N_i = 1 is the server's default (one exit verification per round), N_i = K + 1
@@ -26,7 +24,7 @@ WINDOWS = [(3, 1), (3, 2), (3, 4), (1, 1), (1, 2), (4, 5)]
 
 
 def _generator(model, spec, buffers, methods=("hsd",), window=True, draft_vocab=None, captures=(2, 3, 5)):
-    head = _head(model, draft_vocab or model.vocab_size, list(captures))[0] if spec.startswith("eagle3") else None
+    head = eagle3_head_for(model, draft_vocab or model.vocab_size, list(captures))[0] if spec.startswith("eagle3") else None
     config = parse_levels(spec, buffers=list(buffers), methods=list(methods), window=window)
     return SpeculativeGenerator(model, config, eagle3_head=head, validate=True)
 
@@ -87,13 +85,13 @@ def test_greedy_output_equals_target_greedy(target, spec, K, N_i):
 )
 def test_sampled_output_matches_target_distribution(spec, buffers, methods, params):
     vocab, length, runs = 6, 3, 6000
-    model = CausalLM.from_hf(_sharpen(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
+    model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
     gen = _generator(model, spec, buffers, methods, draft_vocab=4, captures=(1, 2, 3))
     prompt = [1, 4, 2]
     result = gen.generate([prompt] * runs, params, max_new_tokens=length, seed=0, trace_rounds=True)
     codes = torch.tensor([t[0] * vocab * vocab + t[1] * vocab + t[2] for t in result.tokens])
     counts = torch.bincount(codes, minlength=vocab**length)
-    assert chi_square_p_value(counts, _exact_target_prefix_probs(model, prompt, length, params)) > 1e-4
+    assert chi_square_p_value(counts, exact_target_prefix_probs(model, prompt, length, params)) > 1e-4
     rounds = [entry for request in result.round_trace for entry in request]
     for request in result.round_trace:
         _check_window_trace(request, *buffers, length)

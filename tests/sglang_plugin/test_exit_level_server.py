@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from sglang_hsd.verify.simulate import two_sample_p_value
+from sglang_hsd.verify.oracles.stats import two_sample_p_value
 from tests.sglang_plugin.http_client import get_json, post_json
 
 pytest.importorskip("sglang")

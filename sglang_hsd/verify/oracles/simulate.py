@@ -1,8 +1,9 @@
 """Batched Monte-Carlo runs of a real verifier on a ``TabularWorld``.
 
-Where ``exact.py`` computes laws, this module *runs* ``verify_chain`` on many sequences at once
-(drafting from q, verifying against p, appending what is emitted, repeating), so the batched
-implementation itself, not only its math, can be compared with the exact target distribution.
+Where ``exact.py`` computes laws, this module *runs* ``verify_chain`` / ``verify_tree`` on many
+sequences at once (drafting from q, verifying against p, appending what is emitted, repeating), so
+the batched implementation itself, not only its math, can be compared with the exact target
+distribution (``stats.chi_square_p_value``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_hsd.verify.chain import verify_chain
-from sglang_hsd.verify.exact import TabularWorld, prefix_offset
+from sglang_hsd.verify import sample_tree, topk_tree, verify_chain, verify_tree
+from sglang_hsd.verify.oracles.exact import TabularWorld, prefix_offset
 
 
 @dataclass
@@ -99,49 +100,6 @@ def _draft_round(world, p_table, q_table, offsets, seq_len, value, num_draft, ge
     return draft, torch.stack(q_rows, 1), torch.stack(p_rows, 1)
 
 
-# Cells expected to hold fewer counts than this are pooled: the chi-square approximation of the
-# statistic's law fails for tiny expected counts (one stray count in a 0.8-expected cell alone
-# would read as p ~ 1e-6).
-MIN_EXPECTED_COUNT = 5.0
-
-
-def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """Pearson chi-square goodness-of-fit p-value, pooling cells with small expected counts.
-
-    Args:
-        observed: counts [C]; expected_probs: probabilities [C] summing to 1.
-    """
-    observed = observed.double()
-    expected = expected_probs.double() * observed.sum()
-    small = expected < MIN_EXPECTED_COUNT
-    if bool(small.any()):
-        observed = torch.cat([observed[~small], observed[small].sum().view(1)])
-        expected = torch.cat([expected[~small], expected[small].sum().view(1)])
-    keep = expected > 0
-    stat = (((observed - expected) ** 2)[keep] / expected[keep]).sum()
-    dof = torch.tensor(float(int(keep.sum()) - 1), dtype=torch.float64)
-    return float(torch.special.gammaincc(dof / 2, stat / 2))
-
-
-def two_sample_p_value(counts_a: torch.Tensor, counts_b: torch.Tensor) -> float:
-    """Pearson chi-square p-value that two samples of counts [C] come from one distribution
-    (2 x C contingency table; categories with an expected count below ``MIN_EXPECTED_COUNT`` in
-    either sample are pooled)."""
-    table = torch.stack([counts_a.double(), counts_b.double()])
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    small = (expected < MIN_EXPECTED_COUNT).any(0)
-    if bool(small.any()):
-        table = torch.cat([table[:, ~small], table[:, small].sum(1, keepdim=True)], 1)
-        expected = torch.cat([expected[:, ~small], expected[:, small].sum(1, keepdim=True)], 1)
-    keep = expected.sum(0) > 0
-    table, expected = table[:, keep], expected[:, keep]
-    if table.shape[1] < 2:
-        return 1.0
-    stat = ((table - expected) ** 2 / expected).sum()
-    dof = torch.tensor(float(table.shape[1] - 1), dtype=torch.float64)
-    return float(torch.special.gammaincc(dof / 2, stat / 2))
-
-
 def target_prefix_probs(world: TabularWorld, length: int) -> torch.Tensor:
     """Exact target probabilities of every ``length``-token prefix, indexed by base-V value. [V ** length]."""
     vocab = world.vocab_size
@@ -167,9 +125,6 @@ def simulate_tree(
 ) -> SimulationResult:
     """Tree version of ``simulate_chain``: each round drafts a full tree (``sample_tree`` or, for
     ``drafting="top-k"``, ``topk_tree``) and verifies it with one ``verify_tree`` call."""
-    from sglang_hsd.verify.tree import verify_tree
-    from sglang_hsd.verify.tree_draft import sample_tree, topk_tree
-
     vocab = world.vocab_size
     p_table = torch.as_tensor(world.target, dtype=dtype)
     q_table = torch.as_tensor(world.draft, dtype=dtype)

@@ -1,4 +1,4 @@
-"""Exact-enumeration checks of the tree verifiers (float64 oracle in ``tree_exact``, no sampling).
+"""Exact-enumeration checks of the tree verifiers (float64 oracle in ``oracles/tree_exact.py``, no sampling).
 
 Worlds are context dependent (every prefix has its own p and q); the laws compared are those of the
 first 3 emitted tokens, which span several rounds, from the empty prefix.
@@ -9,7 +9,9 @@ import functools
 import numpy as np
 import pytest
 
-from sglang_hsd.verify import exact, tree_exact
+from sglang_hsd.verify.oracles import exact, tree_exact
+
+pytestmark = pytest.mark.exact
 
 # Enumeration in float64 reaches ~1e-16; anything above 1e-12 is a real bias.
 LOSSLESS_TV = 1e-12
@@ -69,7 +71,8 @@ def _traversal_always_removing(world, prefix, topk, depth, drafting):
 def _best_path_block_verified(world, prefix, topk, depth, drafting):
     """Wrong: draw topk children per level, keep the one with the highest q, and block-verify the
     kept path with the plain q rows, as if it had been drawn from q. Choosing a path by looking at
-    its siblings changes its law (the multi-path shortcut DESIGN.md warns about)."""
+    its siblings changes its law (the multi-path shortcut docs/verification.md, section 'Trees',
+    warns about)."""
     outcomes = {}
     for tree_path, draw_prob in _best_q_paths(world, tuple(prefix), depth):
         contexts = [tuple(prefix) + tree_path[:t] for t in range(depth + 1)]
@@ -136,7 +139,8 @@ def test_topk1_tree_hsd_is_chain_hsd(seed, depth):
 
 
 def test_target_only_on_top_k_tree_has_closed_form():
-    # DESIGN.md: expected accepted = sum over drafted nodes of the target probability of their path.
+    # docs/verification.md, section 'Trees': expected accepted = sum over drafted nodes of the
+    # target probability of their path.
     world = exact.random_world(4, 3, seed=3)
     expected, paths = 0.0, [((), 1.0)]
     for _ in range(2):

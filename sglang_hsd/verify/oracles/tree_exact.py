@@ -6,7 +6,7 @@ times the verifier's exact outcome law given the tree), the law of the first L e
 repeated rounds, and the expected accepted draft tokens per round.
 
 The laws are written recursively from the rules, independently of the batched state machines in
-``tree.py``. The recursion uses two facts: a node's children subtrees are drafted independently
+``tree/reference.py``. The recursion uses two facts: a node's children subtrees are drafted independently
 given the node's path, and under every rule here a child's subtree either accepts (the round ends)
 or is rejected as a whole, after which the parent's state changes deterministically. So the
 recursion enumerates sibling sequences lazily (shared prefixes computed once) and never has to
@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from sglang_hsd.verify.exact import RoundLaw, TabularWorld, target_prefix_distribution, total_variation
+from sglang_hsd.verify.oracles.exact import RoundLaw, TabularWorld, target_prefix_distribution, total_variation
 
 DRAFTINGS = ("without-replacement", "iid", "top-k")
 Outcomes = dict  # {(accepted path tokens, next token): probability}

@@ -4,7 +4,9 @@ from fractions import Fraction
 
 import pytest
 
-from sglang_hsd.verify import exact
+from sglang_hsd.verify.oracles import exact
+
+pytestmark = pytest.mark.exact
 
 # Enumeration in float64 reaches ~1e-16; anything above 1e-12 is a real bias.
 LOSSLESS_TV = 1e-12

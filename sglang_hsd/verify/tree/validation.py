@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hsd.verify.tree_layout import check_tree_layout, parents_from_links
+from sglang_hsd.verify.tree.layout import check_tree_layout, parents_from_links
 from sglang_hsd.verify.validation import (
     check_drafted_tokens_have_mass,
     check_prob_rows,

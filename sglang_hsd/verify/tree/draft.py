@@ -4,7 +4,7 @@ Full trees: every node up to ``depth`` has ``topk`` children, stored breadth fir
 then the topk depth-1 nodes, then their children in parent order, ...), so
 N = 1 + topk + ... + topk^depth. Children of a node are listed in the order they were drafted.
 
-Drafting modes and the verifiers they pair with (DESIGN.md section 2):
+Drafting modes and the verifiers they pair with (docs/verification.md, section 'Trees'):
 * ``sample_tree(..., replacement=False)``: children drawn one after another from q(.|node) with
   earlier siblings removed and renormalised. Verify with ``hsd`` / ``rrs`` and
   ``draft_mode="without-replacement"`` (or ``target-only``).

@@ -3,11 +3,16 @@
 import pytest
 import torch
 
-from sglang_hsd.verify.chain import verify_chain
-from sglang_hsd.verify.common import ChainUniforms
-from sglang_hsd.verify.tree import TREE_METHODS, TreeUniforms, verify_tree
-from sglang_hsd.verify.tree_draft import full_tree_links, sample_tree, topk_tree
-from sglang_hsd.verify.tree_layout import depths_from_parents, parents_from_links
+from sglang_hsd.verify import (
+    TREE_METHODS,
+    ChainUniforms,
+    TreeUniforms,
+    sample_tree,
+    topk_tree,
+    verify_chain,
+    verify_tree,
+)
+from sglang_hsd.verify.tree import depths_from_parents, full_tree_links, parents_from_links
 
 VOCAB = 6
 

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hsd.verify.tree_draft import full_tree_links
-from sglang_hsd.verify.tree_mask import flashinfer_tree_mask, pack_bits, tree_attention_mask
+from sglang_hsd.verify.tree import flashinfer_tree_mask, full_tree_links, pack_bits, tree_attention_mask
 
 
 def _irregular_parents():

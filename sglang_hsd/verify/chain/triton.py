@@ -1,6 +1,6 @@
 """Triton kernel for chain verification (``hsd`` and ``tokenwise``), one program per request.
 
-The math is the one in ``chain.py`` (read its docstring first); this file only reorganises it for a
+The math is the one in ``reference.py`` (read its docstring first); this file only reorganises it for a
 GPU. Each program walks its request's draft left to right once, keeping the running log joint ratio
 log R_t and the running cap log M_t in registers, so every branch's excess mass
 S+_t = sum_v max(0, r*_t p_{t+1}(v) - q_{t+1}(v)) is one pass over the vocabulary in blocks of
@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_hsd.verify.chain.types import ChainVerifyResult
 from sglang_hsd.verify.common import PLACEHOLDER_TOKEN_ID, ChainUniforms
 
 # float32's smallest normal: below it a branch's deficit mass counts as empty (h = 0).
@@ -127,21 +128,34 @@ def _chain_verify_kernel(
         tl.store(tokens_ptr + b * (K + 1) + j, out)
 
 
-
-def verify_chain_triton(
+def verify_hsd_triton(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
-    method: str,
     uniforms: ChainUniforms,
     draft_lengths: torch.Tensor | None = None,
     block_v: int = 1024,
-):
-    """Launch the kernel; same arguments and result as ``chain.verify_chain_reference``."""
-    from sglang_hsd.verify.chain import ChainVerifyResult
+) -> ChainVerifyResult:
+    """Kernel version of ``reference.verify_hsd`` (same arguments, same result for the same uniforms).
 
-    if method not in ("hsd", "tokenwise"):
-        raise ValueError(f"the Triton kernel implements 'hsd' and 'tokenwise', not {method!r}")
+    ``block_v``: vocabulary entries per block (capped at the next power of two of V).
+    """
+    return _launch(draft_tokens, draft_probs, target_probs, uniforms, draft_lengths, block_v, is_hsd=True)
+
+
+def verify_tokenwise_triton(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniforms: ChainUniforms,
+    draft_lengths: torch.Tensor | None = None,
+    block_v: int = 1024,
+) -> ChainVerifyResult:
+    """Kernel version of ``reference.verify_tokenwise``; arguments as ``verify_hsd_triton``."""
+    return _launch(draft_tokens, draft_probs, target_probs, uniforms, draft_lengths, block_v, is_hsd=False)
+
+
+def _launch(draft_tokens, draft_probs, target_probs, uniforms, draft_lengths, block_v, is_hsd: bool):
     batch, num_draft = draft_tokens.shape
     vocab = target_probs.shape[-1]
     if draft_lengths is None:
@@ -159,7 +173,7 @@ def verify_chain_triton(
         tokens,
         num_draft,
         vocab,
-        IS_HSD=(method == "hsd"),
+        IS_HSD=is_hsd,
         BLOCK_V=min(block_v, triton.next_power_of_2(vocab)),
     )
     return ChainVerifyResult(num_accepted, tokens)

@@ -6,14 +6,14 @@ target law by a chi-square test, and first-round acceptance with the exact expec
 ``tree_exact`` (which is derived independently of the batched state machines).
 """
 
-import numpy as np
 import pytest
 import torch
 
-from sglang_hsd.verify import exact, tree_exact
-from sglang_hsd.verify.simulate import simulate_tree
+from sglang_hsd.verify.oracles import exact, tree_exact
+from sglang_hsd.verify.oracles.simulate import simulate_tree, target_prefix_probs
+from sglang_hsd.verify.oracles.stats import chi_square_p_value
 
-scipy_stats = pytest.importorskip("scipy.stats")
+pytestmark = pytest.mark.statistical
 
 NUM_SEQUENCES = 40_000
 # Fixed seeds make each run deterministic; 1e-4 leaves room for changes in the draw order.
@@ -22,12 +22,7 @@ PREFIX_LEN = 3
 
 
 def _chi_square_p_value(world, result):
-    target = exact.target_prefix_distribution(world, PREFIX_LEN)
-    vocab = world.vocab_size
-    keys = [tuple(int(d) for d in np.base_repr(code, vocab).zfill(PREFIX_LEN)) for code in range(vocab**PREFIX_LEN)]
-    expected = np.array([target[k] for k in keys])
-    observed = result.prefix_counts(vocab).numpy()
-    return scipy_stats.chisquare(observed, expected * observed.sum()).pvalue
+    return chi_square_p_value(result.prefix_counts(world.vocab_size), target_prefix_probs(world, PREFIX_LEN))
 
 
 CASES = [  # (method, drafting, vocab, topk, depth, seed)

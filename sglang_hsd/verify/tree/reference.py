@@ -1,4 +1,4 @@
-"""Tree (topk > 1) verification: traversal verification and its baselines.
+"""Tree (topk > 1) verification rules in plain torch: the CPU path and the kernels' oracle.
 
 ``hsd`` is traversal verification (Weng et al., arXiv 2505.12398) paired with the drafting mode.
 Each node keeps a residual target Mb (initially its target row p) and draft row Ms (initially q)
@@ -14,7 +14,7 @@ leaf into its parent P:
 When P's last child is gone, P is a leaf and is tested next; the root always accepts. On a chain
 this is block verification, i.e. chain ``hsd`` (same coins, same tokens).
 
-Why lossless: the exact-enumeration tests (``tests/verify/test_tree_exact.py``) compute the law of
+Why lossless: the exact-enumeration tests (``tests/verify/tree/test_exact.py``) compute the law of
 the first 3 emitted tokens over repeated rounds for topk 2-3, depth 2-3, V 3-4 and context-
 dependent p, q and find TV < 1e-12 to the target; the q update must match the drafting mode (the
 same tests show the mismatched pairings are lossy). Cost per node: one entry (O(1)) and at most
@@ -29,7 +29,7 @@ siblings). One child, p = (0.9, 0.1), q = (0.6, 0.4): top-k accepts 0.9, a sampl
 the stock tree wins wherever the drafter *ranks* the target's tokens right but is less confident
 than the target, and sampling wins where q's ranking is wrong but q still covers the target's
 tokens. On random tiny worlds sampled hsd wins on average and loses in 2 of 8 peaked worlds
-(-0.28 and -0.14 tokens per round; ``tests/verify/test_tree_expected_accepted.py``). On
+(-0.28 and -0.14 tokens per round; ``tests/verify/tree/test_expected_accepted.py``). On
 distributions recorded from real models (``benchmarks/bench_tree.py``, depth 3, tables in
 ``benchmarks/results/tree_*.md``) sampled hsd also wins on average in every (topk, T) measured
 but one (Qwen2.5-Coder 0.5B -> 1.5B, topk 3, T = 0.6: -0.001 +- 0.070 over only 4 contexts, a
@@ -41,175 +41,22 @@ are the target's likely tokens but q is flatter than p, and T = 0.6 sharpens p's
 tie within the Monte Carlo error (the cap of block verification only helps when a path's ratio
 p/q exceeds 1 and then falls, which sharper rows make rarer).
 
-Other methods (one registry, ``TREE_METHODS``): ``rrs`` top-down recursive rejection sampling with
-real q (arXiv 2402.14160), ``target-only`` SGLang's ``tree_speculative_sampling_target_only``
-semantics (nodes treated as one-hot, one coin per accepted node walks its children by cumulative
-target mass, ``threshold_single = threshold_acc = 1``; lossless for any tree whose siblings are
-distinct), ``greedy`` (follow the argmax).
+Other methods (one registry, ``TREE_METHODS`` in ``methods.py``): ``rrs`` top-down recursive
+rejection sampling with real q (arXiv 2402.14160), ``target-only`` SGLang's
+``tree_speculative_sampling_target_only`` semantics (nodes treated as one-hot, one coin per
+accepted node walks its children by cumulative target mass, ``threshold_single = threshold_acc =
+1``; lossless for any tree whose siblings are distinct), ``greedy`` (follow the argmax).
+
+Every rule here is a ``TreeRule``: ``(TreeBatch, TreeUniforms) -> (accepted node int64 [B],
+next-token weights float [B, V])``; ``api.verify_tree`` turns that into emitted tokens. Inputs are
+assumed valid (``verify_tree`` checks them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
-from sglang_hsd.verify.common import PLACEHOLDER_TOKEN_ID, assemble_emitted, inverse_cdf_sample
-from sglang_hsd.verify.tree_layout import depths_from_parents, parents_from_links
-from sglang_hsd.verify.tree_validation import validate_tree_inputs
-
-DRAFT_MODES = ("without-replacement", "iid")
-
-
-@dataclass
-class TreeUniforms:
-    """Pre-drawn uniforms in [0, 1) for one tree verification (same uniforms, same tokens).
-
-    Fields:
-        accept: float [B, N]. ``hsd``: column n is the coin that tests node n as a leaf (column 0
-            unused, the root always accepts). ``rrs``: the coin that tests child n against its
-            parent. ``target-only``: the coin that walks the children of node n (as SGLang's
-            ``uniform_samples[b, n]``).
-        sample: float [B], the inverse-CDF draw of the corrected or bonus token.
-    """
-
-    accept: torch.Tensor
-    sample: torch.Tensor
-
-    @classmethod
-    def draw(cls, batch_size: int, num_nodes: int, device="cpu", generator=None) -> "TreeUniforms":
-        accept = torch.rand(batch_size, num_nodes, device=device, generator=generator)
-        return cls(accept=accept, sample=torch.rand(batch_size, device=device, generator=generator))
-
-
-@dataclass
-class TreeVerifyResult:
-    """Outcome of verifying one draft tree per request (D = the deepest node's depth).
-
-    Fields:
-        accept_index: int64 [B, D + 1], node indices of the accepted path, root at column 0,
-            then -1 padding.
-        num_accepted: int64 [B], accepted draft tokens (the root is not counted), in [0, D].
-        tokens: int64 [B, D + 1], the accepted draft tokens, then the corrected/bonus token, then
-            ``PLACEHOLDER_TOKEN_ID``. Row b emits ``num_accepted[b] + 1`` tokens.
-    """
-
-    accept_index: torch.Tensor
-    num_accepted: torch.Tensor
-    tokens: torch.Tensor
-
-
-@dataclass
-class TreeBatch:
-    """Tensors every tree method reads. [B, N] int64 links, [B, N, V] float rows."""
-
-    candidates: torch.Tensor
-    first_child: torch.Tensor
-    next_sibling: torch.Tensor
-    parents: torch.Tensor
-    draft_probs: torch.Tensor | None
-    target_probs: torch.Tensor
-    remove_rejected: bool  # without-replacement drafting: drop a rejected child's token from q
-
-
-@dataclass(frozen=True)
-class TreeMethod:
-    """One verification rule. ``final_node`` returns (accepted node [B], next-token weights [B, V])."""
-
-    final_node: Callable[[TreeBatch, TreeUniforms], tuple[torch.Tensor, torch.Tensor]]
-    reads_q: bool
-    lossless: bool
-    distinct_siblings: bool  # lossless only when siblings carry distinct tokens
-    triton_kernel: str | None = None  # name of the kernel wrapper in ``tree_triton``
-
-
-def verify_tree(
-    candidates: torch.Tensor,
-    retrive_next_token: torch.Tensor,
-    retrive_next_sibling: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    method: str = "hsd",
-    generator: torch.Generator | None = None,
-    uniforms: TreeUniforms | None = None,
-    validate: bool = True,
-    backend: str = "auto",
-    draft_mode: str = "without-replacement",
-    max_depth: int | None = None,
-) -> TreeVerifyResult:
-    """Verify a batch of draft trees (SGLang layout, see ``tree_layout``) against the target.
-
-    Args:
-        candidates: int64 [B, N], node tokens; column 0 is the root (last verified token).
-        retrive_next_token / retrive_next_sibling: int64 [B, N], first child / next sibling, -1 none.
-        draft_probs: float [B, N, V]; row n is q(.|path to n), the distribution n's children were
-            drafted from (rows of leaves are ignored). ``None`` allowed for methods that ignore q.
-        target_probs: float [B, N, V]; row n is p(.|path to n), the target for n's children (and
-            the bonus distribution if n is accepted as a leaf).
-        method: a key of ``TREE_METHODS``.
-        generator / uniforms: randomness (``TreeUniforms`` makes implementations comparable).
-        validate: check inputs (host synchronisation); pass ``False`` on hot paths.
-        backend: ``"auto"`` (Triton on CUDA when the method has a kernel), ``"torch"``, ``"triton"``.
-        draft_mode: how children were drafted: ``"without-replacement"`` (sequentially, earlier
-            siblings removed from q and renormalised; also K independent paths merged into a
-            prefix tree) or ``"iid"`` (children i.i.d. from q, duplicates kept as siblings).
-        max_depth: depth D of the deepest node; computed (one host sync) when ``None``.
-    Returns:
-        ``TreeVerifyResult``.
-    """
-    if method not in TREE_METHODS:
-        raise ValueError(f"method must be one of {sorted(TREE_METHODS)}, got {method!r}")
-    if draft_mode not in DRAFT_MODES:
-        raise ValueError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
-    rule = TREE_METHODS[method]
-    if validate:
-        validate_tree_inputs(
-            candidates, retrive_next_token, retrive_next_sibling, draft_probs, target_probs,
-            reads_q=rule.reads_q,
-            distinct_siblings=rule.distinct_siblings and (draft_mode == "without-replacement" or not rule.reads_q),
-            uniforms=uniforms,
-        )
-    batch, num_nodes = candidates.shape
-    if uniforms is None:
-        uniforms = TreeUniforms.draw(batch, num_nodes, target_probs.device, generator)
-    parents = parents_from_links(retrive_next_token, retrive_next_sibling)
-    depths = depths_from_parents(parents)
-    if max_depth is None:
-        max_depth = int(depths.max())
-    tree = TreeBatch(
-        candidates.long(), retrive_next_token.long(), retrive_next_sibling.long(), parents,
-        draft_probs, target_probs, remove_rejected=(draft_mode == "without-replacement"),
-    )
-    if _use_triton(backend, method, rule, target_probs):
-        from sglang_hsd.verify import tree_triton
-
-        final_node, weights = getattr(tree_triton, rule.triton_kernel)(tree, uniforms)
-    else:
-        final_node, weights = rule.final_node(tree, uniforms)
-    if method == "greedy":
-        next_token = weights.argmax(dim=-1)
-    else:
-        next_token = inverse_cdf_sample(weights, uniforms.sample)
-    return _assemble(tree, depths, max_depth, final_node, next_token)
-
-
-def _assemble(tree: TreeBatch, depths, max_depth: int, final_node, next_token) -> TreeVerifyResult:
-    """Accepted path (root to ``final_node``) and emitted tokens."""
-    batch = final_node.shape[0]
-    rows = torch.arange(batch, device=final_node.device)
-    num_accepted = depths[rows, final_node]
-    # Column max_depth + 1 is a sink for writes past the root; dropped below.
-    accept_index = torch.full((batch, max_depth + 2), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=rows.device)
-    node = final_node
-    for _ in range(max_depth + 1):
-        column = torch.where(node >= 0, depths[rows, node.clamp_min(0)], max_depth + 1)
-        accept_index[rows, column] = torch.where(node >= 0, node, PLACEHOLDER_TOKEN_ID)
-        node = torch.where(node >= 0, tree.parents[rows, node.clamp_min(0)], node)
-    accept_index = accept_index[:, : max_depth + 1]
-    path_tokens = tree.candidates.gather(1, accept_index[:, 1:].clamp_min(0))
-    tokens = assemble_emitted(path_tokens, num_accepted, next_token)
-    return TreeVerifyResult(accept_index, num_accepted, tokens)
+from sglang_hsd.verify.tree.types import TreeBatch, TreeUniforms
 
 
 def _nonempty_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -228,7 +75,7 @@ def _compute_dtype(tree: TreeBatch) -> torch.dtype:
     return torch.promote_types(tree.target_probs.dtype, torch.float32)
 
 
-def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tensor, torch.Tensor]:
     """Traversal verification as a batched state machine: one node entered or tested per step.
 
     Each node is entered at most once and tested at most once, so 2N steps finish every request
@@ -290,7 +137,7 @@ def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms):
     return node, _nonempty_or(mb[rows, node], target_rows)
 
 
-def rrs_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+def rrs_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tensor, torch.Tensor]:
     """Recursive rejection sampling, top-down; at most N children are tested per request."""
     dtype = _compute_dtype(tree)
     p = tree.target_probs.to(dtype)
@@ -317,7 +164,7 @@ def rrs_final_node(tree: TreeBatch, uniforms: TreeUniforms):
     return node, _nonempty_or(mb, p[rows, node])
 
 
-def target_only_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+def target_only_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang's target-only walk: one coin per accepted node against the children's cumulative p.
 
     As SGLang's kernel: the coin of node n is ``uniforms.accept[:, n]``, child j is accepted when
@@ -348,7 +195,7 @@ def target_only_final_node(tree: TreeBatch, uniforms: TreeUniforms):
     return node, _nonempty_or(row * kept, row)
 
 
-def greedy_final_node(tree: TreeBatch, uniforms: TreeUniforms):
+def greedy_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tensor, torch.Tensor]:
     """Follow the child whose token is the target argmax; emit the argmax where none matches."""
     argmax = tree.target_probs.argmax(dim=-1)  # [B, N]
     rows = torch.arange(argmax.shape[0], device=argmax.device)
@@ -362,27 +209,3 @@ def greedy_final_node(tree: TreeBatch, uniforms: TreeUniforms):
         node = torch.where(accept, c, node)
         child = torch.where(accept, tree.first_child[rows, c], torch.where(reject, tree.next_sibling[rows, c], child))
     return node, tree.target_probs[rows, node]
-
-
-TREE_METHODS: dict[str, TreeMethod] = {
-    "hsd": TreeMethod(hsd_final_node, reads_q=True, lossless=True, distinct_siblings=True,
-                      triton_kernel="hsd_final_node_triton"),
-    "rrs": TreeMethod(rrs_final_node, reads_q=True, lossless=True, distinct_siblings=True),
-    "target-only": TreeMethod(target_only_final_node, reads_q=False, lossless=True, distinct_siblings=True,
-                              triton_kernel="target_only_final_node_triton"),
-    "greedy": TreeMethod(greedy_final_node, reads_q=False, lossless=False, distinct_siblings=False),
-}
-
-
-def _use_triton(backend: str, method: str, rule: TreeMethod, target_probs: torch.Tensor) -> bool:
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if backend == "torch":
-        return False
-    has_kernel = rule.triton_kernel is not None
-    if backend == "triton":
-        if not has_kernel:
-            with_kernel = sorted(name for name, r in TREE_METHODS.items() if r.triton_kernel)
-            raise ValueError(f"the Triton tree kernels implement {with_kernel}, not {method!r}")
-        return True
-    return has_kernel and target_probs.is_cuda

@@ -14,9 +14,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from sglang_hsd.verify import tree as tree_module  # noqa: E402
-from sglang_hsd.verify.tree import TreeUniforms, verify_tree  # noqa: E402
-from sglang_hsd.verify.tree_draft import sample_tree  # noqa: E402
+from sglang_hsd.verify import TREE_METHODS, TreeUniforms, sample_tree, verify_tree  # noqa: E402
+from sglang_hsd.verify.common import use_triton  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
@@ -60,7 +59,7 @@ def test_kernel_matches_reference(seed, batch, topk, depth, vocab, related, repl
     mode = "iid" if replacement else "without-replacement"
     reference = verify_tree(*args, method="hsd", uniforms=uniforms, backend="torch", draft_mode=mode)
     calls = []
-    import sglang_hsd.verify.tree_triton as tree_triton
+    import sglang_hsd.verify.tree.triton as tree_triton
 
     real = tree_triton.hsd_final_node_triton
     monkeypatch.setattr(tree_triton, "hsd_final_node_triton", lambda *a: calls.append(1) or real(*a))
@@ -74,7 +73,7 @@ def test_kernel_matches_reference(seed, batch, topk, depth, vocab, related, repl
 
 
 def test_kernel_wide_vocabulary_uses_several_blocks(monkeypatch):
-    import sglang_hsd.verify.tree_triton as tree_triton
+    import sglang_hsd.verify.tree.triton as tree_triton
 
     monkeypatch.setattr(tree_triton.triton, "next_power_of_2", lambda v: 4)  # force 4 blocks for V=16
     tree, target, uniforms = _case(5, 4, 2, 2, 16, False)
@@ -96,7 +95,7 @@ def test_target_only_kernel_matches_reference(seed, topk, depth):
 
 
 def test_auto_backend_uses_torch_on_cpu():
-    assert not tree_module._use_triton("auto", "hsd", tree_module.TREE_METHODS["hsd"], torch.zeros(1))
+    assert not use_triton("auto", "hsd", TREE_METHODS, "tree", torch.zeros(1))
 
 
 def _links(parents):

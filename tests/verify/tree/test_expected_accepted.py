@@ -13,7 +13,9 @@ vocabulary at every node.
 
 import pytest
 
-from sglang_hsd.verify import exact, tree_exact
+from sglang_hsd.verify.oracles import exact, tree_exact
+
+pytestmark = pytest.mark.exact
 
 TOPK, DEPTH, VOCAB = 2, 3, 4
 WORLDS = range(8)

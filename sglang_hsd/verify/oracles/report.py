@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_hsd.verify import exact
-from sglang_hsd.verify.chain import CHAIN_METHODS, LOSSLESS_CHAIN_METHODS
-from sglang_hsd.verify.simulate import chi_square_p_value, simulate_chain, target_prefix_probs
+from sglang_hsd.verify import CHAIN_METHODS, LOSSLESS_CHAIN_METHODS
+from sglang_hsd.verify.oracles import exact
+from sglang_hsd.verify.oracles.simulate import simulate_chain, target_prefix_probs
+from sglang_hsd.verify.oracles.stats import chi_square_p_value
 
 # Exact enumeration in float64 reaches ~1e-16; a method above this is biased.
 LOSSLESS_TV = 1e-12
@@ -40,7 +41,7 @@ def chain_report(
     lengths: tuple[int, ...] = (2, 3, 4),
     num_worlds: int = 3,
     seed: int = 0,
-    methods: tuple[str, ...] = CHAIN_METHODS,
+    methods: tuple[str, ...] = tuple(CHAIN_METHODS),
     sampled_sequences: int = 0,
 ) -> list[MethodReport]:
     """Run the exact oracle for each method on ``num_worlds`` random context-dependent worlds.
@@ -55,7 +56,7 @@ def chain_report(
         worst = {n: max(exact.prefix_tv(w, method, num_draft, n) for w in worlds) for n in lengths}
         mean = sum(exact.expected_accepted(w, method, num_draft) for w in worlds) / num_worlds
         p_value = None
-        if sampled_sequences and method != "greedy":
+        if sampled_sequences and not CHAIN_METHODS[method].deterministic:
             p_value = sampled_p_value(worlds[0], method, num_draft, max(lengths), sampled_sequences)
         reports.append(MethodReport(method, worst, mean, p_value))
     return reports

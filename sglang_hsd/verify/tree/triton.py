@@ -1,7 +1,7 @@
 """Triton kernels for the hot loops of tree ``hsd`` (traversal verification) and ``target-only``.
 
-One program per request runs the state machine of ``tree.hsd_final_node`` (the reference and the
-CPU path): 2N steps, each entering one node (its weight from the parent's current Mb/Ms) or
+One program per request runs the state machine of ``reference.hsd_final_node`` (the oracle and
+the CPU path): 2N steps, each entering one node (its weight from the parent's current Mb/Ms) or
 testing one leaf of the current tree with the pre-drawn coin ``uniforms.accept[b, node]``; a
 rejected leaf is folded into its parent in two passes over the vocabulary (residual mass, then
 the new Mb row and, without replacement, the Ms row without the leaf's token). Every step is
@@ -99,7 +99,8 @@ def _hsd_tree_kernel(
 
 
 def hsd_final_node_triton(tree, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel version of ``tree.hsd_final_node``: (accepted node int64 [B], next-token weights [B, V])."""
+    """Kernel version of ``reference.hsd_final_node``: (accepted node int64 [B], next-token weights
+    [B, V])."""
     mb = tree.target_probs.float().contiguous().clone()
     ms = tree.draft_probs.float().contiguous().clone()
     batch, num_nodes, vocab = mb.shape
@@ -146,7 +147,8 @@ def _target_only_tree_kernel(
 
 
 def target_only_final_node_triton(tree, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel version of ``tree.target_only_final_node``: (accepted node [B], next-token weights [B, V])."""
+    """Kernel version of ``reference.target_only_final_node``: (accepted node int64 [B], next-token
+    weights [B, V])."""
     target = tree.target_probs.float().contiguous()
     batch, num_nodes, vocab = target.shape
     final = torch.empty(batch, dtype=torch.long, device=target.device)

@@ -13,7 +13,7 @@ multi-token prefixes over several rounds matters: single-token marginals can be 
 3-token prefixes are wrong.
 
 The per-draft outcome laws here are written out from the formulas, independently of the batched
-torch sampler in ``chain.py``; tests check the sampler against them statistically.
+torch sampler in ``chain/reference.py``; tests check the sampler against them statistically.
 """
 
 from __future__ import annotations

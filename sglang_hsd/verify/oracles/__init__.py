@@ -1,0 +1,7 @@
+"""Oracles of the verifiers, apart from the serving path.
+
+``exact.py`` (chains) and ``tree_exact.py`` (trees) enumerate the exact law of speculative rounds
+on tiny tabular worlds in float64; ``simulate.py`` runs the real batched verifiers on those worlds
+(Monte Carlo); ``stats.py`` holds the chi-square tests that compare the two; ``report.py`` is the
+losslessness report of ``sglang-hsd check``.
+"""
