@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import bench_tree
+from benchmarks import bench_tree, drafters
 from sglang_hsd.verify import exact
 from sglang_hsd.verify.tree import verify_tree
 from sglang_hsd.verify.tree_draft import topk_tree
@@ -127,3 +127,28 @@ def test_real_pipeline_on_one_context():
     for method in bench_tree.SAMPLED_METHODS:
         mc = checks["world_monte_carlo"][method]
         assert _agrees((mc["mean"], mc["se"]), checks["world_exact"][method]), (method, mc, checks["world_exact"])
+
+
+@pytest.mark.parametrize("exit_layer", [None, 2])
+def test_prefix_model_tree_forward_equals_plain_forwards(exit_layer):
+    """The KV-cached tree forward (context cropped between contexts, memoised paths) against one
+    plain forward per path, for the full model and for an early exit (logit lens); tiny model."""
+    from sglang_hsd.runtime.testing import tiny_llama
+
+    hf = tiny_llama(vocab_size=64, num_layers=4, seed=7)
+    model = drafters.PrefixModel(hf, exit_layer=exit_layer, vocab_size=64)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 64, (12,), generator=gen).tolist()
+    full = model.prefill(tokens)
+    assert full.shape == (12, 64)
+    for length in (10, 7):  # long to short, as the benchmark crops its contexts
+        model.set_context(length, full[length - 1])
+        context = tokens[:length]
+        paths = [(), (3,), (3, 5), (9,), (9, 1), (9, 2)]
+        cached = drafters.node_logits(model, paths)
+        plain = model.path_logits(context, paths)
+        torch.testing.assert_close(cached, plain, atol=1e-4, rtol=0)
+        # memoised paths are served again without a forward; the context is unchanged
+        torch.testing.assert_close(drafters.node_logits(model, paths[:3]), cached[:3])
+        torch.testing.assert_close(model.prefill(context)[-1], full[length - 1], atol=1e-4, rtol=0)
+        model.prefill(tokens)
