@@ -178,6 +178,7 @@ class PrefixModel:
     def hf(self):
         return self.lm.hf
 
+    @torch.inference_mode()
     def _logits(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
         """The model's (or exit's) logits [M, V], V cut to ``vocab_size``."""
         if self.exit_layer is not None:
