@@ -5,8 +5,9 @@ the longest common prefix and runs only the rest (a draft's tokens are dropped o
 same way); ``forward_scratch`` runs extra tokens (a draft tree, with its attention mask) on top of
 the cached sequence without keeping them. ``exit_logits`` turns an early exit's hidden state into
 logits. ``PrefixModel`` (``bench_tree``) holds one context and returns, memoised, the logits after
-any token path from it (``node_logits``: one tree-masked forward for all new paths). One row, no batch: the benchmarks walk prompts one round at a time, and the per-token
-Python here is off any serving path.
+any token path from it (``node_logits``: one tree-masked forward for all new paths). One row, no
+batch: the benchmarks walk prompts one round at a time, and the per-token Python here is off any
+serving path.
 
 Drafters of ``bench_verify`` (``propose(context, num_draft, params, generator)`` -> tokens int64
 [K], q float [K, V] over the target vocabulary, where q[j] is the exact law draft token j was
