@@ -1,6 +1,6 @@
 """End-to-end tokens/s and accepted lengths, every configuration measured in the same run.
 
-    python benchmarks/bench_e2e.py --model smollm2-135m \\
+    PYTHONPATH=. python benchmarks/bench_e2e.py --model smollm2-135m \\
         --configs "target" "exit:8,target" "exit:8,exit:16,target" --buffers "" "4" "3,4"
 
 Configurations are ``--levels`` strings of ``sglang-hsd generate`` (``target`` = autoregressive),
@@ -21,16 +21,15 @@ Writes ``benchmarks/results/<name>.json`` and ``.md``, and with matplotlib (the 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_outputs, format_e2e_table, plot_e2e
-from sglang_hsd.runtime.cli import build_generator, encode_prompts, load_model
+from benchmarks.bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_outputs, format_e2e_table, plot_e2e
+from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run,
+                               write_results)
+from sglang_hsd.runtime.cli import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 
 HF_CONFIGS = ("hf", "hf-assisted", "hf-prompt-lookup")
@@ -80,31 +79,54 @@ def run_hf(kind, target, assistant, prompts, params, max_new, eos, seed):
     return tokens, seconds, None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+def parse_args(argv: list[str] | None = None):
+    parser = benchmark_parser(__doc__)
+    add_standard_arguments(parser, model="smollm2-135m")
     parser.add_argument("--assistant", help="model for hf-assisted (same tokenizer), e.g. qwen2.5-coder-0.5b")
     parser.add_argument("--configs", nargs="+", default=["target", "exit:8,target", "exit:8,exit:16,target"])
     parser.add_argument("--buffers", nargs="+", help="one per config: comma list or '' (default 4 per level)")
     parser.add_argument("--methods", nargs="+", help="one per config: verify method(s), default hsd")
-    parser.add_argument("--exit-heads", default="auto")
+    add_standard_arguments(parser, exit_heads=True)
     parser.add_argument("--prompt-set", default="mtbench")
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--name", default="e2e", help="results file stem")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    add_standard_arguments(parser, threads=1, name="e2e")
+    return parser.parse_args(argv)
 
-    from sglang_hsd.assets.prompts import load_prompts
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run = start_run(__file__, argv)
+    torch.set_num_threads(args.threads)
 
     target = load_model(args.model)
     assistant = load_model(args.assistant) if args.assistant else None
-    texts = [p.messages[0]["content"] for p in load_prompts(args.prompt_set, limit=args.num_prompts)]
-    prompts = encode_prompts(target.tokenizer, texts)
+    prompts = encoded_prompts(target.tokenizer, args.prompt_set, args.num_prompts)
+    rows = measure_all(args, target, assistant, prompts)
+    add_ratios(rows)
+    check_batch_outputs(rows)
+    meta = {"model": args.model, "assistant": args.assistant, "prompt_set": args.prompt_set,
+            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+            "exit_heads": args.exit_heads}
+    table = format_e2e_table(rows, meta)
+    write_results(RESULTS_DIR / args.name, {"meta": meta, "rows": rows}, table, run)
+    print(table)
+    try:
+        for path in plot_e2e(rows, RESULTS_DIR / args.name, run=run.as_dict()):
+            print("plot:", path)
+    except ImportError:
+        print(f"no plots: {BENCH_EXTRA_HINT}")
+    bad = [r for r in rows if r.get("matches_b1") is False or r.get("matches_ar") is False]
+    for r in bad:
+        print(f"WARNING: T=0 B={r['batch_size']} {r['config']} [{r['method']}] differs from B=1 / autoregressive "
+              f"output (prompts {r['mismatched_prompts']})")
+
+
+def measure_all(args, target, assistant, prompts) -> list[dict]:
+    """One row per (temperature, batch size, configuration): median time over ``--repeats``."""
     eos = target.tokenizer.eos_token_id
     buffers = args.buffers or [""] * len(args.configs)
     methods = args.methods or ["hsd"] * len(args.configs)
@@ -136,26 +158,7 @@ def main() -> None:
                     "tokens_per_second": sum(map(len, tokens)) / seconds, "levels": levels,
                     "outputs": tokens,
                 })
-    add_ratios(rows)
-    check_batch_outputs(rows)
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    meta = {"model": args.model, "assistant": args.assistant, "prompt_set": args.prompt_set,
-            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-            "exit_heads": args.exit_heads}
-    (out_dir / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    table = format_e2e_table(rows, meta)
-    (out_dir / f"{args.name}.md").write_text(table)
-    print(table)
-    try:
-        for path in plot_e2e(rows, out_dir / args.name):
-            print("plot:", path)
-    except ImportError:
-        print(f"no plots: {BENCH_EXTRA_HINT}")
-    bad = [r for r in rows if r.get("matches_b1") is False or r.get("matches_ar") is False]
-    for r in bad:
-        print(f"WARNING: T=0 B={r['batch_size']} {r['config']} [{r['method']}] differs from B=1 / autoregressive "
-              f"output (prompts {r['mismatched_prompts']})")
+    return rows
 
 
 if __name__ == "__main__":

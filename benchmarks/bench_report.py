@@ -14,10 +14,13 @@ estimate of the bound, paired with the verifiers' exact expectations on the same
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import torch
+
+from benchmarks.common import benchmark_parser, png_metadata
 
 BENCH_EXTRA_HINT = "plots need matplotlib: pip install -e '.[bench]' (or run scripts/setup_env.sh)"
 
@@ -126,9 +129,11 @@ def _pct(x: float, sign: bool = True) -> str:
     return f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%"
 
 
-def plot_verify(rows: list[dict], path: Path, methods=("tokenwise", "hsd", "hsd-paper", "bound")) -> Path:
+def plot_verify(rows: list[dict], path: Path, methods=("tokenwise", "hsd", "hsd-paper", "bound"),
+                run: dict | None = None) -> Path:
     """Block efficiency against draft length K, one panel per (drafter, temperature), prompt
-    groups without a ``/`` (whole sets) only. Returns ``path``."""
+    groups without a ``/`` (whole sets) only; ``run`` (the result's run record) goes into the
+    PNG's text. Returns ``path``."""
     plt = _pyplot()
     panels = list(dict.fromkeys((r["drafter"], r["temperature"]) for r in rows))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
@@ -147,7 +152,7 @@ def plot_verify(rows: list[dict], path: Path, methods=("tokenwise", "hsd", "hsd-
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, title=" ".join(f"{m} {s}" for m, s in styles.items() if m in methods),
                       title_fontsize=6)
-    return _save(fig, plt, path)
+    return _save(fig, plt, path, run)
 
 
 # --------------------------------------------------------------------------- bench_e2e
@@ -217,10 +222,11 @@ def config_label(row: dict) -> str:
     return f"{levels} {row['method']}{buffers}"
 
 
-def plot_e2e(rows: list[dict], out_stem: Path) -> list[Path]:
+def plot_e2e(rows: list[dict], out_stem: Path, run: dict | None = None) -> list[Path]:
     """Write ``<stem>_speedup.png`` (speed-up per configuration vs AR and vs HF assisted, one bar
     group per T and B) and ``<stem>_accepted.png`` (accepted draft tokens per round at each
-    verifying level, per configuration). Returns the paths written."""
+    verifying level, per configuration); ``run`` (the result's run record) goes into their text.
+    Returns the paths written."""
     plt = _pyplot()
     out_stem = Path(out_stem)
     settings = list(dict.fromkeys((r["temperature"], r["batch_size"]) for r in rows))
@@ -237,7 +243,7 @@ def plot_e2e(rows: list[dict], out_stem: Path) -> list[Path]:
         ax.set_title(title, fontsize=10)
         ax.set_ylabel("x")
     _legend(fig, labels, colors)
-    paths.append(_save(fig, plt, out_stem.with_name(out_stem.name + "_speedup.png")))
+    paths.append(_save(fig, plt, out_stem.with_name(out_stem.name + "_speedup.png"), run))
 
     level_rows = [r for r in rows if r.get("levels") and len(r["levels"]) > 1]
     level_names = list(dict.fromkeys(lv["name"] for r in level_rows for lv in r["levels"][1:]))
@@ -249,7 +255,7 @@ def plot_e2e(rows: list[dict], out_stem: Path) -> list[Path]:
         _grouped_bars(ax, level_rows, settings, labels, colors, value)
         ax.set_title(f"accepted draft tokens per round at level {name}", fontsize=10)
     _legend(fig, [label for label in labels if any(config_label(r) == label for r in level_rows)], colors)
-    paths.append(_save(fig, plt, out_stem.with_name(out_stem.name + "_accepted.png")))
+    paths.append(_save(fig, plt, out_stem.with_name(out_stem.name + "_accepted.png"), run))
     return paths
 
 
@@ -287,9 +293,9 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def _save(fig, plt, path: Path) -> Path:
+def _save(fig, plt, path: Path, run: dict | None = None) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata=png_metadata(run))
     plt.close(fig)
     return path
 
@@ -307,20 +313,19 @@ def _pyplot():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Re-plot saved results: ``python benchmarks/bench_report.py benchmarks/results/<name>.json``
-    writes the PNGs of a ``bench_e2e`` or ``bench_verify`` result next to it."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    """Re-plot saved results: ``PYTHONPATH=. python benchmarks/bench_report.py
+    benchmarks/results/<name>.json`` writes the PNGs of a ``bench_e2e`` or ``bench_verify`` result
+    next to it (with the result's run record in their text)."""
+    parser = benchmark_parser(main.__doc__)
     parser.add_argument("results", nargs="+", type=Path, help="JSON files written by bench_e2e.py / bench_verify.py")
     args = parser.parse_args(argv)
     for path in args.results:
-        rows = json.loads(path.read_text())["rows"]
+        result = json.loads(path.read_text())
+        rows, run = result["rows"], result.get("run")
         if rows and "config" in rows[0]:
-            written = plot_e2e(rows, path.with_suffix(""))
+            written = plot_e2e(rows, path.with_suffix(""), run=run)
         elif rows and "drafter" in rows[0]:
-            written = [plot_verify(rows, path.with_suffix(".png"))]
+            written = [plot_verify(rows, path.with_suffix(".png"), run=run)]
         else:
             raise ValueError(f"{path}: neither a bench_e2e nor a bench_verify result (no rows with config/drafter)")
         print("\n".join(str(p) for p in written))

@@ -20,7 +20,6 @@ starting value after the load; per-level statistics. Results: ``results/sglang_l
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import subprocess
@@ -32,8 +31,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.bench_sglang_serving import (
-    BENCH_CLIENT, RESULTS_DIR, setup_models, write_sharegpt_file)
+from benchmarks.bench_sglang_serving import BENCH_CLIENT, setup_models, write_sharegpt_file
+from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
 from sglang_hsd.sglang_plugin.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
 
@@ -197,11 +196,11 @@ def markdown(summary: dict) -> str:
         f"{levels.get('exit_accept_length', 0):.2f} / {levels.get('target_accept_rate', 0):.2f} / "
         f"{levels.get('layer_forwards_saved', 0):.2f} |",
         f"| wall time | {s['wall_seconds']} s |", "",
-        f"Passed: **{s['passed']}**", "", f"Command: `{s['command']}`", ""])
+        f"Passed: **{s['passed']}**", ""])
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser(__doc__.split("\n\n")[0], full_doc=False)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--exit-layer", type=int, default=None)
     parser.add_argument("--exit-heads", default=None)
@@ -220,8 +219,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import os
-
+    run = start_run(__file__, argv)
     with tempfile.TemporaryDirectory(prefix="hsd_load_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -235,12 +233,11 @@ def main(argv=None) -> int:
             "--disable-radix-cache", "--max-running-requests", "32",
             "--hsd-exit-buffer", str(args.exit_buffer)])
         log_path = workdir / "server.log"
-        meta = {"model": setup.name, "exit_layer": setup.exit_layer, "cpu_count": os.cpu_count(),
+        meta = {"model": setup.name, "exit_layer": setup.exit_layer, "cpu_count": run.cpu_count,
                 "exit_buffer": args.exit_buffer,
                 "exit_heads": "trained heads" if setup.exit_heads else "logit lens",
                 "num_requests": args.num_requests,
-                "command": "PYTHONPATH=. python benchmarks/bench_sglang_load.py "
-                           + " ".join(argv if argv is not None else sys.argv[1:])}
+                "command": run.command}
         with running_server(cmd, server_env(), str(log_path), timeout=900) as url:
             before = _hsd_state(url)
             run = load(url, setup, dataset, args, workdir)
@@ -253,9 +250,7 @@ def main(argv=None) -> int:
     stem = "sglang_load" if args.model == "tiny" else f"sglang_load_{args.model}"
     if args.exit_buffer != 1:
         stem += f"_buffer{args.exit_buffer}"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (args.out_dir / f"{stem}.md").write_text(markdown(summary))
+    write_results(args.out_dir / stem, summary, markdown(summary), run)
     print(markdown(summary))
     return 0 if summary["passed"] else 1
 

@@ -48,7 +48,6 @@ tiny tokenizer's built-in text when those cannot be fetched), so no download fro
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -58,11 +57,11 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from benchmarks.common import RESULTS_DIR, benchmark_parser, prompt_texts, start_run, write_results
 from sglang_hsd.sglang_plugin.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
 from sglang_hsd.sglang_plugin.exit_verify import ExitLevelStats
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # The client, run as ``python -c BENCH_CLIENT <args>``: stub ``datasets`` if absent, then run
 # SGLang's module as __main__ (exactly ``python -m sglang.benchmark.serving <args>``).
 BENCH_CLIENT = """
@@ -180,9 +179,7 @@ def write_sharegpt_file(path: Path, count: int = 200) -> str:
     """ShareGPT-format JSON (two turns per record) for ``--dataset-name random``; returns its
     source."""
     try:
-        from sglang_hsd.assets import load_prompts
-
-        texts = [p.messages[0]["content"] for p in load_prompts("sharegpt", limit=count)]
+        texts = prompt_texts("sharegpt", count)
         source = "sharegpt (sglang_hsd.assets)"
     except Exception as err:  # offline and not cached: any text gives random token ids
         from sglang_hsd.sglang_plugin.tiny_models import _CORPUS
@@ -323,12 +320,11 @@ def markdown_table(records: list[dict], meta: dict) -> str:
         f"{meta['output_len']} output tokens, temperature {meta['temperature']}, max concurrency "
         f"{meta['max_concurrency']}, {meta['num_steps']} draft steps. Prompts: "
         f"{meta['prompt_source']}.", "", *lines, "", *notes, "",
-        meta["caveat"], "",
-        f"Command: `{meta['command']}`", ""])
+        meta["caveat"], ""])
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser(__doc__.split("\n\n")[0], full_doc=False)
     parser.add_argument("--configs", default="hsd,tokenwise,eagle3,none",
                         help=f"comma-separated, from {sorted(CONFIGS)}")
     parser.add_argument("--model", default="tiny",
@@ -361,6 +357,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown configs {unknown}; choose from {sorted(CONFIGS)}")
     import sglang
 
+    run = start_run(__file__, argv)
     with tempfile.TemporaryDirectory(prefix="hsd_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -383,8 +380,7 @@ def main(argv=None) -> int:
             "max_concurrency": args.max_concurrency, "num_steps": args.num_steps,
             "dtype": args.dtype,
             "prompt_source": write_sharegpt_file(dataset),
-            "command": "PYTHONPATH=. python benchmarks/bench_sglang_serving.py "
-                       + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": run.command,
         }
         records = []
         for name in names:
@@ -392,13 +388,10 @@ def main(argv=None) -> int:
             records.append(run_config(CONFIGS[name], setup, dataset, args, workdir))
             print(json.dumps({k: v for k, v in records[-1].items()
                               if k not in ("client_summary", "server_log_tail")}), flush=True)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = ("sglang_serving" if args.model == "tiny"
             else f"sglang_serving_{args.model}_t{args.temperature:g}")
-    (args.out_dir / f"{stem}.json").write_text(
-        json.dumps({"meta": meta, "results": records}, indent=2) + "\n")
     table = markdown_table(records, meta)
-    (args.out_dir / f"{stem}.md").write_text(table)
+    write_results(args.out_dir / stem, {"meta": meta, "results": records}, table, run)
     print(table)
     return 1 if any("error" in r for r in records) else 0
 

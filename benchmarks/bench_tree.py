@@ -34,12 +34,14 @@ import json
 import math
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from sglang_hsd.runtime.cli import check_same_tokenizer, encode_prompts, load_exit_heads_option, load_model
+from benchmarks.common import (RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, encoded_prompts,
+                               start_run, write_results)
+from benchmarks.drafters import PrefixModel, load_draft_model, node_logits
+from sglang_hsd.runtime.cli import load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import TreeUniforms, sample_tree, topk_tree, tree_attention_mask, verify_tree
 from sglang_hsd.verify.oracles import tree_exact
@@ -49,100 +51,6 @@ SAMPLED_METHODS = ("rrs", "hsd")
 # "hsd below stock" counts ignore differences this small: float32 target rows make a saturated
 # stock tree's exact value 3 +- 1e-7.
 TIE = 1e-6
-
-
-class PrefixModel:
-    """A transformers causal LM, or one of its early exits, holding the KV cache of one context.
-
-    ``exit_layer`` None = the full model; else the hidden state after that many layers, through
-    ``head`` (a trained exit head) or the final norm + LM head (logit lens).
-    """
-
-    def __init__(self, hf, exit_layer: int | None = None, head=None, vocab_size: int | None = None):
-        self.hf, self.exit_layer, self.head = hf, exit_layer, head
-        self.vocab_size = vocab_size
-        self.cache, self.length = None, 0
-        self.memo: dict[tuple[int, ...], torch.Tensor] = {}  # token path from the root -> logits [V]
-
-    @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
-        """Logits [M, V] of ids [1, M] (V cut to ``vocab_size``)."""
-        if self.exit_layer is None:
-            logits = self.hf(ids, use_cache=True, **kwargs).logits[0]
-        else:
-            out = self.hf.model(ids, use_cache=True, output_hidden_states=True, **kwargs)
-            hidden = out.hidden_states[self.exit_layer][0]
-            logits = self.head(hidden) if self.head is not None else self.hf.lm_head(self.hf.model.norm(hidden))
-        return logits[:, : self.vocab_size].float()
-
-    def prefill(self, context: list[int]) -> torch.Tensor:
-        """Run the context, keep its cache. Returns float [len(context), V]: logits after each token."""
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(config=self.hf.config)
-        logits = self._forward(torch.tensor([context]), past_key_values=self.cache)
-        self.length = len(context)
-        return logits
-
-    def crop(self, length: int) -> None:
-        """Forget the cached context beyond ``length`` tokens."""
-        extra = self.cache.get_seq_length() - length
-        if extra > 0:
-            self.cache.crop(-extra)
-        self.length = length
-
-    def set_context(self, length: int, root_logits: torch.Tensor) -> None:
-        """Make the first ``length`` cached tokens the context; root_logits float [V] follow it."""
-        self.crop(length)
-        self.memo = {(): root_logits}
-
-    def tree_logits(self, tokens: list[int], parents: list[int], depths: list[int]) -> torch.Tensor:
-        """Logits after each of M tree nodes appended to the cached context (root = its last token).
-
-        tokens / parents / depths: M entries; parents index this list (-1 = child of the root),
-        depths >= 1. Each node attends to the context and its own ancestors. Returns float [M, V];
-        the cache is restored to the context afterwards.
-        """
-        mask = tree_attention_mask(torch.tensor([parents]))[0]  # [M, M]
-        allowed = torch.cat([torch.ones(len(tokens), self.length, dtype=torch.bool), mask], dim=1)
-        additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
-        positions = torch.tensor([[self.length - 1 + d for d in depths]])
-        logits = self._forward(torch.tensor([tokens]), past_key_values=self.cache,
-                               attention_mask=additive.view(1, 1, *allowed.shape), position_ids=positions)
-        self.crop(self.length)
-        return logits
-
-    @torch.inference_mode()
-    def path_logits(self, context: list[int], paths: list[tuple[int, ...]]) -> torch.Tensor:
-        """Reference: logits after context + path, one plain forward per path (no cache). [M, V]."""
-        saved = self.cache, self.length
-        rows = [self.prefill(context + list(path))[-1] for path in paths]
-        self.cache, self.length = saved
-        return torch.stack(rows)
-
-
-def node_logits(model: PrefixModel, paths: list[tuple[int, ...]]) -> torch.Tensor:
-    """Logits after each token path from the root (() = the root itself). float [M, V].
-
-    Paths not seen before in this context go through one tree forward (their ancestors included
-    as inputs); results are memoised per context, so overlapping trees cost one forward per path.
-    """
-    index: dict[tuple[int, ...], int] = {}
-    tokens, parents, depths = [], [], []
-    for path in paths:
-        if path in model.memo:
-            continue
-        for end in range(1, len(path) + 1):
-            key = path[:end]
-            if key not in index:
-                index[key] = len(tokens)
-                tokens.append(key[-1])
-                parents.append(index.get(key[:-1], -1))
-                depths.append(end)
-    if tokens:
-        rows = model.tree_logits(tokens, parents, depths)
-        model.memo.update({path: rows[i] for path, i in index.items()})
-    return torch.stack([model.memo[path] for path in paths])
 
 
 def tree_paths(tree, b: int = 0) -> list[tuple[int, ...]]:
@@ -320,21 +228,17 @@ def load_pair(target_name: str, drafter_spec: str, exit_heads: str):
         vocab = target.hf.lm_head.out_features
         label = f"exit:{layer} ({'trained head' if head is not None else 'logit lens'})"
         return target, PrefixModel(target.hf, vocab_size=vocab), PrefixModel(target.hf, layer, head, vocab), label
-    drafter = load_model(value)
-    check_same_tokenizer(target.tokenizer, drafter.tokenizer, value)
+    drafter = load_draft_model(target, value)
     vocab = min(target.hf.lm_head.out_features, drafter.hf.lm_head.out_features)
     return target, PrefixModel(target.hf, vocab_size=vocab), PrefixModel(drafter.hf, vocab_size=vocab), f"model:{value}"
 
 
 def prompt_items(tokenizer, prompt_sets: list[str], num_prompts: int) -> list[dict]:
     """Encoded prompts, alternating between the sets (a run stopped early still covers each set)."""
-    from sglang_hsd.assets.prompts import load_prompts
-
     per_set = []
     for prompt_set in prompt_sets:
-        texts = [p.messages[0]["content"] for p in load_prompts(prompt_set, limit=num_prompts)]
         per_set.append([{"set": prompt_set, "prompt": i, "ids": ids}
-                        for i, ids in enumerate(encode_prompts(tokenizer, texts))])
+                        for i, ids in enumerate(encoded_prompts(tokenizer, prompt_set, num_prompts))])
     return [item for group in itertools.zip_longest(*per_set) for item in group if item is not None]
 
 
@@ -400,9 +304,15 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def write_results(path: Path, meta: dict, rows: list[dict]) -> None:
+def save_results(name: str, meta: dict, rows: list[dict], run: RunRecord) -> None:
+    """``benchmarks/results/<name>.json`` (meta, summary, rows, run) and ``.md`` (the tables)."""
     summary = summarize(rows)
-    path.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+    write_results(RESULTS_DIR / name, {"meta": meta, "summary": summary, "rows": rows},
+                  format_tables(meta, rows, summary), run)
+
+
+def format_tables(meta: dict, rows: list[dict], summary: list[dict]) -> str:
+    """The Markdown result: summary over contexts, recorded tiny worlds, every context."""
     lines = [f"# Tree verification: {meta['target']} with drafter {meta['drafter']}", "",
              "Accepted draft tokens per round (the bonus token not counted). " + ", ".join(
                  f"{k} {v}" for k, v in meta.items() if k not in ("target", "drafter", "command")), "",
@@ -433,7 +343,7 @@ def write_results(path: Path, meta: dict, rows: list[dict]) -> None:
                      f"{r['hsd_se']:.3f} | {r['hsd'] - r['stock']:+.3f} | {r['hsd'] - r['rrs']:+.3f} +- "
                      f"{r['hsd_minus_rrs_se']:.3f} | {r['world_stock']:.3f} | {r['world_rrs']:.3f} | "
                      f"{r['world_hsd']:.3f} |")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def consistency_checks(target, context: list[int], recorded: dict, args, generator) -> dict:
@@ -448,8 +358,8 @@ def consistency_checks(target, context: list[int], recorded: dict, args, generat
             "check_trees": args.check_trees, "check_topk": args.topk[0]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--target", "--model", dest="target", default="smollm2-135m")
     parser.add_argument("--drafter", default="exit:16", help="exit:<layer> of the target, or model:<name>")
     parser.add_argument("--topk", type=int, nargs="+", default=[2, 3])
@@ -466,12 +376,16 @@ def main() -> None:
                         help="sampled trees: lump tokens no row gives more than this (0 = verify full rows)")
     parser.add_argument("--check", action="store_true", help="consistency checks on the first context")
     parser.add_argument("--check-trees", type=int, default=20000)
-    parser.add_argument("--exit-heads", default="auto", help="trained exit heads: 'auto', 'none' or a folder")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--name", default="tree")
-    args = parser.parse_args()
+    add_standard_arguments(parser, exit_heads=True, seed=0, name="tree")
+    args = parser.parse_args(argv)
     if min(args.positions) < 0 or any(k < 1 or k >= args.world_vocab for k in args.topk):
         raise ValueError("--positions must be >= 0 and every --topk in [1, --world-vocab)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run = start_run(__file__, argv)
     torch.set_num_threads(1)
     target_loaded, target, drafter, label = load_pair(args.target, args.drafter, args.exit_heads)
     items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts)
@@ -479,9 +393,7 @@ def main() -> None:
     meta = {"target": args.target, "drafter": label, "depth": args.depth, "trees": args.trees, "coins": args.coins,
             "keep_prob": args.keep_prob,
             "world_vocab": args.world_vocab, "positions": args.positions, "prompt_sets": args.prompt_sets,
-            "continuation": "target, T = 1", "command": "python benchmarks/bench_tree.py " + " ".join(
-                a for a in __import__("sys").argv[1:])}
-    out_path = Path(__file__).parent / "results" / args.name
+            "continuation": "target, T = 1", "command": run.command}
     rows, started = [], time.time()
     for item in items:
         tokens = continuation(target_loaded, item["ids"], max(args.positions), args.seed + item["prompt"])
@@ -495,19 +407,26 @@ def main() -> None:
             if args.check and "checks" not in meta:
                 meta["checks"] = consistency_checks(target, tokens[:length], recorded, args, generator)
                 print("checks:", json.dumps(meta["checks"]), flush=True)
-            context_id = len({(r["set"], r["prompt"], r["position"]) for r in rows})
-            for (topk, temperature), row in measured.items():
-                rows.append({"context": context_id, "set": item["set"], "prompt": item["prompt"],
-                             "position": position, "topk": topk, "temperature": temperature, **row})
-                print(f"ctx {context_id} {item['set']}#{item['prompt']}@{position} topk {topk} T {temperature}: "
-                      f"stock {row['stock']:.3f} rrs {row['rrs']:.3f} hsd {row['hsd']:.3f} +- {row['hsd_se']:.3f} | "
-                      f"world stock {row['world_stock']:.3f} rrs {row['world_rrs']:.3f} hsd {row['world_hsd']:.3f}",
-                      flush=True)
+            rows += context_rows(rows, item, position, measured)
             meta["seconds"] = round(time.time() - started)
-            print(f"  context {context_id}: {time.time() - ctx_start:.0f} s", flush=True)
-            write_results(out_path, meta, rows)
+            print(f"  context {rows[-1]['context']}: {time.time() - ctx_start:.0f} s", flush=True)
+            save_results(args.name, meta, rows, run)
     for s in summarize(rows):
         print(json.dumps(s))
+
+
+def context_rows(rows: list[dict], item: dict, position: int, measured: dict) -> list[dict]:
+    """Result rows of one context (numbered after the contexts in ``rows``), printed as they go."""
+    context_id = len({(r["set"], r["prompt"], r["position"]) for r in rows})
+    new = []
+    for (topk, temperature), row in measured.items():
+        new.append({"context": context_id, "set": item["set"], "prompt": item["prompt"],
+                    "position": position, "topk": topk, "temperature": temperature, **row})
+        print(f"ctx {context_id} {item['set']}#{item['prompt']}@{position} topk {topk} T {temperature}: "
+              f"stock {row['stock']:.3f} rrs {row['rrs']:.3f} hsd {row['hsd']:.3f} +- {row['hsd_se']:.3f} | "
+              f"world stock {row['world_stock']:.3f} rrs {row['world_rrs']:.3f} hsd {row['world_hsd']:.3f}",
+              flush=True)
+    return new
 
 
 if __name__ == "__main__":

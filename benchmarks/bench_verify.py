@@ -8,12 +8,12 @@ all methods are compared on identical drafts:
 
     block efficiency = 1 + E[accepted draft tokens]   (tokens emitted per target call)
 
-Drafters (``verify_drafters.py``): ``exit:L`` (the target's first L layers + a trained exit head,
+Drafters (``drafters.py``): ``exit:L`` (the target's first L layers + a trained exit head,
 or the logit lens without one), ``eagle3`` / ``eagle3:<dir>`` (the trained EAGLE-3 head of
 ``sglang-hsd train-heads``, q scattered from its draft vocabulary to target ids) and
 ``model:<name>`` (a separate model with the target's tokenizer).
 
-Columns. ``hsd`` is block verification (DESIGN.md section 1), which Sun et al. (ICLR 2025, arXiv
+Columns. ``hsd`` is block verification (``docs/verification.md``, "Chains"), which Sun et al. (ICLR 2025, arXiv
 2403.10444) prove optimal among lossless verifiers of a chain drawn from the given q: its column
 *is* the exact optimum. ``hsd-paper`` (uncapped, lossy) is for reference only. ``bound`` is the
 sum over k <= K of 1 - TV between the k-token draft and target laws (``bench_report.py``): what a
@@ -21,26 +21,26 @@ verifier could reach if it only had to keep each prefix length's law right separ
 hsd -> bound is the price of being lossless for every k at once. MT-Bench prompts are taken per
 category (``mtbench/<category>`` rows) and pooled (``mtbench`` rows).
 
-    python benchmarks/bench_verify.py --model smollm2-135m --drafters exit:16 eagle3 \\
+    PYTHONPATH=. python benchmarks/bench_verify.py --model smollm2-135m --drafters exit:16 eagle3 \\
         --prompt-sets mtbench humaneval sharegpt alpacaeval --temperatures 0.6 1.0
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from bench_report import (coupling_bound_per_length, format_verify_summary, format_verify_table, plot_verify,
-                          summarize_draft_values)
-from sglang_hsd.runtime.cli import check_same_tokenizer, encode_prompts, load_exit_heads_option, load_model
+from benchmarks.bench_report import (coupling_bound_per_length, format_verify_summary, format_verify_table,
+                                     plot_verify, summarize_draft_values)
+from benchmarks.common import (RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, start_run,
+                               write_results)
+from benchmarks.drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter, load_draft_model
+from sglang_hsd.runtime.cli import encode_prompts, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import verify_chain
 from sglang_hsd.verify.chain import expected_accepted_per_length
-from verify_drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter
 
 METHODS = ("tokenwise", "hsd", "hsd-paper")
 
@@ -67,8 +67,7 @@ def build_drafter(spec: str, target, exit_heads: dict):
         scorer = CachedLM(target.hf, hidden_layers=tuple(head.capture_layers), keep_logits=True)
         return Eagle3Drafter(head, scorer), scorer, "eagle3", {"eagle3": _provenance(folder, "training.json")}
     if kind == "model" and arg:
-        drafter = load_model(arg)
-        check_same_tokenizer(target.tokenizer, drafter.tokenizer, arg)
+        drafter = load_draft_model(target, arg)
         return ModelDrafter(drafter.hf), CachedLM(target.hf), f"model:{arg}", {}
     raise ValueError(f"--drafters {spec!r}: expected exit:<layer>, eagle3[:<dir>] or model:<name>")
 
@@ -127,9 +126,9 @@ def walk_prompt(drafter, scorer: CachedLM, prompt, params, num_draft, positions,
     return {m: torch.stack(v) for m, v in values.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+def parse_args(argv: list[str] | None = None):
+    parser = benchmark_parser(__doc__)
+    add_standard_arguments(parser, model="smollm2-135m")
     parser.add_argument("--drafters", nargs="+", default=["exit:16", "eagle3"],
                         help="exit:<layer>, eagle3[:<dir>] or model:<name> (same tokenizer as --model)")
     parser.add_argument("--prompt-sets", nargs="+", default=["mtbench", "humaneval", "sharegpt", "alpacaeval"])
@@ -141,15 +140,18 @@ def main() -> None:
                         help="drafts per prompt and temperature (consecutive decoding rounds)")
     parser.add_argument("--max-draft", type=int, default=8, help="K_max; tables show K = 2..K_max")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.6, 1.0])
-    parser.add_argument("--exit-heads", default="auto", help="trained exit heads: 'auto', 'none' or a folder")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--name", default="verify")
-    args = parser.parse_args()
+    add_standard_arguments(parser, exit_heads=True, seed=0, threads=1, name="verify")
+    args = parser.parse_args(argv)
     if any(t <= 0 for t in args.temperatures):
         parser.error("--temperatures must be > 0: a greedy draft makes every lossless verifier equal")
     if args.max_draft < 2 or args.positions < 1:
         parser.error("--max-draft must be >= 2 and --positions >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run = start_run(__file__, argv)
     torch.set_num_threads(args.threads)
 
     target = load_model(args.model)
@@ -176,7 +178,7 @@ def main() -> None:
                         "groups": {g: len(p) for g, p in groups.items()}, "positions": args.positions,
                         "max_draft": args.max_draft, "seed": args.seed, "max_prompt_tokens": args.max_prompt_tokens,
                         "heads": provenance, "threads": args.threads, "seconds": round(time.perf_counter() - started, 1)}
-                _write(args.name, meta, rows + new_rows, final=final)
+                _write(args.name, meta, rows + new_rows, run, final=final)
 
             rows += measure(drafter, scorer, label, groups, SamplingParams(temperature=temperature), args, eos,
                             started, save)
@@ -226,21 +228,19 @@ def _log(label, group, temperature, values, started) -> None:
           f"K_max block efficiency " + ", ".join(f"{m} {v:.3f}" for m, v in means.items()), flush=True)
 
 
-def _write(name: str, meta: dict, rows: list[dict], final: bool) -> None:
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+def _write(name: str, meta: dict, rows: list[dict], run: RunRecord, final: bool) -> None:
     heads = "; ".join(f"{k} heads {v['folder']} ({v['file']} {v['mtime']})" for k, v in meta["heads"].items())
     header = (f"Block efficiency (tokens per target call, exact expectation per sampled draft), target "
               f"{meta['model']}; prompts per group {meta['groups']}; {meta['positions']} drafts per prompt "
               f"(consecutive hsd decoding rounds); {heads or 'no trained heads'}; {meta['seconds']} s")
     summary = format_verify_summary(rows)
-    (out_dir / f"{name}.md").write_text(header + "\n\n" + summary + "\n" + format_verify_table(rows, "All rows:"))
+    write_results(RESULTS_DIR / name, {"meta": meta, "rows": rows},
+                  header + "\n\n" + summary + "\n" + format_verify_table(rows, "All rows:"), run)
     if not final:
         return
     print(header + "\n\n" + summary)
     try:
-        print("plot:", plot_verify(rows, out_dir / f"{name}.png"))
+        print("plot:", plot_verify(rows, RESULTS_DIR / f"{name}.png", run=run.as_dict()))
     except ImportError as err:
         print(f"no plot ({err})")
 

@@ -4,17 +4,19 @@ Both decode the same prompt greedily for ``--new-tokens`` tokens at batch size 1
 weights; the script checks that the two token sequences agree and reports tokens per second
 (best of ``--repeats``, prefill included in both, one warm-up run each).
 
-    python benchmarks/model_decode.py --model ~/.cache/sglang-hsd/models/smollm2-135m
+    PYTHONPATH=. python benchmarks/model_decode.py --model ~/.cache/sglang-hsd/models/smollm2-135m
+
+Prints its numbers and then the run record (commit, command, machine load); it writes no file.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import benchmark_parser, start_run
 from sglang_hsd.runtime.model import CausalLM
 
 
@@ -46,14 +48,15 @@ def best_time(fn, repeats: int) -> tuple[float, torch.Tensor]:
     return best, result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--model", type=Path, default=Path("~/.cache/sglang-hsd/models/smollm2-135m"))
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    run = start_run(__file__, argv)
     torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM
@@ -72,6 +75,7 @@ def main() -> None:
     attn = hf_model.config._attn_implementation
     print(f"HF generate   : {args.new_tokens / hf_s:7.1f} tok/s ({hf_s:.3f} s, attn={attn})")
     print(f"greedy tokens agree for the first {agree}/{args.new_tokens} positions")
+    print(run.finish().markdown())
 
 
 if __name__ == "__main__":

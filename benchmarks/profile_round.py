@@ -1,6 +1,6 @@
 """Where a speculative round spends its time: a per-section breakdown of ``SpeculativeGenerator``.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/profile_round.py --model smollm2-135m \\
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python benchmarks/profile_round.py --model smollm2-135m \\
         --config "model:smollm2-135m,target" --buffers 4 --temperature 0
 
 The engine's functions are wrapped with timers for one ``generate`` call (after a short warm-up
@@ -24,18 +24,20 @@ CPU time, which other jobs on a shared machine disturb less):
 in one process and prints tokens per CPU second; ``--matmul-rows 1 2 5 8`` times one MLP projection and the LM head of the model by row
 count, ``F.linear`` against ``PackedLinear``. ``--torch-profile`` adds torch.profiler's top operators (host syncs show up as
 ``aten::_local_scalar_dense``). The script only reads attribute names, so it also profiles older
-versions of the engine (put their checkout first on ``PYTHONPATH``).
+versions of the engine (put their checkout first on ``PYTHONPATH``). It prints its tables, then the
+run record (commit, command, machine load); it writes no file.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import time
 from collections import defaultdict
 
 import torch
+
+from benchmarks.common import add_standard_arguments, benchmark_parser, encoded_prompts, start_run
 
 # Forwards over more new tokens than this per row are the prompt's prefill, reported apart.
 PREFILL_MIN_TOKENS = 32
@@ -183,19 +185,19 @@ def compare_packing(gen, prompts, params, max_new_tokens: int, repeats: int) -> 
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m")
+def parse_args(argv: list[str] | None = None):
+    parser = benchmark_parser(__doc__)
+    add_standard_arguments(parser, model="smollm2-135m")
     parser.add_argument("--config", default="model:smollm2-135m,target", help="levels string of sglang-hsd generate")
     parser.add_argument("--buffers", default="", help="comma list, one per level below the target")
     parser.add_argument("--method", default="hsd")
-    parser.add_argument("--exit-heads", default="auto")
+    add_standard_arguments(parser, exit_heads=True)
     parser.add_argument("--prompt-set", default="mtbench")
     parser.add_argument("--num-prompts", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1)
+    add_standard_arguments(parser, threads=1)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this process's CPU time (less sensitive to other jobs on a shared machine)")
     parser.add_argument("--compare-packing", type=int, metavar="REPEATS",
@@ -203,19 +205,23 @@ def main() -> None:
     parser.add_argument("--matmul-rows", type=int, nargs="*",
                         help="only time one projection and the LM head for these row counts (e.g. 1 2 5 8)")
     parser.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run = start_run(__file__, argv)
     torch.set_num_threads(args.threads)
 
-    from sglang_hsd.assets.prompts import load_prompts
-    from sglang_hsd.runtime.cli import build_generator, encode_prompts, load_model
+    from sglang_hsd.runtime.cli import build_generator, load_model
     from sglang_hsd.sampling import SamplingParams
 
     target = load_model(args.model)
     if args.matmul_rows:
         print(matmul_costs(target.model, sorted(set(args.matmul_rows) | {1})))
+        print(run.finish().markdown())
         return
-    texts = [p.messages[0]["content"] for p in load_prompts(args.prompt_set, limit=args.num_prompts)]
-    prompts = encode_prompts(target.tokenizer, texts)
+    prompts = encoded_prompts(target.tokenizer, args.prompt_set, args.num_prompts)
     buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else None
     gen = build_generator(target, args.config, buffers, args.method.split(","), args.exit_heads)
     roles = {id(target.model): "target"}
@@ -226,8 +232,13 @@ def main() -> None:
     if args.compare_packing:
         print(f"{args.config} buffers={args.buffers or '-'} T={args.temperature} prompts={len(prompts)}")
         print(compare_packing(gen, prompts, params, args.max_new_tokens, args.compare_packing))
-        return
+    else:
+        profile_generate(gen, prompts, params, roles, args)
+    print(run.finish().markdown())
 
+
+def profile_generate(gen, prompts, params, roles: dict[int, str], args) -> None:
+    """Time one ``generate`` per batch of prompts by section and print the breakdown."""
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     timer = SectionTimer(clock)
     start = clock()

@@ -2,8 +2,8 @@
 
 Levels are numbered 0..m, cheapest first; level m is the target. ``alphas[k - 1]`` is the
 probability that level k accepts one token of level k - 1 (alpha = 1 - TV(p_{k-1}, p_k)), each
-token independently (the idealised model of ``DESIGN.md`` section 3). ``buffers[k]`` is T_k for
-k < m.
+token independently (the idealised model of ``docs/hierarchy.md``, "Latency model").
+``buffers[k]`` is T_k for k < m.
 
 Mapping to the runtime (``sglang_hsd/runtime/engine.py``), which this module models exactly up to
 the i.i.d. assumption:
@@ -25,9 +25,9 @@ Two variants:
 
 * ``exact=True``: carries the full distribution of each buffer length D_k (overshoot included);
   this is what the runtime does.
-* ``exact=False``: the formula of ``DESIGN.md`` / seed "Fast Inference via Hierarchical
-  Speculative Decoding" (Theorem 2.2): sum_i c_i prod_{j>=i} R(alpha_{j-1,j}, j), treating every
-  buffer handed up as exactly T_k tokens. R = (1 - a)/(1 - a^{T+1}) at the top,
+* ``exact=False``: the formula of seed "Fast Inference via Hierarchical Speculative Decoding"
+  (Theorem 2.2; ``docs/hierarchy.md``, "Latency model"): sum_i c_i prod_{j>=i} R(alpha_{j-1,j}, j),
+  treating every buffer handed up as exactly T_k tokens. R = (1 - a)/(1 - a^{T+1}) at the top,
   ``gamma(a, T_lo, T_hi)`` in between, T_0 at the bottom. The two agree for two levels; for more
   levels the second undercounts the tokens the level above receives. The planner optimises this
   form (it decomposes over consecutive pairs); :func:`hierarchy_latency` with ``exact=True``
@@ -207,7 +207,8 @@ def hierarchy_latency(
     Args:
         buffers: T_k for every level but the target (len(levels) - 1 entries, each >= 1).
         alphas: acceptance of level k - 1 by level k, k = 1..m (len(levels) - 1 entries).
-        exact: carry buffer-length distributions (the runtime); False = the DESIGN.md formula.
+        exact: carry buffer-length distributions (the runtime); False = the paper's formula
+            (``docs/hierarchy.md``, "Latency model").
     """
     if len(levels) < 2 or len(buffers) != len(levels) - 1 or len(alphas) != len(levels) - 1:
         raise ValueError("need >= 2 levels, one buffer and one alpha per level below the target")

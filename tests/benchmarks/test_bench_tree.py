@@ -4,13 +4,14 @@ Fast tests use random tiny worlds; the slow test runs the real-model pipeline on
 context (skips when the model is not in the cache).
 """
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from benchmarks import bench_tree
+from benchmarks import bench_tree, drafters
 from sglang_hsd.verify import topk_tree, verify_tree
 from sglang_hsd.verify.oracles import exact
 
@@ -125,3 +126,46 @@ def test_real_pipeline_on_one_context():
     for method in bench_tree.SAMPLED_METHODS:
         mc = checks["world_monte_carlo"][method]
         assert _agrees((mc["mean"], mc["se"]), checks["world_exact"][method]), (method, mc, checks["world_exact"])
+
+
+@pytest.mark.parametrize("exit_layer", [None, 2])
+def test_prefix_model_tree_forward_equals_plain_forwards(exit_layer):
+    """The KV-cached tree forward (context cropped between contexts, memoised paths) against one
+    plain forward per path, for the full model and for an early exit (logit lens); tiny model."""
+    from sglang_hsd.runtime.testing import tiny_llama
+
+    hf = tiny_llama(vocab_size=64, num_layers=4, seed=7)
+    model = drafters.PrefixModel(hf, exit_layer=exit_layer, vocab_size=64)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 64, (12,), generator=gen).tolist()
+    full = model.prefill(tokens)
+    assert full.shape == (12, 64)
+    for length in (10, 7):  # long to short, as the benchmark crops its contexts
+        model.set_context(length, full[length - 1])
+        context = tokens[:length]
+        paths = [(), (3,), (3, 5), (9,), (9, 1), (9, 2)]
+        cached = drafters.node_logits(model, paths)
+        plain = model.path_logits(context, paths)
+        assert not (cached.requires_grad or full.requires_grad)  # the benchmark turns them into numpy
+        torch.testing.assert_close(cached, plain, atol=1e-4, rtol=0)
+        # memoised paths are served again without a forward; the context is unchanged
+        torch.testing.assert_close(drafters.node_logits(model, paths[:3]), cached[:3])
+        torch.testing.assert_close(model.prefill(context)[-1], full[length - 1], atol=1e-4, rtol=0)
+        model.prefill(tokens)
+
+
+def test_results_files_hold_tables_and_the_run(tmp_path, monkeypatch):
+    from benchmarks import common
+
+    monkeypatch.setattr(bench_tree, "RESULTS_DIR", tmp_path)
+    row = {"stock": 1.0, "rrs": 1.2, "hsd": 1.3, "rrs_se": 0.1, "hsd_se": 0.1, "hsd_minus_rrs_se": 0.05,
+           "world_stock": 1.1, "world_rrs": 1.2, "world_hsd": 1.25, "lumped_mass": 0.0}
+    rows = [{"context": c, "set": "mtbench", "prompt": 0, "position": 8 * c, "topk": 2, "temperature": 1.0, **row}
+            for c in range(2)]
+    meta = {"target": "t", "drafter": "exit:16", "world_vocab": 5, "command": "python benchmarks/bench_tree.py"}
+    run = common.start_run(bench_tree.__file__, ["--name", "x"])
+    bench_tree.save_results("x", meta, rows, run)
+    text = (tmp_path / "x.md").read_text()
+    assert "| 2 | 1.0 | 2 | 1.000 | 1.200 | 1.300 | +0.300 +- 0.071 |" in text and "\n## Run\n" in text
+    saved = json.loads((tmp_path / "x.json").read_text())
+    assert saved["summary"][0]["contexts"] == 2 and saved["run"]["command"].endswith("--name x")

@@ -1,4 +1,5 @@
-"""The cached drafters of ``bench_verify`` against plain full-sequence forwards (tiny random models).
+"""``benchmarks/drafters.py``: cached models and drafters against plain full-sequence forwards
+(tiny random models).
 
 Regimes: a cache that is cropped and re-extended (the draft of one round dropped when the next
 round's context diverges), with and without stored logits; an exit drafter's q against the logit
@@ -8,7 +9,7 @@ defines the feeding (target features for committed positions, the head's own out
 
 import torch
 
-from benchmarks.verify_drafters import CachedLM, Eagle3Drafter, ExitDrafter
+from benchmarks.drafters import CachedLM, Eagle3Drafter, ExitDrafter
 from sglang_hsd.runtime.testing import tiny_llama
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 

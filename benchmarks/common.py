@@ -1,0 +1,207 @@
+"""What every benchmark script shares: the run record, result files, prompts and arguments.
+
+Scripts run from the repository root as ``PYTHONPATH=. python benchmarks/<script>.py ...`` and
+import this module as ``benchmarks.common`` (no ``sys.path`` changes).
+
+Every result file says which run produced it (:class:`RunRecord`): the git commit of the code, the
+exact command line, the machine's load average at the start and at the end (on a shared machine a
+timing means little without it), the CPU count, the torch version and the times. JSON results carry
+it under the key ``"run"``, Markdown results end with a ``## Run`` block (:func:`write_results`),
+and plots carry it as PNG text (:func:`png_metadata`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCHMARKS_DIR.parent
+RESULTS_DIR = BENCHMARKS_DIR / "results"
+# Environment variables that change what a benchmark measures; recorded in its command line.
+RECORDED_ENV = ("PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRITON_INTERPRET",
+                "SGLANG_HSD_CACHE", "SGLANG_HSD_OFFLINE")
+
+
+@dataclass
+class RunRecord:
+    """The run that produced a result file.
+
+    Fields:
+        commit: ``git rev-parse`` of the checkout, with " + uncommitted changes" when files outside
+            ``benchmarks/results`` differ from it.
+        command: the command line, with the recorded environment variables in front.
+        load_average_start, load_average_end: 1, 5 and 15 minute load averages ("1.02 0.87 0.80").
+        cpu_count: ``os.cpu_count()``.
+        torch_version: the installed torch distribution's version.
+        started, finished: UTC times, ISO 8601.
+    """
+
+    commit: str
+    command: str
+    load_average_start: str
+    load_average_end: str
+    cpu_count: int | None
+    torch_version: str
+    started: str
+    finished: str
+
+    def finish(self) -> RunRecord:
+        """Stamp the end load average and time (again on every call: a script that writes its
+        results after each step keeps the last write's values)."""
+        self.load_average_end = load_average()
+        self.finished = _utc_now()
+        return self
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def markdown(self) -> str:
+        """The ``## Run`` block that ends a Markdown result file."""
+        return "\n".join([
+            "## Run", "",
+            f"- commit: `{self.commit}`",
+            f"- command: `{self.command}`",
+            f"- machine load (1/5/15 min average): {self.load_average_start} at start, "
+            f"{self.load_average_end} at end; {self.cpu_count} CPUs",
+            f"- torch {self.torch_version}; started {self.started}, finished {self.finished}",
+            "",
+        ])
+
+
+def start_run(script: str, argv: list[str] | None = None) -> RunRecord:
+    """Record the start of a benchmark run.
+
+    Args:
+        script: the script's ``__file__``.
+        argv: the arguments its ``main`` was given; None = this process's own command line.
+    """
+    started = _utc_now()
+    return RunRecord(
+        commit=git_commit(), command=command_line(script, argv), load_average_start=load_average(),
+        load_average_end="", cpu_count=os.cpu_count(), torch_version=_torch_version(),
+        started=started, finished="",
+    )
+
+
+def git_commit(repo: Path = REPO_ROOT) -> str:
+    """Short commit hash of ``repo``'s checkout; "unknown" outside a git checkout."""
+    try:
+        commit = _git(repo, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                     ":(exclude)benchmarks/results")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + (" + uncommitted changes" if dirty else "")
+
+
+def command_line(script: str, argv: list[str] | None = None) -> str:
+    """The command that ran ``script``: recorded environment variables, then the interpreter's own
+    argument vector, or ``python <script> <argv>`` when ``main`` was called with ``argv``."""
+    env = [f"{name}={shlex.quote(os.environ[name])}" for name in RECORDED_ENV if name in os.environ]
+    if argv is None:
+        words = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    else:
+        path = Path(script).resolve()
+        shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        words = ["python", str(shown), *argv]
+    return " ".join([*env, shlex.join(words)])
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, e.g. "1.02 0.87 0.80" ("n/a" where unsupported)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def write_results(stem: Path, payload: dict, markdown: str, run: RunRecord) -> tuple[Path, Path]:
+    """Write ``<stem>.json`` (``payload`` plus ``"run"``) and ``<stem>.md`` (``markdown`` plus the
+    run block); stamps the run's end first. Returns the two paths."""
+    run.finish()
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = stem.with_name(stem.name + ".json"), stem.with_name(stem.name + ".md")
+    json_path.write_text(json.dumps({**payload, "run": run.as_dict()}, indent=1) + "\n")
+    md_path.write_text(markdown.rstrip("\n") + "\n\n" + run.markdown())
+    return json_path, md_path
+
+
+def png_metadata(run: dict | None) -> dict[str, str]:
+    """PNG text entries for a plot of a run (``RunRecord.as_dict()`` or a result's ``"run"``)."""
+    if not run:
+        return {}
+    # PNG text chunks are Latin-1: keep them ASCII (json.dumps escapes the rest).
+    return {"Source": run.get("command", "").encode("ascii", "backslashreplace").decode(),
+            "Comment": json.dumps(run)}
+
+
+def prompt_texts(prompt_set: str, limit: int | None) -> list[str]:
+    """The first user message of the first ``limit`` prompts of a prompt set (``sglang-hsd fetch
+    --prompts``), untemplated."""
+    from sglang_hsd.assets.prompts import load_prompts
+
+    return [p.messages[0]["content"] for p in load_prompts(prompt_set, limit=limit)]
+
+
+def encoded_prompts(tokenizer, prompt_set: str, limit: int | None) -> list[list[int]]:
+    """``prompt_texts`` in the tokenizer's chat template, as token ids (one list per prompt)."""
+    from sglang_hsd.runtime.cli import encode_prompts
+
+    return encode_prompts(tokenizer, prompt_texts(prompt_set, limit))
+
+
+def benchmark_parser(doc: str, full_doc: bool = True) -> argparse.ArgumentParser:
+    """An argument parser whose ``--help`` shows the script's docstring (or its first line)."""
+    if full_doc:
+        return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+
+
+def add_standard_arguments(parser: argparse.ArgumentParser, *, model: str | None = None,
+                           name: str | None = None, threads: int | None = None,
+                           exit_heads: bool = False, seed: int | None = None) -> None:
+    """Add the options most scripts share, each only when its default is given.
+
+    Args:
+        model: default of ``--model`` (a model of ``sglang-hsd fetch``).
+        name: default of ``--name``, the results file stem in ``benchmarks/results``.
+        threads: default of ``--threads`` (torch intra-op threads).
+        exit_heads: add ``--exit-heads`` ('auto', 'none' or a folder; default 'auto').
+        seed: default of ``--seed``.
+    """
+    if model is not None:
+        parser.add_argument("--model", default=model)
+    if name is not None:
+        parser.add_argument("--name", default=name, help="results file stem in benchmarks/results")
+    if threads is not None:
+        parser.add_argument("--threads", type=int, default=threads)
+    if exit_heads:
+        parser.add_argument("--exit-heads", default="auto", help="trained exit heads: 'auto', 'none' or a folder")
+    if seed is not None:
+        parser.add_argument("--seed", type=int, default=seed)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True, timeout=30).stdout.strip()
+
+
+def _torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
