@@ -60,7 +60,7 @@ from pathlib import Path
 
 from sglang_hsd.sglang_plugin.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
-from sglang_hsd.sglang_plugin.exit_verify import ExitLevelStats
+from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # The client, run as ``python -c BENCH_CLIENT <args>``: stub ``datasets`` if absent, then run
