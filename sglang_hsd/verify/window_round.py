@@ -23,11 +23,12 @@ One round for a request whose last emitted token r sits at position s (its KV no
 Either way the emitted tokens are (accepted drafts, one last token), which is SGLang's round shape:
 the last token becomes the next round's root and every accepted draft has valid KV in all layers.
 
-With an exit buffer N_i > 1 (the server's ``--hsd-exit-buffer``), steps 1-3 repeat inside the round's verify
-window (positions s..s+K) before step 4: while fewer than N_i tokens are provisional (n) and
-n < K, the drafter drafts K - n more tokens after the last provisional one, layers [0, L)
-run on that token and the new drafts, and ``exit_round`` (with ragged ``draft_lengths``) appends
-its accepted drafts and its own token; steps 4-5 then verify all n provisional tokens. The
+With an exit buffer N_i > 1 (the server's ``--hsd-exit-buffer``), steps 1-3 repeat inside the
+round's verify window (positions s..s+K) before step 4: while fewer than N_i tokens are
+provisional (n) and n < K, the drafter drafts K - n more tokens after the last provisional one,
+layers [0, L) run on that token and the new drafts, and ``exit_round`` (with ragged
+``draft_lengths``) appends its accepted drafts and its own token; steps 4-5 then verify all n
+provisional tokens (``exit_sub_rounds``). The
 stopping rule depends only on what the exit level has produced (a stopping time), so each exit
 sub-round is a lossless chain rule step of the exit's own law and the target sees a chain that
 follows the exit's law; exact enumeration of this rule is in the same test file. A request also
@@ -135,53 +136,69 @@ def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_r
         The round's ``ExitProposal``: chain c_1..c_n, ``chain_probs`` the final table (its rows
         0..n-1 are the rows each c_j was drawn from), counters summed over sub-rounds.
     """
-    batch, width = first.chain_tokens.shape
-    num_draft = width - 1
-    device = first.chain_tokens.device
-    chain, table = first.chain_tokens.clone(), first.chain_probs.clone()
-    n, accepted = first.chain_len.clone(), first.exit_accepted.clone()
-    drafted, lower_positions = first.drafted.clone(), first.lower_positions.clone()
+    num_draft = first.chain_tokens.shape[1] - 1
+    state = ExitProposal(first.exit_accepted.clone(), first.chain_tokens.clone(),
+                         first.chain_len.clone(), first.chain_probs.clone(),
+                         drafted=first.drafted.clone(),
+                         lower_positions=first.lower_positions.clone())
     sub_accepted = [first.exit_accepted]
-    sub_round = 1
-    limit = torch.full_like(n, min(buffer, num_draft))
+    limit = torch.full_like(state.chain_len, min(buffer, num_draft))
     if remaining is not None:
-        limit = torch.minimum(limit, remaining.to(n.dtype))
+        limit = torch.minimum(limit, remaining.to(limit.dtype))
+    sub_round = 1
     while True:
-        active = n < limit
+        active = state.chain_len < limit
         if stop_ids is not None:  # stopping at a finished chain is a stopping time too
-            in_chain = torch.arange(width, device=device).unsqueeze(0) < n.unsqueeze(1)
-            hit = (chain.unsqueeze(-1) == stop_ids.unsqueeze(1)) & (stop_ids >= 0).unsqueeze(1)
-            active &= ~(hit.any(-1) & in_chain).any(-1)
+            active &= ~_holds_stop_token(state.chain_tokens, state.chain_len, stop_ids)
         if not bool(active.any()):
             break
         reqs = active.nonzero().squeeze(-1)
-        last = n[reqs]
-        counts = num_draft - last
-        last_token = chain[reqs, last - 1]
-        drafts, q = draft(reqs, last_token, last, counts, sub_round)
-        span = torch.arange(drafts.shape[1] + 1, device=device).unsqueeze(0)
-        run_tokens = torch.cat([last_token.unsqueeze(1), drafts], dim=1)
-        req_table = exit_rows(reqs, last, run_tokens, counts)
-        table[reqs] = req_table.to(table.dtype)
-        m_rows = req_table.gather(1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
-                                  .expand(-1, -1, req_table.shape[-1]))
-        step = exit_round(drafts.clamp_min(0), q, m_rows, method,
-                          uniforms(reqs, sub_round, drafts.shape[1]), validate=validate,
-                          draft_lengths=counts)
-        taken = span <= step.exit_accepted.unsqueeze(1)
-        slots = last.unsqueeze(1) + span
-        chain[reqs.unsqueeze(1).expand_as(slots)[taken], slots[taken]] = step.chain_tokens[taken]
-        n[reqs] += step.chain_len
-        accepted[reqs] += step.exit_accepted
-        drafted[reqs] += counts
-        lower_positions[reqs] += counts + 1
-        this_round = torch.full_like(n, -1)
-        this_round[reqs] = step.exit_accepted
+        this_round = torch.full_like(state.chain_len, -1)
+        this_round[reqs] = _sub_round(state, reqs, sub_round, method, draft, exit_rows, uniforms,
+                                      validate)
         sub_accepted.append(this_round)
         sub_round += 1
-    return ExitProposal(accepted, chain, n, table, drafted=drafted,
-                        lower_positions=lower_positions,
-                        sub_accepted=torch.stack(sub_accepted, dim=1))
+    state.sub_accepted = torch.stack(sub_accepted, dim=1)
+    return state
+
+
+def _holds_stop_token(chain: torch.Tensor, chain_len: torch.Tensor, stop_ids: torch.Tensor
+                      ) -> torch.Tensor:
+    """bool [B]: the first ``chain_len`` [B] tokens of ``chain`` [B, K + 1] hold one of the
+    request's ``stop_ids`` [B, S] (-1 padding)."""
+    slot = torch.arange(chain.shape[1], device=chain.device).unsqueeze(0)
+    in_chain = slot < chain_len.unsqueeze(1)
+    hit = (chain.unsqueeze(-1) == stop_ids.unsqueeze(1)) & (stop_ids >= 0).unsqueeze(1)
+    return (hit.any(-1) & in_chain).any(-1)
+
+
+def _sub_round(state: ExitProposal, reqs: torch.Tensor, sub_round: int, method: str, draft,
+               exit_rows, uniforms, validate: bool) -> torch.Tensor:
+    """One exit sub-round of requests ``reqs`` (int64 [A]) of ``exit_sub_rounds``: appends its
+    accepted drafts and the exit's token to ``state`` in place; returns the drafts accepted [A]."""
+    num_draft = state.chain_tokens.shape[1] - 1
+    last = state.chain_len[reqs]
+    counts = num_draft - last
+    last_token = state.chain_tokens[reqs, last - 1]
+    drafts, q = draft(reqs, last_token, last, counts, sub_round)
+    span = torch.arange(drafts.shape[1] + 1, device=reqs.device).unsqueeze(0)
+    run_tokens = torch.cat([last_token.unsqueeze(1), drafts], dim=1)
+    req_table = exit_rows(reqs, last, run_tokens, counts)
+    state.chain_probs[reqs] = req_table.to(state.chain_probs.dtype)
+    m_rows = req_table.gather(1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
+                              .expand(-1, -1, req_table.shape[-1]))
+    step = exit_round(drafts.clamp_min(0), q, m_rows, method,
+                      uniforms(reqs, sub_round, drafts.shape[1]), validate=validate,
+                      draft_lengths=counts)
+    taken = span <= step.exit_accepted.unsqueeze(1)
+    slots = last.unsqueeze(1) + span
+    rows = reqs.unsqueeze(1).expand_as(slots)
+    state.chain_tokens[rows[taken], slots[taken]] = step.chain_tokens[taken]
+    state.chain_len[reqs] += step.chain_len
+    state.exit_accepted[reqs] += step.exit_accepted
+    state.drafted[reqs] += counts
+    state.lower_positions[reqs] += counts + 1
+    return step.exit_accepted
 
 
 def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str,
