@@ -60,7 +60,7 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR, benchmark_parser, prompt_texts, start_run, write_results
 from sglang_hsd.sglang_plugin.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
-from sglang_hsd.sglang_plugin.exit_verify import ExitLevelStats
+from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
 
 # The client, run as ``python -c BENCH_CLIENT <args>``: stub ``datasets`` if absent, then run
 # SGLang's module as __main__ (exactly ``python -m sglang.benchmark.serving <args>``).

@@ -65,8 +65,8 @@ class HierarchyConfig:
             keeps no bonus token on full acceptance, as the SGLang plugin's exit level does (an
             EAGLE-3 drafter then also reads target features only up to the token before the last
             committed one, as SGLang's does)
-            (``sglang_plugin/exit_verify.py``); used to compare the runtime with the server round
-            by round. Needs exactly three levels (drafter, one ``exit`` level, target) and the exit
+            (``runtime/window.py`` runs the rule of ``verify/window_round.py``); used to compare
+            the runtime with the server round by round. Needs exactly three levels (drafter, one ``exit`` level, target) and the exit
             level's buffer N_i <= N_d + 1 (the window holds at most N_d + 1 provisional tokens).
     """
 

@@ -15,7 +15,7 @@ level k's distribution at its position (the q the level above verifies it agains
   accepted prefix plus the corrected/bonus token, rolls every cache back past the first changed
   position and appends the kept tokens, with level k's rows, to buf_k (or commits them, k = m).
 
-Why this is lossless (``DESIGN.md`` section 3): each verification is a lossless chain rule, so the
+Why this is lossless (``docs/hierarchy.md``): each verification is a lossless chain rule, so the
 tokens a level appends follow that level's own autoregressive distribution, whatever the level
 below proposed; stopping a buffer "once it holds T_k tokens" is a stopping time, which the chain
 rule tolerates. By induction the committed tokens follow the target. Tests check it exactly
@@ -29,16 +29,11 @@ EAGLE-3 drafter (level kind ``eagle3``): extra group boundaries at the head's ca
 the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_drafter.py``) owns
 the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_verify``.
 
-Windowed rounds (``HierarchyConfig.window``, drafter -> one exit -> target): a round reproduces the
-SGLang plugin's (``sglang_plugin/exit_verify.py``) so the two can be compared round by round. With
-n tokens in the exit's buffer the drafter drafts only N_d - n (the room left in the verify window
-of N_d + 1 positions), the exit stops filling once n >= min(N_i, N_d) (or once its buffer holds
-an EOS token or every token the request may still emit), and the target keeps no
-bonus token when it accepts all n (the bonus is a fresh draw from the target given the accepted
-prefix, so leaving it to the next round keeps the output law). An EAGLE-3 drafter reads target
-features only up to the token before the last committed one, as in SGLang, where that token's
-features come with the next verify forward. ``generate(trace_rounds=True)``
-records per round what each level accepted (``GenerationResult.round_trace``).
+Windowed rounds (``HierarchyConfig.window``, drafter -> one exit -> target) replace ``_fill`` /
+``_verify`` by the SGLang plugin's round (``runtime/window.py`` runs the rule of
+``sglang_hsd/verify/window_round.py`` with this engine's model work), so the runtime and the server
+can be compared round by round. ``generate(trace_rounds=True)`` records per round what each level
+accepted (``GenerationResult.round_trace``).
 """
 
 from __future__ import annotations
@@ -53,8 +48,9 @@ from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats
+from sglang_hsd.runtime.window import WindowRounds
 from sglang_hsd.sampling import BatchSamplingParams, SamplingParams, logits_to_probs
-from sglang_hsd.verify.chain import verify_chain
+from sglang_hsd.verify import verify_chain
 from sglang_hsd.verify.common import inverse_cdf_sample
 
 
@@ -150,12 +146,6 @@ class _Run:
         self.gen = gen
         self.levels = gen.config.levels
         self.top = len(self.levels) - 1
-        self.window = gen.config.window
-        # _fill(k) stops once buf_k holds fill_to[k] tokens. In a window the exit also stops when
-        # no room is left for a draft (n >= N_d): one window holds at most N_d + 1 tokens.
-        self.fill_to = [level.buffer for level in self.levels[: self.top]]
-        if self.window:
-            self.fill_to[1] = min(self.levels[1].buffer, self.levels[0].buffer)
         target = gen.target
         device = target.embed_tokens.weight.device
         batch = len(prompts)
@@ -191,6 +181,7 @@ class _Run:
         # Per request: finished target rounds, and the exit's accepted counts of the open round.
         self.trace = [[] for _ in range(batch)] if trace_rounds else None
         self.trace_open = [[] for _ in range(batch)] if trace_rounds else None
+        self.window_rounds = WindowRounds(self) if gen.config.window else None
 
     def _build_groups(self, batch: int) -> None:
         exits = [level.layer for level in self.levels if level.kind == "exit"]
@@ -223,6 +214,8 @@ class _Run:
             active = ~self.finished
             if self.top == 0:
                 self._autoregressive_step(active)
+            elif self.window_rounds is not None:
+                self.window_rounds.round(active)
             else:
                 self._fill(self.top - 1, active)
                 self._verify(self.top, active)
@@ -232,27 +225,14 @@ class _Run:
             self._draft(rows)
             return
         while True:
-            short = rows & (self.seq_len - self.buf_start[k] < self.fill_to[k])
-            if self.window:
-                short &= ~self._buffer_finished(k)
+            short = rows & (self.seq_len - self.buf_start[k] < self.levels[k].buffer)
             if not bool(short.any()):
                 return
             self._fill(k - 1, short)
             self._verify(k, short)
 
-    def _buffer_finished(self, k: int) -> torch.Tensor:
-        """bool [B]: buf_k already holds an EOS token or every token the request may still emit
-        (the SGLang plugin's exit sub-rounds stop there too)."""
-        length = self.seq_len - self.buf_start[k]
-        done = length >= self.prompt_len + self.max_new - self.buf_start[k]
-        if self.eos.numel():
-            positions = torch.arange(self.max_len, device=length.device)
-            in_buffer = (positions >= self.buf_start[k].unsqueeze(-1)) & (positions < self.seq_len.unsqueeze(-1))
-            done |= (torch.isin(self.tokens, self.eos) & in_buffer).any(-1)
-        return done
-
     # ------------------------------------------------------------------ level pieces
-    def _probs(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def level_probs(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Level k's distribution after each of ``positions`` [R, T] of rows ``idx``. [R, T, V]."""
         group = self.level_group[k]
         positions = positions.clamp(0, self.max_len - 1)
@@ -268,26 +248,29 @@ class _Run:
         return inverse_cdf_sample(probs, uniform)
 
     def _draft(self, rows: torch.Tensor) -> None:
+        self.draft_tokens(rows, self.buf_start[0], self.buf_start[self.top - 1])
+
+    def draft_tokens(self, rows: torch.Tensor, base: torch.Tensor, features_upto: torch.Tensor) -> None:
+        """Level 0 drafts for ``rows`` (bool [B]) one token at a time until ``seq_len - base``
+        reaches N_d, into ``tokens`` and ``buf_probs[0]`` (indexed from ``buf_start[0]``).
+
+        Args:
+            base: int64 [B], where the count of N_d tokens starts.
+            features_upto: int64 [B]; an EAGLE-3 drafter reads target features of positions
+                before it only.
+        """
         start_time = time.perf_counter()
         group, stats = self.level_group[0], self.stats[0]
-        # In a window the drafts may only reach position s + N_d (s: the last committed token), so
-        # the drafter counts the exit's buffer too and drafts N_d - n tokens.
-        base = self.buf_start[self.top - 1] if self.window else self.buf_start[0]
         for _ in range(self.levels[0].buffer):
             idx = (rows & (self.seq_len - base < self.levels[0].buffer)).nonzero().squeeze(-1)
             if idx.numel() == 0:
                 break
             if self.eagle is not None:
                 params = BatchSamplingParams(self.params.temperature[idx], self.params.top_k[idx], self.params.top_p[idx])
-                committed = self.buf_start[self.top - 1]
-                if self.window:
-                    # SGLang's drafter has no target features for the last committed token (they
-                    # come with the next verify); its entry is fed by the head's own output.
-                    committed = committed - 1
-                q = self.eagle.propose(idx, self.tokens, self.seq_len, committed, params)
+                q = self.eagle.propose(idx, self.tokens, self.seq_len, features_upto, params)
             else:
                 advance(group, self.tokens, self.seq_len)
-                q = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
+                q = self.level_probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
             token = self._sample(q)
             slot = self.seq_len[idx]
             self.tokens[idx, slot] = token
@@ -305,7 +288,7 @@ class _Run:
         width = int(draft_len.max())
         advance(self.level_group[k], self.tokens, self.seq_len)
         offsets = torch.arange(width + 1, device=idx.device)
-        p = self._probs(k, idx, (start - 1).unsqueeze(-1) + offsets)  # [R, width + 1, V]
+        p = self.level_probs(k, idx, (start - 1).unsqueeze(-1) + offsets)  # [R, width + 1, V]
         draft_pos = (start.unsqueeze(-1) + offsets[:-1]).clamp(max=self.max_len - 1)
         draft = self.tokens[idx.unsqueeze(-1), draft_pos]
         q = self.buf_probs[k - 1][idx, :width]
@@ -315,16 +298,10 @@ class _Run:
         )
         accepted = res.num_accepted
         new_len = start + accepted + 1
-        if self.window and k == self.top:
-            # No bonus token after a full acceptance: its position is dropped like a rejected one
-            # (nothing ran there yet, and the caches are cut at start + accepted below).
-            new_len = new_len - (accepted == draft_len).long()
         self.tokens[idx, start + accepted] = res.tokens.gather(1, accepted.unsqueeze(-1)).squeeze(-1)
         keep = self.seq_len.clone()
         keep[idx] = start + accepted  # the first changed position
-        truncate_all(self.all_groups, keep)
-        if self.eagle is not None:
-            self.eagle.truncate(keep)
+        self.rollback(keep)
         self.seq_len[idx] = new_len
         for lower in range(k):
             self.buf_start[lower][idx] = new_len
@@ -333,7 +310,7 @@ class _Run:
         if k < self.top:
             self._append_to_buffer(k, idx, start, accepted, p)
         else:
-            self._commit(idx)
+            self.commit(idx)
         stats = self.stats[k]
         stats.rounds += idx.numel()
         stats.proposed += int(draft_len.sum())
@@ -362,14 +339,21 @@ class _Run:
         start_time = time.perf_counter()
         idx = rows.nonzero().squeeze(-1)
         advance(self.level_group[0], self.tokens, self.seq_len)
-        p = self._probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
+        p = self.level_probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
         self.tokens[idx, self.seq_len[idx]] = self._sample(p)
         self.seq_len[idx] += 1
-        self._commit(idx)
+        self.commit(idx)
         self.stats[0].rounds += idx.numel()
         self.stats[0].seconds += time.perf_counter() - start_time
 
-    def _commit(self, idx: torch.Tensor) -> None:
+    def rollback(self, keep: torch.Tensor) -> None:
+        """Cut every cache (target groups, a separate drafter, an EAGLE-3 head) so that row b keeps
+        positions < ``keep[b]`` (int64 [B])."""
+        truncate_all(self.all_groups, keep)
+        if self.eagle is not None:
+            self.eagle.truncate(keep)
+
+    def commit(self, idx: torch.Tensor) -> None:
         """Finish rows that produced EOS or reached max_new_tokens; cut their output there."""
         generated = self.seq_len[idx] - self.prompt_len[idx]
         done = generated >= self.max_new[idx]

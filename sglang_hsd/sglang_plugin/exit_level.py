@@ -2,11 +2,11 @@
 
 ``HSDWorker.verify`` hands SGLang's own ``run_eagle_verify`` an ``ExitLevelTarget`` instead of
 the target worker. Its ``forward_batch_generation`` (the target-verify forward) runs the round of
-``exit_verify.py``:
+``verify/window_round.py``:
 
 1. layers [0, L) over the verify batch (root + K drafts per request; SGLang's TARGET_VERIFY
    ``ForwardBatch``, attention backend and KV slots) -> exit logits -> ``exit_round``;
-1b. with exit buffer N_i > 1, exit sub-rounds (``exit_verify.exit_sub_rounds``): the EAGLE-3 head
+1b. with exit buffer N_i > 1, exit sub-rounds (``window_round.exit_sub_rounds``): the EAGLE-3 head
    drafts after the exit's last provisional token (``draft_continuation.py``), layers [0, L) run
    on that token and the new drafts (an EXTEND batch over those window positions, re-writing their
    KV slots), the exit verifies them; until N_i tokens are provisional or the window is full;
@@ -38,12 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_hsd.sglang_plugin.exit_verify import (
-    ExitLevelStats,
-    ExitProposal,
-    exit_round,
-    exit_sub_rounds,
-)
+from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
 from sglang_hsd.sglang_plugin.forward_batches import window_extend_batch
 from sglang_hsd.sglang_plugin.layer_range import (
     StreamState,
@@ -53,7 +48,8 @@ from sglang_hsd.sglang_plugin.layer_range import (
     run_layer_range,
 )
 from sglang_hsd.sglang_plugin.seeds import EXIT_COIN_SEED_TAG, sub_round_seed
-from sglang_hsd.verify.common import ChainUniforms
+from sglang_hsd.verify import ChainUniforms
+from sglang_hsd.verify.window_round import ExitProposal, exit_round, exit_sub_rounds
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +258,7 @@ class ExitLevelVerifier:
 
     def _more_sub_rounds(self, verify_batch, candidates, sampling_info, low: StreamState,
                          exit_logits, first: ExitProposal, method: str, reqs=None):
-        """Exit sub-rounds after the first (``exit_verify.exit_sub_rounds``) with SGLang's draft
+        """Exit sub-rounds after the first (``window_round.exit_sub_rounds``) with SGLang's draft
         model and layers [0, L) doing the work.
 
         Updates ``low`` and ``exit_logits`` (rows [B * W, V]) in place at the window rows it

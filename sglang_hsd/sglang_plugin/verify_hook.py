@@ -9,7 +9,7 @@ calls ``sglang_hsd.verify.verify_chain`` when the running algorithm is HSD and S
 otherwise, so a server started with ``--speculative-algorithm EAGLE3`` is untouched.
 
 With an exit level (``exit_level.py``) the round's forward leaves a pending ``ExitRound``; the
-replacement then verifies the exit's chain against the target (``exit_verify.target_round``), for
+replacement then verifies the exit's chain against the target (``window_round.target_round``), for
 greedy batches too (one-hot rows, method ``greedy``).
 
 All-greedy batches keep SGLang's argmax path (``verify_tree_greedy_func``). On CPU SGLang forces
@@ -33,9 +33,9 @@ import torch
 
 from sglang_hsd.sglang_plugin import exit_level
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
-from sglang_hsd.sglang_plugin.exit_verify import target_round
 from sglang_hsd.verify.chain import verify_chain
 from sglang_hsd.verify.common import ChainUniforms
+from sglang_hsd.verify.window_round import target_round
 
 logger = logging.getLogger(__name__)
 # Counters for tests and logs (per process).

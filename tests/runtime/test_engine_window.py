@@ -1,7 +1,9 @@
-"""Windowed rounds (``HierarchyConfig.window``): the SGLang exit level's round in the runtime.
+"""Windowed rounds (``HierarchyConfig.window``): the SGLang exit level's round in the runtime
+(``runtime/window.py`` running the rule of ``verify/window_round.py``).
 
 Exact greedy equality, the round rule read off the per-round trace, the sampled distribution
-(the window cap and the dropped bonus are lossless), and that the flag really changes the rounds.
+(the window cap and the dropped bonus are lossless), that the rounds come from the shared rule,
+and that the flag really changes the rounds.
 """
 
 import pytest
@@ -98,6 +100,35 @@ def test_sampled_output_matches_target_distribution(spec, buffers, methods, para
     # The dropped bonus was exercised, and so was the window cap (a later sub-round drafts < K).
     assert any(entry["target_accepted"] == entry["emitted"] > 0 for entry in rounds)
     assert buffers[1] == 1 or any(len(entry["exit_accepted"]) > 1 for entry in rounds)
+
+
+def test_rounds_come_from_the_shared_rule(target, monkeypatch):
+    """Every traced round is one row of an ``exit_sub_rounds`` + ``target_round`` call."""
+    from sglang_hsd.runtime import window
+
+    seen = []
+
+    def recording(function, slot):
+        def wrapper(*args, **kwargs):
+            out = function(*args, **kwargs)
+            seen.append((slot, out))
+            return out
+        return wrapper
+
+    monkeypatch.setattr(window, "exit_sub_rounds", recording(window.exit_sub_rounds, "exit"))
+    monkeypatch.setattr(window, "target_round", recording(window.target_round, "target"))
+    gen = _generator(target, "eagle3:x,exit:4,target", [3, 4])
+    result = gen.generate(PROMPTS, SamplingParams(temperature=1.0), max_new_tokens=10, seed=4,
+                          trace_rounds=True)
+    exits = [out for slot, out in seen if slot == "exit"]
+    targets = [out[1] for slot, out in seen if slot == "target"]
+    assert len(exits) == len(targets) == max(len(rounds) for rounds in result.round_trace)
+    from_rule = sorted((tuple(a for a in subs if a >= 0), taken)
+                       for proposal, accepted in zip(exits, targets)
+                       for subs, taken in zip(proposal.sub_accepted.tolist(), accepted.tolist()))
+    traced = sorted((tuple(r["exit_accepted"]), r["target_accepted"])
+                    for rounds in result.round_trace for r in rounds)
+    assert from_rule == traced and any(len(subs) > 1 for subs, _ in traced)
 
 
 def test_window_flag_changes_the_rounds(target):

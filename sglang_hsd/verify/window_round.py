@@ -1,8 +1,12 @@
-"""Two chained verifications in one SGLang round: drafts -> early exit -> full target.
+"""The windowed two-level round: drafts -> one early exit -> full target, in one verify window.
+
+Pure torch; the model work is passed in, so the SGLang plugin (``sglang_plugin/exit_level.py``,
+SGLang's forwards) and the runtime (``runtime/window.py``, ``HierarchyConfig(window=True)``) run
+the same rule, and tests drive it with tabular worlds.
 
 One round for a request whose last emitted token r sits at position s (its KV not yet written):
 
-1. The EAGLE-3 head drafts d_1..d_K from q_1..q_K.
+1. The drafter (SGLang: the EAGLE-3 head) drafts d_1..d_K from q_1..q_K.
 2. Layers [0, L) run on r, d_1..d_K (positions s..s+K); the exit head gives m_1..m_{K+1}
    (m_j: the exit's distribution of the token at position s + j).
 3. ``exit_round``: ``verify_chain(d, q, m)`` accepts a drafts and draws y (from m's residual, or
@@ -19,30 +23,32 @@ One round for a request whose last emitted token r sits at position s (its KV no
 Either way the emitted tokens are (accepted drafts, one last token), which is SGLang's round shape:
 the last token becomes the next round's root and every accepted draft has valid KV in all layers.
 
-With an exit buffer N_i > 1 (``--hsd-exit-buffer``), steps 1-3 repeat inside the round's verify
-window (positions s..s+K) before step 4: while fewer than N_i tokens are provisional (n) and
-n < K, the EAGLE-3 head drafts K - n more tokens after the last provisional one, layers [0, L)
-run on that token and the new drafts, and ``exit_round`` (with ragged ``draft_lengths``) appends
-its accepted drafts and its own token; steps 4-5 then verify all n provisional tokens. The
+With an exit buffer N_i > 1 (the server's ``--hsd-exit-buffer``), steps 1-3 repeat inside the
+round's verify window (positions s..s+K) before step 4: while fewer than N_i tokens are
+provisional (n) and n < K, the drafter drafts K - n more tokens after the last provisional one,
+layers [0, L) run on that token and the new drafts, and ``exit_round`` (with ragged
+``draft_lengths``) appends its accepted drafts and its own token; steps 4-5 then verify all n
+provisional tokens (``exit_sub_rounds``). The
 stopping rule depends only on what the exit level has produced (a stopping time), so each exit
 sub-round is a lossless chain rule step of the exit's own law and the target sees a chain that
-follows the exit's law; exact enumeration of this rule is in the same test file.
+follows the exit's law; exact enumeration of this rule is in the same test file. A request also
+stops once its chain holds a stop token or every token it may still emit (``exit_sub_rounds``'s
+``stop_ids`` / ``remaining``), a stopping time as well.
 
 Lossless: step 3 makes c follow the exit's own autoregressive law (a lossless chain rule), step 5
 verifies c against the target with a lossless chain rule. That the random chain length (which
 for ``hsd`` depends on drafts beyond c) and the dropped bonus keep the output law exact is checked
-by exact enumeration in ``tests/sglang_plugin/test_exit_verify.py`` (TV ~1e-16 on 2-4-token
+by exact enumeration in ``tests/verify/test_window_round.py`` (TV ~1e-16 on 2-4-token
 prefixes, both methods at both levels). Greedy (one-hot rows) is exact token for token.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from sglang_hsd.verify.chain import ChainVerifyResult, verify_chain
-from sglang_hsd.verify.common import ChainUniforms
+from sglang_hsd.verify import ChainUniforms, ChainVerifyResult, verify_chain
 
 
 @dataclass
@@ -73,7 +79,7 @@ class ExitProposal:
 def exit_round(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                exit_probs: torch.Tensor, method: str, uniforms: ChainUniforms,
                validate: bool = False, draft_lengths: torch.Tensor | None = None) -> ExitProposal:
-    """The exit level verifies the EAGLE-3 drafts.
+    """One exit sub-round: the exit level verifies the drafter's drafts.
 
     Args:
         draft_tokens: int64 [B, K].
@@ -107,8 +113,8 @@ def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_r
     A sub-round of request b with n provisional tokens c_1..c_n (c_n at window index n, position
     s + n) drafts k = K - n tokens after c_n, verifies them against the exit's rows of window
     indices n..n+k and appends the a accepted drafts and the exit's own token. The model work is
-    injected, so SGLang's forwards (``exit_level.py``) and tabular worlds (the tests) run the
-    same rule:
+    injected, so SGLang's forwards (``sglang_plugin/exit_level.py``), the runtime's
+    (``runtime/window.py``) and tabular worlds (the tests) run the same rule:
 
     Args:
         first: the first sub-round's proposal (K drafts over the whole window; its
@@ -130,53 +136,69 @@ def exit_sub_rounds(first: ExitProposal, buffer: int, method: str, draft, exit_r
         The round's ``ExitProposal``: chain c_1..c_n, ``chain_probs`` the final table (its rows
         0..n-1 are the rows each c_j was drawn from), counters summed over sub-rounds.
     """
-    batch, width = first.chain_tokens.shape
-    num_draft = width - 1
-    device = first.chain_tokens.device
-    chain, table = first.chain_tokens.clone(), first.chain_probs.clone()
-    n, accepted = first.chain_len.clone(), first.exit_accepted.clone()
-    drafted, lower_positions = first.drafted.clone(), first.lower_positions.clone()
+    num_draft = first.chain_tokens.shape[1] - 1
+    state = ExitProposal(first.exit_accepted.clone(), first.chain_tokens.clone(),
+                         first.chain_len.clone(), first.chain_probs.clone(),
+                         drafted=first.drafted.clone(),
+                         lower_positions=first.lower_positions.clone())
     sub_accepted = [first.exit_accepted]
-    sub_round = 1
-    limit = torch.full_like(n, min(buffer, num_draft))
+    limit = torch.full_like(state.chain_len, min(buffer, num_draft))
     if remaining is not None:
-        limit = torch.minimum(limit, remaining.to(n.dtype))
+        limit = torch.minimum(limit, remaining.to(limit.dtype))
+    sub_round = 1
     while True:
-        active = n < limit
+        active = state.chain_len < limit
         if stop_ids is not None:  # stopping at a finished chain is a stopping time too
-            in_chain = torch.arange(width, device=device).unsqueeze(0) < n.unsqueeze(1)
-            hit = (chain.unsqueeze(-1) == stop_ids.unsqueeze(1)) & (stop_ids >= 0).unsqueeze(1)
-            active &= ~(hit.any(-1) & in_chain).any(-1)
+            active &= ~_holds_stop_token(state.chain_tokens, state.chain_len, stop_ids)
         if not bool(active.any()):
             break
         reqs = active.nonzero().squeeze(-1)
-        last = n[reqs]
-        counts = num_draft - last
-        last_token = chain[reqs, last - 1]
-        drafts, q = draft(reqs, last_token, last, counts, sub_round)
-        span = torch.arange(drafts.shape[1] + 1, device=device).unsqueeze(0)
-        run_tokens = torch.cat([last_token.unsqueeze(1), drafts], dim=1)
-        req_table = exit_rows(reqs, last, run_tokens, counts)
-        table[reqs] = req_table.to(table.dtype)
-        m_rows = req_table.gather(1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
-                                  .expand(-1, -1, req_table.shape[-1]))
-        step = exit_round(drafts.clamp_min(0), q, m_rows, method,
-                          uniforms(reqs, sub_round, drafts.shape[1]), validate=validate,
-                          draft_lengths=counts)
-        taken = span <= step.exit_accepted.unsqueeze(1)
-        slots = last.unsqueeze(1) + span
-        chain[reqs.unsqueeze(1).expand_as(slots)[taken], slots[taken]] = step.chain_tokens[taken]
-        n[reqs] += step.chain_len
-        accepted[reqs] += step.exit_accepted
-        drafted[reqs] += counts
-        lower_positions[reqs] += counts + 1
-        this_round = torch.full_like(n, -1)
-        this_round[reqs] = step.exit_accepted
+        this_round = torch.full_like(state.chain_len, -1)
+        this_round[reqs] = _sub_round(state, reqs, sub_round, method, draft, exit_rows, uniforms,
+                                      validate)
         sub_accepted.append(this_round)
         sub_round += 1
-    return ExitProposal(accepted, chain, n, table, drafted=drafted,
-                        lower_positions=lower_positions,
-                        sub_accepted=torch.stack(sub_accepted, dim=1))
+    state.sub_accepted = torch.stack(sub_accepted, dim=1)
+    return state
+
+
+def _holds_stop_token(chain: torch.Tensor, chain_len: torch.Tensor, stop_ids: torch.Tensor
+                      ) -> torch.Tensor:
+    """bool [B]: the first ``chain_len`` [B] tokens of ``chain`` [B, K + 1] hold one of the
+    request's ``stop_ids`` [B, S] (-1 padding)."""
+    slot = torch.arange(chain.shape[1], device=chain.device).unsqueeze(0)
+    in_chain = slot < chain_len.unsqueeze(1)
+    hit = (chain.unsqueeze(-1) == stop_ids.unsqueeze(1)) & (stop_ids >= 0).unsqueeze(1)
+    return (hit.any(-1) & in_chain).any(-1)
+
+
+def _sub_round(state: ExitProposal, reqs: torch.Tensor, sub_round: int, method: str, draft,
+               exit_rows, uniforms, validate: bool) -> torch.Tensor:
+    """One exit sub-round of requests ``reqs`` (int64 [A]) of ``exit_sub_rounds``: appends its
+    accepted drafts and the exit's token to ``state`` in place; returns the drafts accepted [A]."""
+    num_draft = state.chain_tokens.shape[1] - 1
+    last = state.chain_len[reqs]
+    counts = num_draft - last
+    last_token = state.chain_tokens[reqs, last - 1]
+    drafts, q = draft(reqs, last_token, last, counts, sub_round)
+    span = torch.arange(drafts.shape[1] + 1, device=reqs.device).unsqueeze(0)
+    run_tokens = torch.cat([last_token.unsqueeze(1), drafts], dim=1)
+    req_table = exit_rows(reqs, last, run_tokens, counts)
+    state.chain_probs[reqs] = req_table.to(state.chain_probs.dtype)
+    m_rows = req_table.gather(1, (last.unsqueeze(1) + span).clamp(max=num_draft).unsqueeze(-1)
+                              .expand(-1, -1, req_table.shape[-1]))
+    step = exit_round(drafts.clamp_min(0), q, m_rows, method,
+                      uniforms(reqs, sub_round, drafts.shape[1]), validate=validate,
+                      draft_lengths=counts)
+    taken = span <= step.exit_accepted.unsqueeze(1)
+    slots = last.unsqueeze(1) + span
+    rows = reqs.unsqueeze(1).expand_as(slots)
+    state.chain_tokens[rows[taken], slots[taken]] = step.chain_tokens[taken]
+    state.chain_len[reqs] += step.chain_len
+    state.exit_accepted[reqs] += step.exit_accepted
+    state.drafted[reqs] += counts
+    state.lower_positions[reqs] += counts + 1
+    return step.exit_accepted
 
 
 def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str,
@@ -185,7 +207,7 @@ def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str
     """The target verifies the exit's chain; returns SGLang's round result.
 
     Args:
-        proposal: from ``exit_round``.
+        proposal: from ``exit_round`` or ``exit_sub_rounds``.
         target_probs: float [B, K + 1, V]; rows 0..a are p_1..p_{a+1} (row j: the target's
             distribution of c_{j+1}); later rows must be valid distributions but are not used.
         uniforms: accept [B, K + 1], sample [B].
@@ -210,64 +232,3 @@ def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str
     tokens = torch.where(slot <= num_accepted.unsqueeze(1), tokens, -1)
     target_accepted = torch.where(took_all, proposal.chain_len, tau)
     return ChainVerifyResult(num_accepted=num_accepted, tokens=tokens), target_accepted
-
-
-@dataclass
-class ExitLevelStats:
-    """Counters of one scheduler process (sums over requests and rounds).
-
-    Fields:
-        rounds: request-rounds verified.
-        exit_subrounds: exit sub-rounds run (= rounds with exit buffer 1).
-        exit_proposed / exit_accepted: drafts shown to / accepted by the exit level.
-        target_proposed / target_accepted: chain tokens shown to / accepted by the target.
-        emitted: tokens emitted (accepted drafts + the last token of each round).
-        layer_forwards / layer_forwards_stock: target layer-token forwards run, and what the
-            stock single-level verify would have run (every verify position through all layers).
-        seconds: wall time by phase ("lower_forward": layers [0, L) + exit head,
-            "exit_verify", "upper_forward": layers [L, N) + LM head).
-    """
-
-    rounds: int = 0
-    exit_subrounds: int = 0
-    exit_proposed: int = 0
-    exit_accepted: int = 0
-    target_proposed: int = 0
-    target_accepted: int = 0
-    emitted: int = 0
-    layer_forwards: int = 0
-    layer_forwards_stock: int = 0
-    seconds: dict = field(default_factory=dict)
-
-    def add_round(self, num_draft: int, exit_layer: int, num_layers: int,
-                  proposal: ExitProposal, result: ChainVerifyResult,
-                  target_accepted: torch.Tensor) -> None:
-        batch = int(proposal.chain_len.shape[0])
-        chain = int(proposal.chain_len.sum())
-        self.rounds += batch
-        self.exit_subrounds += int((proposal.sub_accepted >= 0).sum())
-        self.exit_proposed += int(proposal.drafted.sum())
-        self.exit_accepted += int(proposal.exit_accepted.sum())
-        self.target_proposed += chain
-        self.target_accepted += int(target_accepted.sum())
-        self.emitted += int(result.num_accepted.sum()) + batch
-        # The target's last layers run on the root and the first chain_len - 1 chain tokens.
-        self.layer_forwards += (int(proposal.lower_positions.sum()) * exit_layer
-                                + chain * (num_layers - exit_layer))
-        self.layer_forwards_stock += batch * (num_draft + 1) * num_layers
-
-    def as_dict(self) -> dict:
-        """The raw counters plus rates (accept rates, accept length at the exit, tokens per
-        round, fraction of the stock verify's target layer-forwards saved)."""
-        rounds = max(self.rounds, 1)
-        return {
-            **asdict(self),
-            "exit_accept_rate": self.exit_accepted / max(self.exit_proposed, 1),
-            "exit_accept_length": (self.exit_accepted + self.exit_subrounds)
-            / max(self.exit_subrounds, 1),
-            "exit_subrounds_per_round": self.exit_subrounds / rounds,
-            "target_tokens_per_round": self.target_proposed / rounds,
-            "target_accept_rate": self.target_accepted / max(self.target_proposed, 1),
-            "tokens_per_round": self.emitted / rounds,
-            "layer_forwards_saved": 1.0 - self.layer_forwards / max(self.layer_forwards_stock, 1),
-        }

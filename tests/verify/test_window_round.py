@@ -1,6 +1,9 @@
-"""The server's exit level (drafts -> early exit -> target in one round) is lossless.
+"""The windowed two-level round (drafts -> early exit -> target in one verify window) is lossless.
 
-* exact enumeration of the round rule of ``sglang_plugin/exit_verify.py`` (exit accepts a drafts
+The rule of ``sglang_hsd/verify/window_round.py``, which the SGLang plugin's exit level and the
+runtime's windowed rounds both run; pure torch, no SGLang needed.
+
+* exact enumeration of the round rule (exit accepts a drafts
   and draws y; the target verifies the a + 1 chain tokens and drops its bonus) over repeated
   rounds: 2-4-token prefixes equal the target's (TV ~1e-16) for every pair of methods;
 * the batched torch implementation (``exit_round`` + ``target_round``) samples the exact round law
@@ -21,9 +24,10 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hsd.sglang_plugin.exit_verify import ExitLevelStats, exit_round, target_round
-from sglang_hsd.verify import exact
-from sglang_hsd.verify.common import ChainUniforms
+from sglang_hsd.verify import ChainUniforms
+from sglang_hsd.verify.oracles import exact
+from sglang_hsd.verify.oracles.stats import chi_square_p_value
+from sglang_hsd.verify.window_round import exit_round, exit_sub_rounds, target_round
 
 METHODS = ("hsd", "tokenwise")
 EXACT_TV = 1e-12
@@ -73,6 +77,7 @@ def three_level_prefix_distribution(wq, wm, exit_method, target_method, num_draf
     return done
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("exit_method,target_method", list(itertools.product(METHODS, METHODS)))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_exit_level_round_is_lossless_exactly(seed, exit_method, target_method):
@@ -84,6 +89,7 @@ def test_exit_level_round_is_lossless_exactly(seed, exit_method, target_method):
         assert tv < EXACT_TV, (length, tv)
 
 
+@pytest.mark.exact
 def test_exit_level_round_with_three_drafts_is_lossless_exactly():
     wq, wm = _worlds(5, max_len=8)
     tv = exact.total_variation(three_level_prefix_distribution(wq, wm, "hsd", "hsd", 3, 3),
@@ -118,6 +124,7 @@ def _sample_rounds(wq, wm, num_draft, batch, exit_method, target_method, seed):
     return result
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("exit_method,target_method", [("hsd", "hsd"), ("tokenwise", "hsd")])
 def test_torch_round_samples_the_exact_round_law(exit_method, target_method):
     wq, wm = _worlds(3)
@@ -150,9 +157,6 @@ def test_greedy_rows_emit_the_target_argmax_chain():
     # Row 1: the target accepts the whole chain (1, 2, 3, y = 4) and adds no bonus.
     assert result.tokens[1].tolist() == [1, 2, 3, 4]
     assert target_accepted.tolist() == [1, 4]
-    stats = ExitLevelStats()
-    stats.add_round(K, 2, 6, proposal, result, target_accepted)
-    assert stats.emitted == 2 + 4 and stats.layer_forwards == 2 * 4 * 2 + 7 * 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,6 +224,7 @@ def _marginal(distribution, length):
     return out
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("num_draft,buffer", [(2, 2), (2, 3), (3, 4)])
 @pytest.mark.parametrize("exit_method,target_method",
                          [("hsd", "hsd"), ("tokenwise", "hsd"), ("hsd", "tokenwise")])
@@ -234,6 +239,7 @@ def test_exit_sub_rounds_are_lossless_exactly(num_draft, buffer, exit_method, ta
         assert tv < EXACT_TV, (length, tv)
 
 
+@pytest.mark.exact
 def test_exit_sub_rounds_stopping_at_a_stop_token_are_lossless_exactly():
     wq, wm = _worlds(8, max_len=7)
     full = windowed_prefix_distribution(wq, wm, "hsd", "hsd", 3, 4, 3, stop_token=1)
@@ -244,8 +250,6 @@ def test_exit_sub_rounds_stopping_at_a_stop_token_are_lossless_exactly():
 
 def test_exit_sub_rounds_stop_at_budget_and_stop_tokens():
     """``remaining`` and ``stop_ids`` end a request's sub-rounds early (greedy rows, K = 4)."""
-    from sglang_hsd.sglang_plugin.exit_verify import exit_sub_rounds
-
     V, K = 6, 4
     eye = torch.eye(V, dtype=torch.float64)
     drafts = torch.tensor([[1, 2, 3, 4]] * 3)
@@ -273,6 +277,7 @@ def test_exit_sub_rounds_stop_at_budget_and_stop_tokens():
     assert calls == [[0, 1], [0], [0]]
 
 
+@pytest.mark.exact
 def test_exit_sub_round_law_differs_from_a_single_sub_round():
     """The enumeration sees the sub-rounds: their round law is not the one-sub-round law (and
     a rule that forgot to verify the continuation drafts would not be lossless)."""
@@ -298,9 +303,7 @@ def _table_rows(table: np.ndarray, vocab: int, tokens: torch.Tensor) -> torch.Te
 
 def _sample_windowed_rounds(wq, wm, num_draft, buffer, batch, exit_method, target_method, seed):
     """One round of ``exit_round`` + ``exit_sub_rounds`` + ``target_round`` for ``batch``
-    requests from the empty prefix, with tabular callbacks in place of SGLang's forwards."""
-    from sglang_hsd.sglang_plugin.exit_verify import exit_sub_rounds
-
+    requests from the empty prefix, with tabular callbacks in place of the model forwards."""
     gen = torch.Generator().manual_seed(seed)
     V, width = wq.vocab_size, num_draft + 1
     window = torch.zeros(batch, width, dtype=torch.long)  # index j: token at position j (0: root)
@@ -354,8 +357,6 @@ def _sample_windowed_rounds(wq, wm, num_draft, buffer, batch, exit_method, targe
 
 def _round_p_value(result, law) -> float:
     """Chi-square p-value of the sampled blocks (accepted drafts + last token) against ``law``."""
-    from sglang_hsd.verify.simulate import chi_square_p_value
-
     blocks = sorted(law)
     index = {block: i for i, block in enumerate(blocks)}
     observed = torch.zeros(len(blocks))
@@ -364,6 +365,7 @@ def _round_p_value(result, law) -> float:
     return chi_square_p_value(observed, torch.tensor([law[b] for b in blocks]))
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("num_draft,buffer,exit_method,target_method",
                          [(2, 3, "hsd", "hsd"), (3, 4, "hsd", "hsd"), (3, 4, "tokenwise", "hsd")])
 def test_torch_sub_rounds_sample_the_exact_round_law(num_draft, buffer, exit_method, target_method):
@@ -375,19 +377,20 @@ def test_torch_sub_rounds_sample_the_exact_round_law(num_draft, buffer, exit_met
     assert _round_p_value(result, law) > 1e-3
 
 
+@pytest.mark.statistical
 def test_torch_sub_rounds_test_catches_a_wrong_draft_q(monkeypatch):
     """The same test fails when the continuation drafts are verified against a q they were not
     drawn from (uniform), i.e. it can tell a biased sub-round from the exact one."""
-    from sglang_hsd.sglang_plugin import exit_verify
+    from sglang_hsd.verify import window_round
 
-    real = exit_verify.exit_round
+    real = window_round.exit_round
 
     def wrong_q(drafts, q, m, method, uniforms, validate=False, draft_lengths=None):
         if draft_lengths is not None:
             q = torch.full_like(q, 1.0 / q.shape[-1])
         return real(drafts, q, m, method, uniforms, draft_lengths=draft_lengths)
 
-    monkeypatch.setattr(exit_verify, "exit_round", wrong_q)
+    monkeypatch.setattr(window_round, "exit_round", wrong_q)
     wq, wm = _worlds(3, max_len=5)
     result, _ = _sample_windowed_rounds(wq, wm, 3, 4, 100_000, "hsd", "hsd", seed=0)
     assert _round_p_value(result, windowed_round_law(wq, wm, "hsd", "hsd", 3, 4)) < 1e-6
