@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_outputs, format_e2e_table, plot_e2e
-from sglang_hsd.runtime.cli import build_generator, encode_prompts, load_model
+from sglang_hsd.assets.chat import encode_prompts
+from sglang_hsd.runtime.loading import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 
 HF_CONFIGS = ("hf", "hf-assisted", "hf-prompt-lookup")

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import torch
 
-from sglang_hsd.hierarchy.cli import plan_levels
+from sglang_hsd.assets.chat import encode_prompts
 from sglang_hsd.hierarchy.latency import hierarchy_latency
 from sglang_hsd.hierarchy.measure import _median_seconds, measure_acceptance, measure_costs
+from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
 from sglang_hsd.hierarchy.planner import consecutive_alphas, plan_hierarchy
-from sglang_hsd.runtime.cli import encode_prompts, load_model
 from sglang_hsd.runtime.config import parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator
+from sglang_hsd.runtime.loading import load_model
 from sglang_hsd.sampling import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -111,8 +112,9 @@ def main() -> None:
         row["predicted_speedup"] = costs.autoregressive_step() / row["predicted"]
     mdape = statistics.median(r["ape"] for r in rows)
     mdape_design = statistics.median(r["ape_design"] for r in rows)
-    best_levels, best_buffers = plan_levels(plan.best, exits)
-    single_levels, single_buffers = plan_levels(plan.best_single_draft, exits)
+    best, single = (PlannedHierarchy.from_plan(p, exits) for p in (plan.best, plan.best_single_draft))
+    best_levels, best_buffers = best.level_names, best.buffer_text
+    single_levels, single_buffers = single.level_names, single.buffer_text
     report = dict(
         model=args.model, temperature=0.0, exits="logit lens (final norm + LM head)", candidates=exits,
         prompts_generated=args.num_prompts, prompts_for_acceptance=args.accept_prompts,

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sglang_hsd.runtime.cli import check_same_tokenizer, encode_prompts, load_exit_heads_option, load_model
+from sglang_hsd.assets.chat import encode_prompts
+from sglang_hsd.runtime.loading import check_same_tokenizer, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import tree_exact
 from sglang_hsd.verify.exact import TabularWorld, prefix_offset

@@ -36,7 +36,8 @@ import torch
 
 from bench_report import (coupling_bound_per_length, format_verify_summary, format_verify_table, plot_verify,
                           summarize_draft_values)
-from sglang_hsd.runtime.cli import check_same_tokenizer, encode_prompts, load_exit_heads_option, load_model
+from sglang_hsd.assets.chat import encode_prompts
+from sglang_hsd.runtime.loading import check_same_tokenizer, load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify.chain import expected_accepted_per_length, verify_chain
 from verify_drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter
@@ -56,7 +57,7 @@ def build_drafter(spec: str, target, exit_heads: dict):
         drafter = ExitDrafter(target.hf, layer, head)
         return drafter, drafter.lm, label, {}
     if kind == "eagle3":
-        from eagle_heads.pipeline import heads_dir
+        from sglang_hsd.assets.heads import heads_dir
         from sglang_hsd.runtime.eagle3 import Eagle3Head
 
         folder = Path(arg) if arg else heads_dir(target.path.name) / "eagle3"
@@ -157,7 +158,7 @@ def main() -> None:
     eos = target.tokenizer.eos_token_id
     provenance = {}
     if exit_heads:
-        from eagle_heads.pipeline import heads_dir
+        from sglang_hsd.assets.heads import heads_dir
 
         folder = Path(args.exit_heads) if args.exit_heads != "auto" else heads_dir(target.path.name) / "exit"
         provenance["exit"] = _provenance(folder, "manifest.json")

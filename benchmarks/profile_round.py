@@ -207,7 +207,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from sglang_hsd.assets.prompts import load_prompts
-    from sglang_hsd.runtime.cli import build_generator, encode_prompts, load_model
+    from sglang_hsd.assets.chat import encode_prompts
+    from sglang_hsd.runtime.loading import build_generator, load_model
     from sglang_hsd.sampling import SamplingParams
 
     target = load_model(args.model)

@@ -1,7 +1,8 @@
 """Exact choice of levels and buffer sizes minimising expected latency per token.
 
-Objective: the DESIGN.md formula (``hierarchy_latency(..., exact=False)``), over every ordered
-subset of candidate levels that ends at the target and every buffer T_k in 1..t_max.
+Objective: the latency formula of docs/hierarchy.md (``hierarchy_latency(..., exact=False)``),
+over every ordered subset of candidate levels that ends at the target and every buffer T_k in
+1..t_max.
 
 Why a dynamic program is exact here (the generalized-shortest-path reduction of seed "Fast
 Inference via Hierarchical Speculative Decoding", Section 3.3, specialised to its DAG): the
@@ -35,12 +36,13 @@ _INF = float("inf")
 
 @dataclass(frozen=True)
 class Plan:
-    """One hierarchy and its predicted behaviour.
+    """One hierarchy and its predicted behaviour (``plan_file.PlannedHierarchy.from_plan`` turns
+    it into the level grammar of a plan file).
 
     Fields:
         levels: level ids, cheapest first, the target last.
         buffers: T_k per level below the target.
-        latency: predicted cost per token (the planner's objective, DESIGN.md formula).
+        latency: predicted cost per token (the planner's objective, the docs/hierarchy.md formula).
         speedup: autoregressive step cost / latency.
         exact_latency: the same hierarchy under the runtime's exact model (buffer overshoot).
     """

@@ -7,41 +7,18 @@ import torch
 
 pytest.importorskip("transformers")
 
-from eagle_heads.data import FeatureSet, collect_features, target_hidden_states  # noqa: E402
-from eagle_heads.exit_heads import (  # noqa: E402
-    ExitHead,
-    evaluate_exit_heads,
-    kl_final_exit,
-    load_exit_heads,
-    save_exit_heads,
-    train_exit_heads,
-)
+from eagle_heads.data import collect_features, target_hidden_states  # noqa: E402
+from eagle_heads.exit_heads import evaluate_exit_heads, kl_final_exit, train_exit_heads  # noqa: E402
+from sglang_hsd.exit_heads import ExitHead, load_exit_heads, save_exit_heads  # noqa: E402
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
-from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
+from sglang_hsd.runtime.testing import greedy_reference  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
+from tests.eagle_heads.tiny_heads import random_features  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def target():
-    hf = tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(4.0)  # peaked rows, so exits disagree with the target in a learnable way
-    return CausalLM.from_hf(hf).requires_grad_(False)
-
-
-def _random_features(target, num_seqs=12, length=20, layers=(2, 3), seed=0) -> FeatureSet:
-    gen = torch.Generator().manual_seed(seed)
-    tokens, hidden = [], {b: [] for b in (*layers, target.num_layers)}
-    for _ in range(num_seqs):
-        seq = torch.randint(target.vocab_size, (length,), generator=gen).tolist()
-        states = target_hidden_states(target, seq, list(layers))
-        tokens.append(torch.tensor(seq))
-        for b in hidden:
-            hidden[b].append(states[b])
-    indptr = torch.arange(num_seqs + 1) * length
-    return FeatureSet(torch.cat(tokens), indptr, torch.full((num_seqs,), 4), {b: torch.cat(v) for b, v in hidden.items()}, {})
+def _random_features(target, num_seqs=12, length=20, layers=(2, 3), seed=0):
+    return random_features(target, layers, num_seqs, length, seed)
 
 
 def test_zero_init_head_is_the_logit_lens_exactly(target):
@@ -120,7 +97,8 @@ def test_runtime_with_trained_heads_stays_lossless_greedy(target, spec, buffers)
 
 @pytest.fixture(scope="module")
 def smollm():
-    from eagle_heads.pipeline import heads_dir, load_target
+    from eagle_heads.pipeline import load_target
+    from sglang_hsd.assets.heads import heads_dir
 
     path = os.path.expanduser("~/.cache/sglang-hsd/models/smollm2-135m/sglang-hsd-complete.json")
     if not os.path.exists(path):
