@@ -9,7 +9,13 @@ pytest.importorskip("transformers")
 
 from eagle_heads.data import collect_features, target_hidden_states  # noqa: E402
 from eagle_heads.exit_heads import evaluate_exit_heads, kl_final_exit, train_exit_heads  # noqa: E402
-from sglang_hsd.exit_heads import ExitHead, load_exit_heads, save_exit_heads  # noqa: E402
+from sglang_hsd.exit_heads import (  # noqa: E402
+    ExitHead,
+    apply_exit_map,
+    load_exit_heads,
+    load_exit_map,
+    save_exit_heads,
+)
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.runtime.testing import greedy_reference  # noqa: E402
@@ -79,6 +85,23 @@ def test_save_load_round_trip_and_resume(target, tmp_path):
     assert log[-1]["step"] == 10 and len([e for e in log if e["step"] > 5]) == 5
     with pytest.raises(KeyError):
         load_exit_heads(str(tmp_path / "heads"), target, layers=[4])
+
+
+def test_the_server_reads_what_training_writes(target, tmp_path):
+    """One format and one map: the server's loader returns the trained A, b, and the shared map
+    equals the runtime head's transform (in float32 and, cast back, from bfloat16 hidden states)."""
+    heads, _ = train_exit_heads(target, _random_features(target), [2, 3], max_steps=2, batch_positions=16,
+                                progress=False)
+    save_exit_heads(str(tmp_path), heads, {"model": "tiny"})
+    A, b = load_exit_map(str(tmp_path), 3, target.hidden_size)
+    assert torch.equal(A, heads[3].A.float()) and torch.equal(b, heads[3].b.float())
+    hidden = torch.randn(5, target.hidden_size)
+    assert torch.equal(apply_exit_map(hidden, A, b), heads[3].transform(hidden))
+    half = hidden.bfloat16()
+    assert apply_exit_map(half, A, b).dtype == torch.bfloat16
+    assert torch.equal(apply_exit_map(half, A, b), heads[3].transform(half.float()).bfloat16())
+    with pytest.raises(KeyError, match=r"no head for exit layer 4 \(it has layers \[2, 3\]\)"):
+        load_exit_map(str(tmp_path), 4, target.hidden_size)
 
 
 @pytest.mark.parametrize("spec,buffers", [("exit:2,target", [3]), ("exit:2,exit:4,target", [2, 3])])

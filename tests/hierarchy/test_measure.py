@@ -89,12 +89,16 @@ def test_planned_hierarchy_from_a_plan_reaches_the_runtime(tmp_path):
 
 class _CharTokenizer:
     chat_template = None
+    eos_token_id = None
 
     def __call__(self, text):
         return {"input_ids": [ord(c) % 48 for c in text]}
 
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
 
-def test_plan_command_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+
+def test_plan_then_generate_with_the_plan_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     from sglang_hsd.cli import build_parser
     from sglang_hsd.runtime import loading
 
@@ -117,3 +121,9 @@ def test_plan_command_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     plan = PlanFile.read(out)
     assert plan.to_json() == data  # the typed plan holds every field the command wrote, in order
     assert list(plan.to_json()) == list(data)
+    # generate --plan runs the planned hierarchy.
+    args = build_parser().parse_args(["generate", "--model", "tiny", "--plan", str(out), "--prompt", "hi",
+                                      "--max-new-tokens", "4", "--exit-heads", "none"])
+    assert args.func(args) == 0
+    assert args.levels == data["levels"]
+    assert f"=== {data['levels']} ===" in capsys.readouterr().out
