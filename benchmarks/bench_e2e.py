@@ -29,7 +29,7 @@ import torch
 from benchmarks.bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_outputs, format_e2e_table, plot_e2e
 from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run,
                                write_results)
-from sglang_hsd.runtime.cli import build_generator, load_model
+from sglang_hsd.runtime.loading import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 
 HF_CONFIGS = ("hf", "hf-assisted", "hf-prompt-lookup")

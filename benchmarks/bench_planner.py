@@ -21,13 +21,13 @@ import torch
 
 from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, load_average,
                                start_run, write_results)
-from sglang_hsd.hierarchy.cli import plan_levels
 from sglang_hsd.hierarchy.latency import hierarchy_latency
 from sglang_hsd.hierarchy.measure import _median_seconds, measure_acceptance, measure_costs
+from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
 from sglang_hsd.hierarchy.planner import consecutive_alphas, plan_hierarchy
-from sglang_hsd.runtime.cli import load_model
 from sglang_hsd.runtime.config import parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator
+from sglang_hsd.runtime.loading import load_model
 from sglang_hsd.sampling import SamplingParams
 
 # (exit layers, buffers): 2- and 3-level hierarchies spread over depth and buffer sizes.
@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> None:
                                args.max_new_tokens)
     mdape = statistics.median(r["ape"] for r in rows)
     mdape_design = statistics.median(r["ape_design"] for r in rows)
-    best_levels, best_buffers = plan_levels(plan.best, exits)
-    single_levels, single_buffers = plan_levels(plan.best_single_draft, exits)
+    best, single = (PlannedHierarchy.from_plan(p, exits) for p in (plan.best, plan.best_single_draft))
+    best_levels, best_buffers = best.level_names, best.buffer_text
+    single_levels, single_buffers = single.level_names, single.buffer_text
     run.finish()
     report = dict(
         model=args.model, temperature=0.0, exits="logit lens (final norm + LM head)", candidates=exits,

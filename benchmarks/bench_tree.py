@@ -41,7 +41,7 @@ import torch
 from benchmarks.common import (RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, encoded_prompts,
                                start_run, write_results)
 from benchmarks.drafters import PrefixModel, load_draft_model, node_logits
-from sglang_hsd.runtime.cli import load_exit_heads_option, load_model
+from sglang_hsd.runtime.loading import load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import TreeUniforms, sample_tree, topk_tree, tree_attention_mask, verify_tree
 from sglang_hsd.verify.oracles import tree_exact

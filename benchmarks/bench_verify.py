@@ -37,7 +37,8 @@ from benchmarks.bench_report import (coupling_bound_per_length, format_verify_su
 from benchmarks.common import (RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, start_run,
                                write_results)
 from benchmarks.drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter, load_draft_model
-from sglang_hsd.runtime.cli import encode_prompts, load_exit_heads_option, load_model
+from sglang_hsd.assets.chat import encode_prompts
+from sglang_hsd.runtime.loading import load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import verify_chain
 from sglang_hsd.verify.chain import expected_accepted_per_length
@@ -57,7 +58,7 @@ def build_drafter(spec: str, target, exit_heads: dict):
         drafter = ExitDrafter(target.hf, layer, head)
         return drafter, drafter.lm, label, {}
     if kind == "eagle3":
-        from eagle_heads.pipeline import heads_dir
+        from sglang_hsd.assets.heads import heads_dir
         from sglang_hsd.runtime.eagle3 import Eagle3Head
 
         folder = Path(arg) if arg else heads_dir(target.path.name) / "eagle3"
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     eos = target.tokenizer.eos_token_id
     provenance = {}
     if exit_heads:
-        from eagle_heads.pipeline import heads_dir
+        from sglang_hsd.assets.heads import heads_dir
 
         folder = Path(args.exit_heads) if args.exit_heads != "auto" else heads_dir(target.path.name) / "exit"
         provenance["exit"] = _provenance(folder, "manifest.json")

@@ -148,14 +148,14 @@ def png_metadata(run: dict | None) -> dict[str, str]:
 def prompt_texts(prompt_set: str, limit: int | None) -> list[str]:
     """The first user message of the first ``limit`` prompts of a prompt set (``sglang-hsd fetch
     --prompts``), untemplated."""
-    from sglang_hsd.assets.prompts import load_prompts
+    from sglang_hsd.runtime.loading import prompt_set_texts
 
-    return [p.messages[0]["content"] for p in load_prompts(prompt_set, limit=limit)]
+    return prompt_set_texts(prompt_set, limit)
 
 
 def encoded_prompts(tokenizer, prompt_set: str, limit: int | None) -> list[list[int]]:
     """``prompt_texts`` in the tokenizer's chat template, as token ids (one list per prompt)."""
-    from sglang_hsd.runtime.cli import encode_prompts
+    from sglang_hsd.assets.chat import encode_prompts
 
     return encode_prompts(tokenizer, prompt_texts(prompt_set, limit))
 

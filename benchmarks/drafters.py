@@ -54,7 +54,7 @@ def exit_logits(hf, hidden: torch.Tensor, head=None) -> torch.Tensor:
 
 def load_draft_model(target, name: str):
     """A separate drafter (``load_model(name)``) after checking it shares ``target``'s tokenizer."""
-    from sglang_hsd.runtime.cli import check_same_tokenizer, load_model
+    from sglang_hsd.runtime.loading import check_same_tokenizer, load_model
 
     drafter = load_model(name)
     check_same_tokenizer(target.tokenizer, drafter.tokenizer, name)

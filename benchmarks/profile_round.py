@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     run = start_run(__file__, argv)
     torch.set_num_threads(args.threads)
 
-    from sglang_hsd.runtime.cli import build_generator, load_model
+    from sglang_hsd.runtime.loading import build_generator, load_model
     from sglang_hsd.sampling import SamplingParams
 
     target = load_model(args.model)

@@ -131,12 +131,13 @@ def teacher_forced(target, heldout, exit_heads, head) -> dict:
 
 def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int, temperatures: list[float], snapshots: bool, out_json: str | None, heldout_path: str | None = None, only: list[str] | None = None, teacher_forcing: bool = True) -> dict:
     from eagle_heads import pipeline
-    from eagle_heads.data import FeatureSet, encode_prompts
-    from eagle_heads.exit_heads import load_exit_heads, read_manifest
+    from eagle_heads.data import FeatureSet, encode_prompt_sets
+    from sglang_hsd.assets import heads as heads_cache
+    from sglang_hsd.exit_heads import load_exit_heads, read_manifest
     from sglang_hsd.runtime.eagle3 import Eagle3Head
 
     torch.set_num_threads(1)
-    root = Path(heads_dir) if heads_dir else pipeline.heads_dir(model)
+    root = Path(heads_dir) if heads_dir else heads_cache.heads_dir(model)
     target, tok = pipeline.load_target(model)
     exit_heads = load_exit_heads(str(root / "exit"), target)
     layers = sorted(exit_heads)
@@ -151,7 +152,7 @@ def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int
     if teacher_forcing:
         report["teacher_forced_continuation"] = teacher_forced(target, heldout, exit_heads, head)
         print(json.dumps(report["teacher_forced_continuation"]), flush=True)
-    prompts, names = encode_prompts(tok, ["mtbench"], num_prompts, 256)
+    prompts, names = encode_prompt_sets(tok, ["mtbench"], num_prompts, 256)
     report["prompts"] = names
     runs = []
     for temperature in temperatures:
@@ -173,7 +174,7 @@ def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int
 
 def snapshot_acceptance(target, tok, root: Path, prompts, max_new_tokens: int, layer: int) -> list[dict]:
     """Section 3 of the module doc: greedy 2-level acceptance of each training snapshot."""
-    from eagle_heads.exit_heads import load_exit_heads
+    from sglang_hsd.exit_heads import load_exit_heads
     from sglang_hsd.runtime.eagle3 import Eagle3Head
 
     rows = []

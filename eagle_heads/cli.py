@@ -45,9 +45,10 @@ def run_train_heads(args: argparse.Namespace) -> int:
     import torch
 
     from eagle_heads import pipeline
+    from sglang_hsd.assets.heads import heads_dir
 
     torch.set_num_threads(args.threads)
-    out = Path(args.out) if args.out else pipeline.heads_dir(args.model)
+    out = Path(args.out) if args.out else heads_dir(args.model)
     out.mkdir(parents=True, exist_ok=True)
     target, tokenizer = pipeline.load_target(args.model)
     layers = [int(x) for x in args.exit_layers.split(",") if x]

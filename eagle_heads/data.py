@@ -94,7 +94,7 @@ class FeatureSet:
         return pos, pos + 1
 
 
-def encode_prompts(tokenizer, set_names: list[str], limit: int, max_prompt_tokens: int, offset: int = 0) -> tuple[list[list[int]], list[str]]:
+def encode_prompt_sets(tokenizer, set_names: list[str], limit: int, max_prompt_tokens: int, offset: int = 0) -> tuple[list[list[int]], list[str]]:
     """Chat-templated prompts of ``set_names`` with at most ``max_prompt_tokens`` tokens.
 
     Takes up to ``limit`` prompts per set, skipping the first ``offset`` usable ones.
@@ -171,7 +171,7 @@ def collect_features(target: CausalLM, tokenizer, set_names: list[str], num_prom
     index, count = shard
     if not 0 <= index < count:
         raise ValueError(f"shard must be (i, n) with 0 <= i < n, got {shard}")
-    prompts, names = encode_prompts(tokenizer, set_names, num_prompts, max_prompt_tokens, offset)
+    prompts, names = encode_prompt_sets(tokenizer, set_names, num_prompts, max_prompt_tokens, offset)
     prompts, names = prompts[index::count], names[index::count]
     if max_new_tokens > 0:
         continuations = generate_continuations(target, prompts, max_new_tokens, tokenizer.eos_token_id, seed=seed + 1000 * index, progress=progress)

@@ -1,65 +1,29 @@
-"""Early-exit heads (tuned-lens style): a trained map from the target's hidden state at layer L
-to next-token logits.
+"""Training and evaluation of early-exit heads (tuned-lens style): a trained map from the
+target's hidden state at layer L to next-token logits,
 
     ExitHead(h) = lm_head(final_norm(h + A h + b))
 
-``final_norm`` and ``lm_head`` are the target's own (shared, frozen); only the D x D matrix ``A``
-and the bias ``b`` train. Both start at zero, so an untrained head *is* the logit lens
-(``CausalLM.exit_logits`` without a head), bit for bit.
+whose math and file format are ``sglang_hsd.exit_heads``'s (``ExitHead``, ``save_exit_heads``,
+``load_exit_heads``); only the D x D matrix ``A`` and the bias ``b`` train.
 
 Training starts (``init="lstsq"``) from the ridge least-squares map that sends the RMS-normalised
 exit hidden state x = h_L / rms(h_L) to the normalised final one, x + A x ~ h_N / rms(h_N) (no
 bias, so the fit is scale-free under the final norm: a few seconds of linear algebra that beats
 hundreds of KL steps on a 2-core CPU), then minimises KL(p_final || p_exit) at temperature 1 over target hidden states on real
 prompts (``data.FeatureSet``); acceptance of an exit level against the level above is
-alpha = 1 - TV(p_exit, p_final) (DESIGN.md section 3), which ``evaluate_exit_heads`` reports
+alpha = 1 - TV(p_exit, p_final) (docs/hierarchy.md), which ``evaluate_exit_heads`` reports
 next to top-1 agreement, for the logit lens and the trained head.
-
-On disk (``save_exit_heads``): ``manifest.json`` (model, layers, training budget, data, metrics)
-and ``exit_heads.safetensors`` with ``layer<L>.A`` [D, D] and ``layer<L>.b`` [D].
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import torch
-from torch import nn
 
+from sglang_hsd.exit_heads import ExitHead
 from sglang_hsd.runtime.model import CausalLM
-
-MANIFEST = "manifest.json"
-WEIGHTS = "exit_heads.safetensors"
-
-
-class ExitHead(nn.Module):
-    """hidden [..., D] -> logits [..., V] for one exit layer of ``target``.
-
-    The target's final norm and LM head are referenced, not copied; they are excluded from
-    ``trainable_parameters``.
-    """
-
-    def __init__(self, target: CausalLM, layer: int) -> None:
-        super().__init__()
-        dim = target.hidden_size
-        self.layer = layer
-        self.A = nn.Parameter(torch.zeros(dim, dim, dtype=target.embed_tokens.weight.dtype))
-        self.b = nn.Parameter(torch.zeros(dim, dtype=target.embed_tokens.weight.dtype))
-        # A plain attribute tuple keeps the target's modules out of this module's state_dict.
-        self._shared = (target.norm, target.lm_head)
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [self.A, self.b]
-
-    def transform(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The corrected hidden state ``h + A h + b``, same shape as ``hidden``."""
-        return hidden + hidden @ self.A.T + self.b
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        norm, lm_head = self._shared
-        return lm_head(norm(self.transform(hidden)))
 
 
 def exit_and_target_logprobs(target: CausalLM, head: ExitHead | None, hidden_exit: torch.Tensor, hidden_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,55 +37,6 @@ def exit_and_target_logprobs(target: CausalLM, head: ExitHead | None, hidden_exi
 def kl_final_exit(logp_exit: torch.Tensor, logp_final: torch.Tensor) -> torch.Tensor:
     """KL(p_final || p_exit) per row, float32 [M]."""
     return (logp_final.exp() * (logp_final - logp_exit)).sum(-1)
-
-
-def save_exit_heads(directory: str, heads: dict[int, ExitHead], manifest: dict | None = None) -> str:
-    """Write the heads' A, b and a JSON manifest into ``directory``; returns it."""
-    from safetensors.torch import save_file
-
-    os.makedirs(directory, exist_ok=True)
-    tensors = {}
-    for layer, head in heads.items():
-        tensors[f"layer{layer}.A"] = head.A.detach().contiguous().cpu()
-        tensors[f"layer{layer}.b"] = head.b.detach().contiguous().cpu()
-    save_file(tensors, os.path.join(directory, WEIGHTS))
-    info = dict(manifest or {})
-    info["layers"] = sorted(heads)
-    info["format"] = "h -> lm_head(norm(h + A h + b)); A [D, D], b [D]"
-    with open(os.path.join(directory, MANIFEST), "w") as f:
-        json.dump(info, f, indent=2)
-    return directory
-
-
-def load_exit_heads(directory: str, target: CausalLM, layers: list[int] | None = None) -> dict[int, ExitHead]:
-    """Load heads saved by ``save_exit_heads`` onto ``target``: {exit layer: ExitHead}.
-
-    ``layers`` selects a subset (default: all in the manifest). Raises if the hidden size of the
-    stored maps does not match ``target``.
-    """
-    from safetensors.torch import load_file
-
-    with open(os.path.join(directory, MANIFEST)) as f:
-        manifest = json.load(f)
-    tensors = load_file(os.path.join(directory, WEIGHTS))
-    heads = {}
-    for layer in layers or manifest["layers"]:
-        if f"layer{layer}.A" not in tensors:
-            raise KeyError(f"no exit head for layer {layer} in {directory} (has {manifest['layers']})")
-        head = ExitHead(target, layer)
-        A, b = tensors[f"layer{layer}.A"], tensors[f"layer{layer}.b"]
-        if A.shape != head.A.shape:
-            raise ValueError(f"exit head for layer {layer} has shape {tuple(A.shape)}, target needs {tuple(head.A.shape)}")
-        with torch.no_grad():
-            head.A.copy_(A)
-            head.b.copy_(b)
-        heads[layer] = head.eval().requires_grad_(False)
-    return heads
-
-
-def read_manifest(directory: str) -> dict:
-    with open(os.path.join(directory, MANIFEST)) as f:
-        return json.load(f)
 
 
 # ----------------------------------------------------------------------------- training

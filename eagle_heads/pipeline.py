@@ -1,12 +1,12 @@
 """End-to-end head training for a registered model: features -> training -> evaluation -> save.
 
 ``sglang-hsd train-heads`` (``eagle_heads/cli.py``) is a thin wrapper over these functions.
-Everything lands under ``heads_dir(model)`` = ``<cache>/heads/<model>/``:
+Everything lands under ``sglang_hsd.assets.heads.heads_dir(model)`` = ``<cache>/heads/<model>/``:
 
 * ``features-train-<sets>-<n>x<new>.pt``   ShareGPT + AlpacaEval prompts (n per set) + target
   continuations of ``new`` tokens
 * ``features-heldout-<sets>-<n>x<new>.pt`` MT-Bench prompts + continuations (evaluation only)
-* ``exit/``    exit heads (``exit_heads.save_exit_heads``), ``train_state.pt`` (resume),
+* ``exit/``    exit heads (``sglang_hsd.exit_heads.save_exit_heads``), ``train_state.pt`` (resume),
   ``snapshots/<m>min/`` (the heads after m training minutes)
 * ``eagle3/``  EAGLE-3 head in SGLang's format (``eagle3.save_eagle3_head``), ``training.json``,
   ``train_state.pt``, ``snapshots/<m>min/``
@@ -51,12 +51,6 @@ class FeatureSpec:
     heldout_new_tokens: int = 64
     max_prompt_tokens: int = 256
     workers: int = 2
-
-
-def heads_dir(model: str, cache_dir: str | None = None) -> Path:
-    from sglang_hsd.assets.archives import resolve_cache_dir
-
-    return resolve_cache_dir(cache_dir) / "heads" / model
 
 
 def load_target(model: str):
@@ -156,7 +150,8 @@ def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: Fe
     to evaluate and save a copy under ``out/snapshots/<m>min``; the manifest's ``budget_curve``
     holds the held-out metrics per stage (training minutes, feature-collection minutes apart).
     """
-    from eagle_heads.exit_heads import evaluate_exit_heads, save_exit_heads, train_exit_heads
+    from eagle_heads.exit_heads import evaluate_exit_heads, train_exit_heads
+    from sglang_hsd.exit_heads import save_exit_heads
 
     cont = heldout.continuation_mask()
     curve = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
@@ -94,19 +95,30 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_check_parser(subparsers)
     _add_demo_parser(subparsers)
-    for module_name, adder in _OPTIONAL_SUBCOMMANDS:
-        module = __import__(module_name, fromlist=[adder])
+    for module_name, adder in _LIBRARY_SUBCOMMANDS:
+        module = importlib.import_module(module_name)
         getattr(module, adder)(subparsers)
+    for entry_point in _installed_subcommands():
+        entry_point.load()(subparsers)
     return parser
 
 
 # Subcommands that live beside the code they drive: (module, function adding the subparser).
-_OPTIONAL_SUBCOMMANDS: list[tuple[str, str]] = [
+_LIBRARY_SUBCOMMANDS: list[tuple[str, str]] = [
     ("sglang_hsd.assets.cli", "add_fetch_parser"),
     ("sglang_hsd.runtime.cli", "add_generate_parser"),
-    ("eagle_heads.cli", "add_train_heads_parser"),
     ("sglang_hsd.hierarchy.cli", "add_plan_parser"),
 ]
+# Entry-point group of subcommands other installed packages add (``eagle_heads`` adds
+# ``train-heads``): each entry point names a function ``add_parser(subparsers)``.
+COMMANDS_ENTRY_POINT_GROUP = "sglang_hsd.commands"
+
+
+def _installed_subcommands() -> list:
+    """The ``sglang_hsd.commands`` entry points of the installed distributions, sorted by name."""
+    from importlib.metadata import entry_points
+
+    return sorted(entry_points(group=COMMANDS_ENTRY_POINT_GROUP), key=lambda entry_point: entry_point.name)
 
 
 def main(argv: list[str] | None = None) -> int:

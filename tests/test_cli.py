@@ -47,3 +47,46 @@ def test_console_script_entry_point_runs():
         [sys.executable, "-m", "sglang_hsd.cli", "check", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "--num-draft" in out
+
+
+def test_installed_subcommands_are_discovered_from_the_entry_point_group(monkeypatch):
+    import importlib.metadata
+
+    from eagle_heads.cli import run_train_heads
+
+    train_heads = importlib.metadata.EntryPoint(
+        name="train-heads", value="eagle_heads.cli:add_train_heads_parser", group=cli.COMMANDS_ENTRY_POINT_GROUP)
+
+    def entry_points(group=None):
+        return [train_heads] if group == cli.COMMANDS_ENTRY_POINT_GROUP else []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    args = cli.build_parser().parse_args(["train-heads", "--model", "tiny", "--no-exit"])
+    assert args.func is run_train_heads and args.no_exit
+
+
+def test_pyproject_registers_train_heads_in_the_entry_point_group():
+    import importlib
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    module, _, name = pyproject["project"]["entry-points"][cli.COMMANDS_ENTRY_POINT_GROUP]["train-heads"].partition(":")
+    assert callable(getattr(importlib.import_module(module), name))
+
+
+def test_the_inference_package_never_imports_the_training_package():
+    """Neither an import statement nor a module name handed to an importer (a string that is
+    exactly a dotted ``eagle_heads`` path)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    offenders = []
+    for path in (Path(__file__).parents[1] / "sglang_hsd").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else []
+            offenders += [f"{path}: {name}" for name in names if re.fullmatch(r"eagle_heads(\.\w+)*", name)]
+    assert offenders == []

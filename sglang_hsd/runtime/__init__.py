@@ -4,7 +4,7 @@
 is the library entry point for custom runtimes.
 """
 
-from sglang_hsd.runtime.config import HierarchyConfig, LevelSpec, parse_levels
+from sglang_hsd.runtime.config import HierarchyConfig, parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats
@@ -13,7 +13,6 @@ __all__ = [
     "CausalLM",
     "GenerationResult",
     "HierarchyConfig",
-    "LevelSpec",
     "LevelStats",
     "SpeculativeGenerator",
     "parse_levels",

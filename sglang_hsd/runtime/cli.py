@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -54,111 +53,26 @@ def add_generate_parser(subparsers) -> None:
     parser.set_defaults(func=run_generate)
 
 
-@dataclass
-class LoadedModel:
-    """A target (or drafter): our ``CausalLM``, the transformers model it shares weights with, the tokenizer."""
-
-    model: object
-    hf: object
-    tokenizer: object
-    path: Path
-
-
-def load_model(name_or_path: str) -> LoadedModel:
-    """Load a registry model (fetching it on first use) or a local folder."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sglang_hsd.runtime.model import CausalLM
-
-    path = Path(name_or_path)
-    if not path.is_dir():
-        from sglang_hsd.assets.fetch import fetch_model
-
-        path = fetch_model(name_or_path)  # raises ValueError listing known names
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    return LoadedModel(CausalLM.from_hf(hf), hf, AutoTokenizer.from_pretrained(str(path)), path)
-
-
-def check_same_tokenizer(target_tok, drafter_tok, drafter_name: str) -> None:
-    if target_tok.get_vocab() != drafter_tok.get_vocab():
-        raise ValueError(
-            f"drafter {drafter_name!r} has a different tokenizer from the target: speculative "
-            "decoding needs one shared vocabulary"
-        )
-
-
-def encode_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Apply the chat template (if any) and tokenize each user message."""
-    ids = []
-    for text in texts:
-        if getattr(tokenizer, "chat_template", None):
-            templated = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-            )
-            ids.append(tokenizer(templated, add_special_tokens=False)["input_ids"])
-        else:
-            ids.append(tokenizer(text)["input_ids"])
-    return ids
-
-
-def _prompt_texts(args) -> list[str]:
-    if args.prompt_set:
-        from sglang_hsd.assets.prompts import load_prompts
-
-        return [p.messages[0]["content"] for p in load_prompts(args.prompt_set, limit=args.num_prompts)]
-    return args.prompt or [DEFAULT_PROMPT]
-
-
-def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_heads: str, reuse_kv: bool = True):
-    """A ``SpeculativeGenerator`` for a ``--levels`` spec (loads a separate drafter if named)."""
-    from sglang_hsd.runtime.config import HierarchyConfig, parse_levels
-    from sglang_hsd.runtime.engine import SpeculativeGenerator
-
-    config = parse_levels(levels, buffers, methods)
-    config = HierarchyConfig(config.levels, reuse_kv=reuse_kv)
-    drafter = None
-    if config.levels[0].kind == "model":
-        loaded = load_model(config.levels[0].model_path)
-        check_same_tokenizer(target.tokenizer, loaded.tokenizer, config.levels[0].model_path)
-        drafter = loaded.model
-    heads = load_exit_heads_option(target, exit_heads)
-    return SpeculativeGenerator(target.model, config, drafter=drafter, exit_heads=heads)
-
-
-def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
-    """``--exit-heads``: ``none`` (logit lens), ``auto`` (the trained heads of ``sglang-hsd
-    train-heads`` for this model, if present) or a folder of saved exit heads."""
-    if exit_heads == "none":
-        return {}
-    from eagle_heads.exit_heads import load_exit_heads
-    from eagle_heads.pipeline import heads_dir
-
-    folder = heads_dir(target.path.name) / "exit" if exit_heads == "auto" else Path(exit_heads)
-    if not (folder / "manifest.json").is_file():
-        if exit_heads != "auto":
-            raise ValueError(f"--exit-heads folder {exit_heads} holds no saved exit heads (manifest.json)")
-        return {}
-    return load_exit_heads(str(folder), target.model)
-
-
 def run_generate(args: argparse.Namespace) -> int:
     import torch
 
+    from sglang_hsd.assets.chat import encode_prompts
+    from sglang_hsd.hierarchy.levels import parse_buffers
+    from sglang_hsd.runtime.loading import build_generator, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else None
+    buffers = parse_buffers(args.buffers) if args.buffers else None
     if args.plan:
-        from sglang_hsd.hierarchy.cli import load_plan
+        from sglang_hsd.hierarchy.plan_file import PlanFile
 
-        args.levels, buffers = load_plan(args.plan)
-        buffers = buffers or None
+        best = PlanFile.read(args.plan).best
+        args.levels, buffers = best.level_names, best.buffers or None
     methods = args.methods.split(",")
     target = load_model(args.model)
     gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse)
-    texts = _prompt_texts(args)
+    texts = prompt_set_texts(args.prompt_set, args.num_prompts) if args.prompt_set else args.prompt or [DEFAULT_PROMPT]
     prompts = encode_prompts(target.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     eos = target.tokenizer.eos_token_id

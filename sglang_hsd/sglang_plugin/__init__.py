@@ -32,11 +32,11 @@ from sglang_hsd.sglang_plugin.config import (
     EXIT_LAYER_ENV,
     EXIT_METHOD_ENV,
     PLAN_ENV,
-    SERVER_VERIFY_METHODS,
     VERIFY_METHOD_ENV,
     ExitLevelConfig,
     PluginConfig,
 )
+from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -130,15 +130,15 @@ class _EnvAction(argparse.Action):
 
 # (flag, environment variable, argparse extras, help)
 HSD_FLAGS = (
-    ("--hsd-verify-method", VERIFY_METHOD_ENV, {"choices": SERVER_VERIFY_METHODS},
+    ("--hsd-verify-method", VERIFY_METHOD_ENV, {"choices": LOSSLESS_CHAIN_METHODS},
      "chain verifier of the target level (default hsd)"),
     ("--hsd-exit-layer", EXIT_LAYER_ENV, {"type": int},
      "add an early-exit verifier level: the target's first L layers plus an exit head verify "
      "the EAGLE-3 drafts, the remaining layers run only for the positions it accepted"),
     ("--hsd-exit-heads", EXIT_HEADS_ENV, {},
-     "folder of trained exit heads (eagle_heads.exit_heads) or 'none' for the logit lens "
+     "folder of trained exit heads (sglang_hsd.exit_heads) or 'none' for the logit lens "
      "(default none)"),
-    ("--hsd-exit-method", EXIT_METHOD_ENV, {"choices": SERVER_VERIFY_METHODS},
+    ("--hsd-exit-method", EXIT_METHOD_ENV, {"choices": LOSSLESS_CHAIN_METHODS},
      "chain verifier of the exit level (default: --hsd-verify-method)"),
     ("--hsd-exit-buffer", EXIT_BUFFER_ENV, {"type": int},
      "N_i: provisional tokens the exit level accumulates (exit sub-rounds inside one verify "

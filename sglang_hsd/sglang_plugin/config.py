@@ -1,10 +1,14 @@
-"""Plugin configuration: which chain verifier HSD runs, read from the environment.
+"""Plugin configuration: which chain verifier HSD runs and the exit level, read from the environment.
 
 SGLang's ``ServerArgs`` is a closed dataclass that is pickled to every scheduler process, so a
 plugin cannot add a field to it. ``register()`` does add ``--hsd-verify-method`` to the launcher's
 argument parser (``ServerArgs.add_cli_args`` is wrapped); the flag's action stores the value in the
 ``SGLANG_HSD_VERIFY_METHOD`` environment variable, which every process SGLang spawns inherits.
 Setting the variable directly works too (e.g. for ``sglang.Engine`` in Python).
+
+The server runs only lossless chain verifiers (``sglang_hsd.verify.LOSSLESS_CHAIN_METHODS``).
+A ``--hsd-plan`` file is read by ``sglang_hsd.hierarchy.plan_file``; the flags are described in
+docs/sglang_plugin.md.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from sglang_hsd.hierarchy.levels import DEFAULT_CHAIN_METHOD
+from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
+
 VERIFY_METHOD_ENV = "SGLANG_HSD_VERIFY_METHOD"
 VALIDATE_ENV = "SGLANG_HSD_VALIDATE"
-# Lossless chain verifiers the server may run (``hsd-paper`` is lossy and never served).
-SERVER_VERIFY_METHODS = ("hsd", "tokenwise")
 ALGORITHM_NAME = "HSD"
 # Defaults when the user gives none of steps / topk / draft tokens: a 4-token chain.
 DEFAULT_NUM_STEPS = 4
@@ -25,20 +30,20 @@ DEFAULT_TOPK = 1
 @dataclass(frozen=True)
 class PluginConfig:
     """Fields:
-        verify_method: chain verifier for sampled requests ("hsd" or "tokenwise").
+        verify_method: chain verifier for sampled requests (one of ``LOSSLESS_CHAIN_METHODS``).
         validate: check verifier inputs on every step (slow; for debugging).
     """
 
-    verify_method: str = "hsd"
+    verify_method: str = DEFAULT_CHAIN_METHOD
     validate: bool = False
 
     @classmethod
     def from_env(cls) -> "PluginConfig":
-        method = os.environ.get(VERIFY_METHOD_ENV, "hsd").strip().lower()
-        if method not in SERVER_VERIFY_METHODS:
+        method = os.environ.get(VERIFY_METHOD_ENV, DEFAULT_CHAIN_METHOD).strip().lower()
+        if method not in LOSSLESS_CHAIN_METHODS:
             raise ValueError(
                 f"{VERIFY_METHOD_ENV}={method!r} is not a lossless chain verifier; use one of "
-                f"{SERVER_VERIFY_METHODS} (--hsd-verify-method)"
+                f"{tuple(LOSSLESS_CHAIN_METHODS)} (--hsd-verify-method)"
             )
         return cls(verify_method=method, validate=os.environ.get(VALIDATE_ENV, "0") == "1")
 
@@ -62,10 +67,10 @@ class ExitLevelConfig:
     Fields:
         layer: exit layer L (the target's first L layers plus an exit head verify the drafts);
             None = no exit level (two levels: EAGLE-3 drafts, full target).
-        heads_dir: folder of trained exit heads (``eagle_heads.exit_heads``) or None for the
-            logit lens (the target's final norm and LM head applied at layer L).
-        method: chain rule of the exit level ("hsd" or "tokenwise"); the target level uses
-            ``PluginConfig.verify_method``.
+        heads_dir: folder of trained exit heads (the format of ``sglang_hsd.exit_heads``) or
+            None for the logit lens (the target's final norm and LM head applied at layer L).
+        method: chain rule of the exit level (one of ``LOSSLESS_CHAIN_METHODS``); the target
+            level uses ``PluginConfig.verify_method``.
         buffer: N_i, provisional tokens the exit level accumulates before the target verifies
             them: exit sub-rounds (draft, exit-verify) repeat inside one verify window while
             fewer than N_i tokens are provisional and the window has room for another draft
@@ -77,7 +82,7 @@ class ExitLevelConfig:
 
     layer: int | None = None
     heads_dir: str | None = None
-    method: str = "hsd"
+    method: str = DEFAULT_CHAIN_METHOD
     check_split: bool = False
     buffer: int = 1
 
@@ -86,7 +91,7 @@ class ExitLevelConfig:
         return self.layer is not None
 
     @classmethod
-    def from_env(cls, default_method: str = "hsd") -> "ExitLevelConfig":
+    def from_env(cls, default_method: str = DEFAULT_CHAIN_METHOD) -> "ExitLevelConfig":
         layer_text = os.environ.get(EXIT_LAYER_ENV, "").strip()
         plan = os.environ.get(PLAN_ENV, "").strip()
         if plan:
@@ -114,10 +119,10 @@ class ExitLevelConfig:
         if heads_dir is not None and not os.path.isdir(heads_dir):
             raise ExitLevelConfigError(f"--hsd-exit-heads {heads_dir}: not a directory")
         method = os.environ.get(EXIT_METHOD_ENV, default_method).strip().lower()
-        if method not in SERVER_VERIFY_METHODS:
+        if method not in LOSSLESS_CHAIN_METHODS:
             raise ExitLevelConfigError(
                 f"--hsd-exit-method ({EXIT_METHOD_ENV}) {method!r} is not a lossless chain "
-                f"verifier; use one of {SERVER_VERIFY_METHODS}")
+                f"verifier; use one of {tuple(LOSSLESS_CHAIN_METHODS)}")
         buffer = _exit_buffer(plan_buffer if plan else None, layer)
         return cls(layer, heads_dir, method, os.environ.get(CHECK_SPLIT_ENV, "0") == "1", buffer)
 
@@ -156,23 +161,26 @@ def _exit_buffer(from_plan: int | None, layer: int | None) -> int:
 
 
 def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
-    """(exit layer, its buffer N_i) of a ``sglang-hsd plan`` JSON ((None, None): no exit level).
+    """(exit layer, its buffer N_i) of a ``sglang-hsd plan`` file ((None, None): no exit level).
 
     The plan's cheapest level is the drafter; in the server the EAGLE-3 head drafts instead, so
     only the levels between drafter and target matter. The server runs one intermediate level.
     """
-    from sglang_hsd.hierarchy.cli import load_plan
+    from sglang_hsd.hierarchy.levels import LevelKind
+    from sglang_hsd.hierarchy.plan_file import PlanFile
 
     if not os.path.isfile(path):
         raise ExitLevelConfigError(f"--hsd-plan {path}: no such file")
-    levels, buffers = load_plan(path)
-    names = [name.strip() for name in levels.split(",") if name.strip()]
-    middle = names[1:-1]
+    try:
+        best = PlanFile.read(path).best
+    except ValueError as err:
+        raise ExitLevelConfigError(f"--hsd-plan {err}") from None
+    middle = best.levels[1:-1]
     if not middle:
         return None, None
-    if len(middle) > 1 or not middle[0].startswith("exit:"):
+    if len(middle) > 1 or middle[0].kind is not LevelKind.EXIT:
         raise ExitLevelConfigError(
-            f"--hsd-plan {path}: levels {levels!r} have intermediate levels {middle}; the server "
-            "supports one intermediate exit level (exit:L between the drafter and the target)")
-    buffer = buffers[1] if len(buffers) > 1 else None
-    return int(middle[0].split(":", 1)[1]), buffer
+            f"--hsd-plan {path}: levels {best.level_names!r} have intermediate levels "
+            f"{[level.name for level in middle]}; the server supports one intermediate exit level "
+            "(exit:L between the drafter and the target)")
+    return middle[0].layer, middle[0].buffer

@@ -2,48 +2,29 @@
 
     logits = lm_head(final_norm(h + A h + b))     (A = 0, b = 0: the logit lens)
 
-``final_norm`` and ``lm_head`` are the SGLang model's own modules. ``A`` [D, D] and ``b`` [D] come
-from a directory written by ``eagle_heads.exit_heads.save_exit_heads`` (``manifest.json`` plus
-``exit_heads.safetensors`` with ``layer<L>.A`` / ``layer<L>.b``); they are read here directly so
-the server does not import the training code.
+``final_norm`` and ``lm_head`` are the SGLang model's own modules. The map (``apply_exit_map``)
+and the folder format (``A`` [D, D], ``b`` [D] per exit layer) are ``sglang_hsd.exit_heads``'s,
+shared with the runtime and the training code.
 """
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 
+from sglang_hsd import exit_heads
 from sglang_hsd.sglang_plugin.layer_range import lm_head_logits
 
-MANIFEST = "manifest.json"
-WEIGHTS = "exit_heads.safetensors"
+EXIT_HEADS_FLAG = "--hsd-exit-heads"
 
 
 def load_exit_map(directory: str, layer: int, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read the trained map of exit ``layer`` from ``directory``: (A float32 [D, D], b float32 [D]).
+    """The trained map of exit ``layer`` in the ``--hsd-exit-heads`` folder ``directory``:
+    (A float32 [D, D], b float32 [D]).
 
-    Raises ``FileNotFoundError`` / ``KeyError`` / ``ValueError`` naming the directory, the layer and
-    what is wrong.
+    Raises ``FileNotFoundError`` / ``KeyError`` / ``ValueError`` naming the flag, the folder, the
+    layer and what is wrong.
     """
-    from safetensors.torch import load_file
-
-    manifest_path = os.path.join(directory, MANIFEST)
-    if not os.path.isfile(manifest_path):
-        raise FileNotFoundError(f"--hsd-exit-heads {directory}: no {MANIFEST} (expected a folder "
-                                "written by eagle_heads.exit_heads.save_exit_heads)")
-    with open(manifest_path) as f:
-        layers = json.load(f).get("layers", [])
-    tensors = load_file(os.path.join(directory, WEIGHTS))
-    if f"layer{layer}.A" not in tensors:
-        raise KeyError(f"--hsd-exit-heads {directory} has no head for exit layer {layer} "
-                       f"(it has layers {layers}); pick one of them or use --hsd-exit-heads none")
-    A, b = tensors[f"layer{layer}.A"].float(), tensors[f"layer{layer}.b"].float()
-    if A.shape != (hidden_size, hidden_size) or b.shape != (hidden_size,):
-        raise ValueError(f"--hsd-exit-heads {directory}: layer {layer} map has shape "
-                         f"{tuple(A.shape)}, the model's hidden size is {hidden_size}")
-    return A, b
+    return exit_heads.load_exit_map(directory, layer, hidden_size, flag=EXIT_HEADS_FLAG)
 
 
 class ExitHead:
@@ -67,8 +48,7 @@ class ExitHead:
         """h + A h + b in float32, cast back to ``hidden``'s dtype (identity for the logit lens)."""
         if self.A is None:
             return hidden
-        h = hidden.float()
-        return (h + h @ self.A.T + self.b).to(hidden.dtype)
+        return exit_heads.apply_exit_map(hidden, self.A, self.b)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = self.model.model.norm(self.transform(hidden))

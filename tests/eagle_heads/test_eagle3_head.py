@@ -6,53 +6,15 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from eagle_heads.data import FeatureSet, target_hidden_states  # noqa: E402
-from eagle_heads.eagle3 import Eagle3HeadConfig, save_eagle3_head  # noqa: E402
-from eagle_heads.eagle3_train import (  # noqa: E402
-    evaluate_eagle3,
-    init_head_from_target,
-    select_draft_vocab,
-    train_eagle3,
-)
+from eagle_heads.eagle3 import save_eagle3_head  # noqa: E402
+from eagle_heads.eagle3_train import evaluate_eagle3, train_eagle3  # noqa: E402
 from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
-from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
-
-CAPTURES = [1, 3, 5]  # after 1, 3 and 5 of the 6 layers
-
-
-@pytest.fixture(scope="module")
-def target():
-    hf = tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(4.0)
-    return CausalLM.from_hf(hf).requires_grad_(False)
-
-
-def features_for(target, num_seqs=10, length=24, seed=0) -> FeatureSet:
-    gen = torch.Generator().manual_seed(seed)
-    tokens, hidden = [], {b: [] for b in (*CAPTURES, target.num_layers)}
-    for _ in range(num_seqs):
-        seq = torch.randint(target.vocab_size, (length,), generator=gen).tolist()
-        states = target_hidden_states(target, seq, CAPTURES)
-        tokens.append(torch.tensor(seq))
-        for b in hidden:
-            hidden[b].append(states[b])
-    return FeatureSet(torch.cat(tokens), torch.arange(num_seqs + 1) * length, torch.full((num_seqs,), 4),
-                      {b: torch.cat(v) for b, v in hidden.items()}, {})
-
-
-def make_head(target, features, draft_vocab=32, seed=0):
-    kept = select_draft_vocab(target, features, draft_vocab)
-    config = Eagle3HeadConfig.for_target(target.config, len(kept), aux_layer_ids=[c - 1 for c in CAPTURES])
-    head = Eagle3Head(config.to_hf_dict(), target)
-    init_head_from_target(head, target, kept, seed, std=0.2)
-    return head.eval(), config
+from tests.eagle_heads.tiny_heads import CAPTURES, make_eagle3_head, random_features  # noqa: E402
 
 
 def test_ttt_step0_equals_the_cached_runtime_forward(target):
-    features = features_for(target)
-    head, _ = make_head(target, features)
+    features = random_features(target)
+    head, _ = make_eagle3_head(target, features)
     ids = torch.randint(48, (2, 10))
     aux = torch.randn(2, 8, 3 * target.hidden_size)
     with torch.no_grad():
@@ -69,7 +31,7 @@ def test_ttt_step0_equals_the_cached_runtime_forward(target):
 
 
 def test_target_logits_scatter_the_draft_vocabulary(target):
-    head, _ = make_head(target, features_for(target), draft_vocab=20)
+    head, _ = make_eagle3_head(target, random_features(target), draft_vocab=20)
     out = torch.randn(1, 3, target.hidden_size)
     full = head.target_logits(out)
     kept = head.draft_to_target
@@ -81,7 +43,7 @@ def test_target_logits_scatter_the_draft_vocabulary(target):
 
 
 def test_export_round_trip_gives_identical_logits(target, tmp_path):
-    head, config = make_head(target, features_for(target), draft_vocab=24)
+    head, config = make_eagle3_head(target, random_features(target), draft_vocab=24)
     save_eagle3_head(str(tmp_path), config, head.state_dict())
     loaded = Eagle3Head.from_pretrained(str(tmp_path), target)
     ids, aux = torch.randint(48, (1, 7)), torch.randn(1, 5, 3 * target.hidden_size)
@@ -93,8 +55,8 @@ def test_export_round_trip_gives_identical_logits(target, tmp_path):
 
 def test_ttt_training_raises_held_out_acceptance(target, tmp_path):
     torch.manual_seed(0)
-    train, heldout = features_for(target, num_seqs=40, seed=0), features_for(target, num_seqs=4, seed=1)
-    head, _ = make_head(target, train, draft_vocab=48)
+    train, heldout = random_features(target, num_seqs=40, seed=0), random_features(target, num_seqs=4, seed=1)
+    head, _ = make_eagle3_head(target, train, draft_vocab=48)
     before = evaluate_eagle3(head, target, heldout, steps=2)
     log = train_eagle3(head, target, train, max_steps=120, steps=2, batch=4, window=12, lr=3e-3,
                        progress=False, checkpoint_dir=str(tmp_path), log_every=5)
@@ -102,7 +64,7 @@ def test_ttt_training_raises_held_out_acceptance(target, tmp_path):
     assert log[-1]["loss"] < log[0]["loss"]
     assert after["step0"]["1-tv"] > before["step0"]["1-tv"] + 0.02
     # Resume continues the step count.
-    head2, _ = make_head(target, train, draft_vocab=48)
+    head2, _ = make_eagle3_head(target, train, draft_vocab=48)
     log2 = train_eagle3(head2, target, train, max_steps=125, steps=2, batch=4, window=12, progress=False,
                         checkpoint_dir=str(tmp_path), log_every=5)
     assert log2[-1]["step"] == 125
@@ -113,7 +75,9 @@ def test_ttt_training_raises_held_out_acceptance(target, tmp_path):
 def test_real_model_trained_eagle3_is_lossless():
     import os
 
-    from eagle_heads.pipeline import heads_dir, load_target
+    from eagle_heads.pipeline import load_target
+    from sglang_hsd.assets.chat import encode_prompts
+    from sglang_hsd.assets.heads import heads_dir
     from sglang_hsd.runtime.config import parse_levels
     from sglang_hsd.runtime.engine import SpeculativeGenerator
     from sglang_hsd.sampling import SamplingParams
@@ -124,9 +88,7 @@ def test_real_model_trained_eagle3_is_lossless():
     if not (directory / "model.safetensors").exists():
         pytest.skip("no trained EAGLE-3 head: run `sglang-hsd train-heads --model smollm2-135m --eagle3`")
     target, tok = load_target("smollm2-135m")
-    text = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}], tokenize=False,
-                                   add_generation_prompt=True)
-    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    prompt = encode_prompts(tok, ["Name three colours."])[0]
     greedy = SamplingParams(temperature=0.0)
     plain = SpeculativeGenerator(target, parse_levels("target")).generate([prompt], greedy, 24)
     spec = SpeculativeGenerator(target, parse_levels(f"eagle3:{directory},target", buffers=[3])).generate([prompt], greedy, 24)

@@ -18,15 +18,15 @@ pytest.importorskip("safetensors")
 from eagle_heads.eagle3 import random_eagle3_state_dict, save_eagle3_head  # noqa: E402
 from eagle_heads.eagle3_train import train_eagle3  # noqa: E402
 from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
-from tests.eagle_heads.test_eagle3_head import features_for, make_head, target  # noqa: E402,F401
+from tests.eagle_heads.tiny_heads import make_eagle3_head, random_features  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def exported(target, tmp_path_factory):  # noqa: F811
+def exported(target, tmp_path_factory):
     """(directory, trained head, config): a few TTT steps, then the pipeline's export."""
     torch.manual_seed(0)
-    head, config = make_head(target, features_for(target, num_seqs=12), draft_vocab=24)
-    train_eagle3(head, target, features_for(target, num_seqs=12), max_steps=3, steps=2, batch=2, window=8, progress=False)
+    head, config = make_eagle3_head(target, random_features(target, num_seqs=12), draft_vocab=24)
+    train_eagle3(head, target, random_features(target, num_seqs=12), max_steps=3, steps=2, batch=2, window=8, progress=False)
     directory = tmp_path_factory.mktemp("eagle3")
     save_eagle3_head(str(directory), config, {k: v.detach().contiguous() for k, v in head.state_dict().items()})
     return str(directory), head, config
@@ -42,7 +42,7 @@ def test_export_has_exactly_the_reference_names_and_shapes(exported):
     assert {k: v.dtype for k, v in saved.items()} == {k: v.dtype for k, v in reference.items()}
 
 
-def test_runtime_reloads_the_trained_export_with_identical_logits(exported, target):  # noqa: F811
+def test_runtime_reloads_the_trained_export_with_identical_logits(exported, target):
     directory, head, _ = exported
     loaded = Eagle3Head.from_pretrained(directory, target)
     ids, aux = torch.randint(target.vocab_size, (2, 9)), torch.randn(2, 6, 3 * target.hidden_size)
@@ -60,15 +60,18 @@ def test_sglang_loads_the_trained_export_completely(exported, monkeypatch):
     from sglang_hsd.sglang_plugin.cpu_shims import install_cpu_shims
 
     install_cpu_shims()
-    from tests.sglang_plugin import test_eagle3_export as sglang_check
+    from tests.sglang_plugin.eagle3_loading import (
+        check_complete,
+        load_recording,
+        sglang_eagle3_model,
+        single_process_group,
+    )
 
     directory, _, _ = exported
-    fixture = sglang_check.sglang_single_process.__wrapped__()  # generator fixture, driven by hand
-    next(fixture)
-    try:
+    with single_process_group():
         checkpoint = load_file(os.path.join(directory, "model.safetensors"))
-        model = sglang_check._sglang_model(directory)
-        unused, unloaded, partial = sglang_check._check_complete(model, sglang_check._load_recording(model, checkpoint, monkeypatch))
+        model = sglang_eagle3_model(directory)
+        unused, unloaded, partial = check_complete(model, load_recording(model, checkpoint, monkeypatch))
         assert unused == [], f"checkpoint tensors SGLang's loader skips: {unused}"
         assert unloaded == [], f"parameters the checkpoint does not fill: {unloaded}"
         assert partial == [], f"stacked parameters with missing shards: {partial}"
@@ -76,5 +79,3 @@ def test_sglang_loads_the_trained_export_completely(exported, monkeypatch):
         assert torch.equal(params["model.fc.weight"].detach(), checkpoint["fc.weight"])
         assert torch.equal(params["lm_head.weight"].detach()[: checkpoint["lm_head.weight"].shape[0]], checkpoint["lm_head.weight"])
         assert torch.equal(model.get_hot_token_id(), torch.arange(checkpoint["d2t"].numel()) + checkpoint["d2t"])
-    finally:
-        next(fixture, None)

@@ -7,41 +7,24 @@ import torch
 
 pytest.importorskip("transformers")
 
-from eagle_heads.data import FeatureSet, collect_features, target_hidden_states  # noqa: E402
-from eagle_heads.exit_heads import (  # noqa: E402
+from eagle_heads.data import collect_features, target_hidden_states  # noqa: E402
+from eagle_heads.exit_heads import evaluate_exit_heads, kl_final_exit, train_exit_heads  # noqa: E402
+from sglang_hsd.exit_heads import (  # noqa: E402
     ExitHead,
-    evaluate_exit_heads,
-    kl_final_exit,
+    apply_exit_map,
     load_exit_heads,
+    load_exit_map,
     save_exit_heads,
-    train_exit_heads,
 )
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
-from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
+from sglang_hsd.runtime.testing import greedy_reference  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
+from tests.eagle_heads.tiny_heads import random_features  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def target():
-    hf = tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(4.0)  # peaked rows, so exits disagree with the target in a learnable way
-    return CausalLM.from_hf(hf).requires_grad_(False)
-
-
-def _random_features(target, num_seqs=12, length=20, layers=(2, 3), seed=0) -> FeatureSet:
-    gen = torch.Generator().manual_seed(seed)
-    tokens, hidden = [], {b: [] for b in (*layers, target.num_layers)}
-    for _ in range(num_seqs):
-        seq = torch.randint(target.vocab_size, (length,), generator=gen).tolist()
-        states = target_hidden_states(target, seq, list(layers))
-        tokens.append(torch.tensor(seq))
-        for b in hidden:
-            hidden[b].append(states[b])
-    indptr = torch.arange(num_seqs + 1) * length
-    return FeatureSet(torch.cat(tokens), indptr, torch.full((num_seqs,), 4), {b: torch.cat(v) for b, v in hidden.items()}, {})
+def _random_features(target, num_seqs=12, length=20, layers=(2, 3), seed=0):
+    return random_features(target, layers, num_seqs, length, seed)
 
 
 def test_zero_init_head_is_the_logit_lens_exactly(target):
@@ -104,6 +87,23 @@ def test_save_load_round_trip_and_resume(target, tmp_path):
         load_exit_heads(str(tmp_path / "heads"), target, layers=[4])
 
 
+def test_the_server_reads_what_training_writes(target, tmp_path):
+    """One format and one map: the server's loader returns the trained A, b, and the shared map
+    equals the runtime head's transform (in float32 and, cast back, from bfloat16 hidden states)."""
+    heads, _ = train_exit_heads(target, _random_features(target), [2, 3], max_steps=2, batch_positions=16,
+                                progress=False)
+    save_exit_heads(str(tmp_path), heads, {"model": "tiny"})
+    A, b = load_exit_map(str(tmp_path), 3, target.hidden_size)
+    assert torch.equal(A, heads[3].A.float()) and torch.equal(b, heads[3].b.float())
+    hidden = torch.randn(5, target.hidden_size)
+    assert torch.equal(apply_exit_map(hidden, A, b), heads[3].transform(hidden))
+    half = hidden.bfloat16()
+    assert apply_exit_map(half, A, b).dtype == torch.bfloat16
+    assert torch.equal(apply_exit_map(half, A, b), heads[3].transform(half.float()).bfloat16())
+    with pytest.raises(KeyError, match=r"no head for exit layer 4 \(it has layers \[2, 3\]\)"):
+        load_exit_map(str(tmp_path), 4, target.hidden_size)
+
+
 @pytest.mark.parametrize("spec,buffers", [("exit:2,target", [3]), ("exit:2,exit:4,target", [2, 3])])
 def test_runtime_with_trained_heads_stays_lossless_greedy(target, spec, buffers):
     heads, _ = train_exit_heads(target, _random_features(target, layers=(2, 4)), [2, 4], max_steps=20,
@@ -120,7 +120,8 @@ def test_runtime_with_trained_heads_stays_lossless_greedy(target, spec, buffers)
 
 @pytest.fixture(scope="module")
 def smollm():
-    from eagle_heads.pipeline import heads_dir, load_target
+    from eagle_heads.pipeline import load_target
+    from sglang_hsd.assets.heads import heads_dir
 
     path = os.path.expanduser("~/.cache/sglang-hsd/models/smollm2-135m/sglang-hsd-complete.json")
     if not os.path.exists(path):

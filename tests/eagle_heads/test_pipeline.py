@@ -8,13 +8,12 @@ pytest.importorskip("safetensors")
 
 from eagle_heads.bench import per_position_acceptance, record_accepted_lengths  # noqa: E402
 from eagle_heads.data import FeatureSet, target_hidden_states  # noqa: E402
-from eagle_heads.exit_heads import load_exit_heads, read_manifest  # noqa: E402
 from eagle_heads.pipeline import train_and_save_eagle3, train_and_save_exit_heads  # noqa: E402
+from sglang_hsd.exit_heads import load_exit_heads, read_manifest  # noqa: E402
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
-from tests.eagle_heads.test_eagle3_head import target  # noqa: E402,F401  (shared tiny target fixture)
 
 LAYERS = [2, 3]  # exit layers; with 6 target layers the EAGLE-3 captures are [2, 3, 3]
 

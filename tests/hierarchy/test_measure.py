@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from sglang_hsd.hierarchy.cli import load_plan, plan_levels  # noqa: E402
 from sglang_hsd.hierarchy.measure import greedy_continuation, measure_acceptance, measure_costs  # noqa: E402
+from sglang_hsd.hierarchy.plan_file import PlanFile, PlannedHierarchy  # noqa: E402
 from sglang_hsd.hierarchy.planner import Plan  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
@@ -73,35 +73,39 @@ def test_costs_are_positive_and_compose(tiny):
     assert costs.forward(3, 3, 5) == 0.0
 
 
-def test_plan_levels_and_load_plan(tmp_path):
+def test_planned_hierarchy_from_a_plan_reaches_the_runtime(tmp_path):
     plan = Plan(levels=(0, 2, 3), buffers=(3, 5), latency=1.0, speedup=1.5, exact_latency=0.9)
-    levels, buffers = plan_levels(plan, [4, 8, 12])
-    assert (levels, buffers) == ("exit:4,exit:12,target", "3,5")
+    planned = PlannedHierarchy.from_plan(plan, [4, 8, 12])
+    assert (planned.level_names, planned.buffer_text) == ("exit:4,exit:12,target", "3,5")
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps({"levels": levels, "buffers": buffers}))
-    assert load_plan(path) == ("exit:4,exit:12,target", [3, 5])
+    path.write_text(json.dumps({"levels": planned.level_names, "buffers": planned.buffer_text}))
+    best = PlanFile.read(path).best
+    assert (best.level_names, best.buffers) == ("exit:4,exit:12,target", [3, 5])
     from sglang_hsd.runtime.config import parse_levels
 
-    config = parse_levels(*load_plan(path))
+    config = parse_levels(best.level_names, best.buffers)
     assert [lvl.buffer for lvl in config.levels[:-1]] == [3, 5]
 
 
 class _CharTokenizer:
     chat_template = None
+    eos_token_id = None
 
     def __call__(self, text):
         return {"input_ids": [ord(c) % 48 for c in text]}
 
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
 
-def test_plan_command_on_a_tiny_model(tmp_path, monkeypatch, capsys):
-    import sglang_hsd.hierarchy.cli as plan_cli
-    import sglang_hsd.runtime.cli as runtime_cli
+
+def test_plan_then_generate_with_the_plan_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     from sglang_hsd.cli import build_parser
+    from sglang_hsd.runtime import loading
 
     hf = tiny_llama(vocab_size=48, num_layers=6, hidden_size=32, seed=4)
-    loaded = runtime_cli.LoadedModel(CausalLM.from_hf(hf), hf, _CharTokenizer(), tmp_path)
-    monkeypatch.setattr(runtime_cli, "load_model", lambda name: loaded)
-    monkeypatch.setattr(plan_cli, "_prompt_texts", lambda name, limit: ["hello there", "a b c d"][:limit])
+    loaded = loading.LoadedModel(CausalLM.from_hf(hf), hf, _CharTokenizer(), tmp_path)
+    monkeypatch.setattr(loading, "load_model", lambda name: loaded)
+    monkeypatch.setattr(loading, "prompt_set_texts", lambda name, limit: ["hello there", "a b c d"][:limit])
     out = tmp_path / "plan.json"
     args = build_parser().parse_args(
         ["plan", "--model", "tiny", "--num-prompts", "2", "--continuation", "4", "--candidates", "1,3",
@@ -114,4 +118,12 @@ def test_plan_command_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert data["levels"].endswith("target")
     assert data["runner_up_single_draft"]["levels"].count(",") == 1
     assert "best:" in capsys.readouterr().out
-    load_plan(out)
+    plan = PlanFile.read(out)
+    assert plan.to_json() == data  # the typed plan holds every field the command wrote, in order
+    assert list(plan.to_json()) == list(data)
+    # generate --plan runs the planned hierarchy.
+    args = build_parser().parse_args(["generate", "--model", "tiny", "--plan", str(out), "--prompt", "hi",
+                                      "--max-new-tokens", "4", "--exit-heads", "none"])
+    assert args.func(args) == 0
+    assert args.levels == data["levels"]
+    assert f"=== {data['levels']} ===" in capsys.readouterr().out

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from sglang_hsd.runtime.config import HierarchyConfig, LevelSpec, parse_levels
+from sglang_hsd.hierarchy.levels import LevelSpec
+from sglang_hsd.runtime.config import HierarchyConfig, parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama

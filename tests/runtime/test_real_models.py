@@ -23,7 +23,7 @@ def smollm2():
 
 @pytest.mark.parametrize("levels,buffers", [("exit:12,target", [3]), ("exit:6,exit:18,target", [2, 3])])
 def test_greedy_hierarchy_equals_transformers_greedy(smollm2, levels, buffers):
-    from sglang_hsd.runtime.cli import encode_prompts
+    from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.runtime.config import parse_levels
     from sglang_hsd.runtime.engine import SpeculativeGenerator
     from sglang_hsd.sampling import SamplingParams
@@ -39,7 +39,7 @@ def test_greedy_hierarchy_equals_transformers_greedy(smollm2, levels, buffers):
 
 
 def test_mismatched_tokenizers_are_refused(smollm2):
-    from sglang_hsd.runtime.cli import check_same_tokenizer
+    from sglang_hsd.runtime.loading import check_same_tokenizer
 
     _, _, tok = smollm2
 

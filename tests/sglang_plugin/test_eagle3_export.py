@@ -1,14 +1,12 @@
 """The EAGLE-3 exporter (``eagle_heads/eagle3.py``) against SGLang 0.5.23's own model class.
 
-SGLang's ``LlamaForCausalLMEagle3.load_weights`` renames legacy names (``midlayer`` ->
-``layers.0``), stacks q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``, turns ``d2t`` into
-``hot_token_id``, ignores ``t2d``, and *silently skips* every name it does not know. So a wrong
-name in our export would load a head with random weights and no error. These tests instantiate the
-real class on CPU (world size 1, gloo) from the exported ``config.json``, feed it the exported
-safetensors one tensor at a time, record which parameter (and shard) each tensor reached through
-the parameters' own ``weight_loader``s, and require: no checkpoint tensor unused, no parameter left
-unloaded except the embedding (shared with the target at run time), and loaded values equal to the
-exported ones.
+SGLang's ``LlamaForCausalLMEagle3.load_weights`` *silently skips* every name it does not know, so
+a wrong name in our export would load a head with random weights and no error. These tests
+instantiate the real class on CPU (world size 1, gloo) from the exported ``config.json``, feed it
+the exported safetensors one tensor at a time, record which parameter (and shard) each tensor
+reached through the parameters' own ``weight_loader``s (``eagle3_loading.py``), and require: no
+checkpoint tensor unused, no parameter left unloaded except the embedding (shared with the target
+at run time), and loaded values equal to the exported ones.
 """
 
 from __future__ import annotations
@@ -21,42 +19,19 @@ import torch
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.sglang
 
-# Parameters SGLang fills from the target model, never from the head's checkpoint.
-SHARED_WITH_TARGET = {"model.embed_tokens.weight"}
-# Buffers computed at construction (rotary tables), never loaded.
-COMPUTED_BUFFER_SUFFIXES = ("rotary_emb.cos_sin_cache",)
-# Checkpoint names load_weights consumes without a parameter (d2t -> hot_token_id; t2d unused).
-NON_PARAMETER_NAMES = {"d2t", "t2d"}
-# Every stacked parameter and the shards it must receive.
-STACKED_SHARDS = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
+from tests.sglang_plugin.eagle3_loading import (  # noqa: E402
+    COMPUTED_BUFFER_SUFFIXES,
+    check_complete,
+    load_recording,
+    sglang_eagle3_model,
+    single_process_group,
+)
 
 
 @pytest.fixture(scope="module")
 def sglang_single_process():
-    """World size 1 on gloo plus a published topology, as SGLang's own layer tests set up
-    (``sglang.test.layer_ut_utils.init_single_process_dist``, which cannot be imported here:
-    its module pulls ``sglang.benchmark`` and the ``datasets`` package)."""
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
-    from sglang.srt.server_args import ServerArgs
-
-    from sglang_hsd.sglang_plugin.cpu_server import free_port
-
-    if torch.distributed.is_initialized():
-        pytest.skip("a torch.distributed group already exists in this process")
-    parallel_state.init_distributed_environment(
-        world_size=1, rank=0, local_rank=0, backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-    )
-    reset_context()
-    publish(ServerArgs(model_path="dummy", tp_size=1, pp_size=1, ep_size=1, device="cpu"),
-            role="test", ranks=SpawnRanks(world_rank=0))
-    get_parallel().override_permanently(world_group=parallel_state._WORLD)
-    parallel_state.initialize_model_parallel(backend="gloo")
-    yield
-    parallel_state.destroy_model_parallel()
-    parallel_state.destroy_distributed_environment()
-    reset_context()
+    with single_process_group():
+        yield
 
 
 def _export_head(directory, draft_vocab_size):
@@ -71,60 +46,6 @@ def _export_head(directory, draft_vocab_size):
     return str(directory)
 
 
-def _sglang_model(head_dir):
-    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(head_dir)
-    assert config.architectures == ["LlamaForCausalLMEagle3"]
-    return LlamaForCausalLMEagle3(config)
-
-
-def _load_recording(model, checkpoint, monkeypatch):
-    """Run SGLang's ``load_weights`` on ``checkpoint`` (name -> tensor), one tensor at a time.
-
-    Returns ``{checkpoint name: [(parameter name, shard id or None), ...]}``: the parameters each
-    tensor reached. Recording wraps the loaders ``load_weights`` calls (a parameter's own
-    ``weight_loader`` attribute, else the module's ``default_weight_loader``)."""
-    from sglang.srt.models import llama_eagle3
-
-    names = {id(param): name for name, param in model.named_parameters()}
-    calls: list[tuple[str, object]] = []
-
-    def recorder(loader):
-        def record(param, loaded_weight, *shard):
-            calls.append((names[id(param)], shard[0] if shard else None))
-            return loader(param, loaded_weight, *shard)
-        return record
-
-    for param in model.parameters():
-        if hasattr(param, "weight_loader"):
-            param.weight_loader = recorder(param.weight_loader)
-    monkeypatch.setattr(llama_eagle3, "default_weight_loader",
-                        recorder(llama_eagle3.default_weight_loader))
-    reached = {}
-    for name, tensor in checkpoint.items():
-        before = len(calls)
-        model.load_weights([(name, tensor)])
-        reached[name] = calls[before:]
-    return reached
-
-
-def _check_complete(model, reached):
-    """Return (unused checkpoint names, unloaded parameters, stacked parameters missing shards)."""
-    unused = sorted(n for n, hits in reached.items() if not hits and n not in NON_PARAMETER_NAMES)
-    shards: dict[str, set] = {}
-    for hits in reached.values():
-        for param_name, shard in hits:
-            shards.setdefault(param_name, set()).add(shard)
-    unloaded = sorted(set(dict(model.named_parameters())) - set(shards) - SHARED_WITH_TARGET)
-    partial = sorted(
-        name for name, got in shards.items()
-        for stacked, want in STACKED_SHARDS.items() if stacked in name and got != want
-    )
-    return unused, unloaded, partial
-
-
 @pytest.mark.parametrize("draft_vocab_size", [256, None], ids=["reduced-vocab", "full-vocab"])
 def test_exported_head_loads_into_sglang_class(sglang_single_process, tmp_path, monkeypatch,
                                                draft_vocab_size):
@@ -132,10 +53,10 @@ def test_exported_head_loads_into_sglang_class(sglang_single_process, tmp_path, 
 
     head_dir = _export_head(tmp_path / "head", draft_vocab_size)
     checkpoint = load_file(os.path.join(head_dir, "model.safetensors"))
-    model = _sglang_model(head_dir)
-    reached = _load_recording(model, checkpoint, monkeypatch)
+    model = sglang_eagle3_model(head_dir)
+    reached = load_recording(model, checkpoint, monkeypatch)
 
-    unused, unloaded, partial = _check_complete(model, reached)
+    unused, unloaded, partial = check_complete(model, reached)
     assert unused == [], f"checkpoint tensors SGLang's loader skips: {unused}"
     assert unloaded == [], f"parameters the checkpoint does not fill: {unloaded}"
     assert partial == [], f"stacked parameters with missing shards: {partial}"
@@ -172,8 +93,8 @@ def test_a_misnamed_tensor_is_reported(sglang_single_process, tmp_path, monkeypa
     checkpoint = load_file(os.path.join(head_dir, "model.safetensors"))
     checkpoint["midlayer.self_attn.qkv.weight"] = checkpoint.pop("midlayer.self_attn.k_proj.weight")
     checkpoint["model.final_norm.weight"] = checkpoint.pop("norm.weight")
-    model = _sglang_model(head_dir)
-    unused, unloaded, partial = _check_complete(model, _load_recording(model, checkpoint,
+    model = sglang_eagle3_model(head_dir)
+    unused, unloaded, partial = check_complete(model, load_recording(model, checkpoint,
                                                                        monkeypatch))
     assert unused == ["midlayer.self_attn.qkv.weight", "model.final_norm.weight"]
     assert unloaded == ["model.norm.weight"]

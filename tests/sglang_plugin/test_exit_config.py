@@ -32,9 +32,9 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-def _plan(tmp_path, levels):
+def _plan(tmp_path, levels, buffers="2,4"):
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps({"levels": levels, "buffers": "2,4"}))
+    path.write_text(json.dumps({"levels": levels, "buffers": buffers}))
     return str(path)
 
 
@@ -69,13 +69,27 @@ def test_bad_exit_options_name_the_flag(clean_env, env, says):
 def test_plan_gives_its_intermediate_exit(clean_env, tmp_path):
     clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,exit:12,target"))
     assert ExitLevelConfig.from_env().layer == 12
-    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,target"))
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,target", "2"))
     assert not ExitLevelConfig.from_env().enabled
-    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,exit:8,exit:12,target"))
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "exit:4,exit:8,exit:12,target", "2,4,4"))
     with pytest.raises(ExitLevelConfigError, match="one intermediate exit level"):
         ExitLevelConfig.from_env()
     clean_env.setenv(EXIT_LAYER_ENV, "3")
     with pytest.raises(ExitLevelConfigError, match="not both"):
+        ExitLevelConfig.from_env()
+
+
+@pytest.mark.parametrize("levels,buffers,says", [
+    ("exit:4,exit:12,target", "2", r"--hsd-plan .*plan field buffers must hold 2 values"),
+    ("exit:4,exit:x,target", "2,4", r"--hsd-plan .*plan field levels: level 'exit:x'"),
+    ("exit:4,exit:12", "2", r"--hsd-plan .*plan field levels: .*last level must be the target"),
+])
+def test_a_malformed_plan_is_refused_with_the_field_named(clean_env, tmp_path, levels, buffers, says):
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, levels, buffers))
+    with pytest.raises(ExitLevelConfigError, match=says):
+        ExitLevelConfig.from_env()
+    clean_env.setenv(PLAN_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(ExitLevelConfigError, match="no such file"):
         ExitLevelConfig.from_env()
 
 
@@ -89,7 +103,7 @@ def test_exit_map_loading_names_missing_layers(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"layers": [4]}))
     A, b = load_exit_map(str(tmp_path), 4, 8)
     assert A.shape == (8, 8) and b.shape == (8,)
-    with pytest.raises(KeyError, match="no head for exit layer 5.*layers \\[4\\]"):
+    with pytest.raises(KeyError, match="--hsd-exit-heads .*no head for exit layer 5.*layers \\[4\\]"):
         load_exit_map(str(tmp_path), 5, 8)
     with pytest.raises(ValueError, match="hidden size is 16"):
         load_exit_map(str(tmp_path), 4, 16)

@@ -59,7 +59,7 @@ def assets():
 def _runtime_rounds(model, prompts, expected, exit_buffer):
     """Per prompt, the runtime's windowed rounds [(exit accepted per sub-round, target accepted)]
     after prompt + the first token (which SGLang samples in its prefill)."""
-    from eagle_heads.exit_heads import load_exit_heads
+    from sglang_hsd.exit_heads import load_exit_heads
     from sglang_hsd.runtime.config import parse_levels
     from sglang_hsd.runtime.engine import SpeculativeGenerator
     from sglang_hsd.sampling import SamplingParams
