@@ -20,7 +20,7 @@ Recorded worlds (exact): per context, the real p and q restricted to a tiny voca
 at every node up to depth - 1: tiny token i < V - 1 is the target's (i+1)-th most likely token at
 that node, token V - 1 lumps the rest (its mass 1 - sum of the others; its continuation uses the
 target's V-th most likely token). ``tree_exact`` then gives the exact expected accepted tokens of
-the three rules, as in ``tests/verify/test_tree_expected_accepted.py``.
+the three rules, as in ``tests/verify/tree/test_expected_accepted.py``.
 
     python benchmarks/bench_tree.py --target qwen2.5-coder-1.5b --drafter model:qwen2.5-coder-0.5b
     python benchmarks/bench_tree.py --target smollm2-135m --drafter exit:16 --name tree_smollm2
