@@ -25,7 +25,7 @@ also runs on c_n's position, which the next round keeps when the target accepts 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -33,18 +33,54 @@ from sglang_hsd.runtime.groups import advance
 from sglang_hsd.verify import ChainUniforms, ChainVerifyResult
 from sglang_hsd.verify.window_round import ExitProposal, exit_round, exit_sub_rounds, target_round
 
-if TYPE_CHECKING:
-    from sglang_hsd.runtime.engine import _Run
+class WindowHost(Protocol):
+    """What a windowed round reads and drives on the state of one ``generate`` call (the engine's
+    run state implements it; tensors are per request row b of B, positions index ``tokens``).
+
+    Fields:
+        levels: (drafter, one ``exit`` level, target) level specs.
+        tokens: int64 [B, max_len]; seq_len / prompt_len / max_new: int64 [B]; finished: bool [B].
+        buf_start: per level below the target, int64 [B], where its unchecked buffer starts.
+        buf_probs: per level below the target, float [B, cap, V], the rows its buffer was drawn from.
+        level_group: per level, the layer group whose hidden states it reads.
+        stats: per level, ``LevelStats``; trace: per-request round traces or None.
+        eos: int64 [E]; max_len: int; generator: torch.Generator; gen: the ``SpeculativeGenerator``.
+    """
+
+    levels: list
+    tokens: torch.Tensor
+    seq_len: torch.Tensor
+    prompt_len: torch.Tensor
+    max_new: torch.Tensor
+    finished: torch.Tensor
+    buf_start: list
+    buf_probs: list
+    level_group: list
+    stats: list
+    trace: list | None
+    eos: torch.Tensor
+    max_len: int
+    generator: torch.Generator
+    gen: object
+
+    def level_probs(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def draft_tokens(self, rows: torch.Tensor, base: torch.Tensor, features_upto: torch.Tensor) -> None: ...
+
+    def rollback(self, keep: torch.Tensor) -> None: ...
+
+    def commit(self, idx: torch.Tensor) -> None: ...
 
 
 class WindowRounds:
     """Runs one windowed round per ``round`` call on the state of one ``generate`` call.
 
     Args:
-        run: the engine's ``_Run``; its levels are (drafter, one ``exit`` level, target).
+        run: the engine's run state (``WindowHost``); its levels are (drafter, one ``exit``
+            level, target).
     """
 
-    def __init__(self, run: "_Run") -> None:
+    def __init__(self, run: WindowHost) -> None:
         self.run = run
         drafter, exit_level, target = run.levels
         self.num_draft = drafter.buffer  # K: the window holds r and K more tokens
