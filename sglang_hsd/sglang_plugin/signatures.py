@@ -1,4 +1,5 @@
-"""Signature checks for every SGLang symbol the plugin subclasses, wraps or replaces.
+"""Signature checks for every SGLang symbol the plugin subclasses, wraps or replaces (and the
+functions whose keyword arguments it relies on).
 
 The plugin is written against SGLang 0.5.23. Before touching a symbol it compares the symbol's
 parameters (names and kinds) with the ones recorded here and refuses with ``SGLangSignatureError``
@@ -43,6 +44,11 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, forward_batch)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_cuda_graphs":
         "(self)",
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute":
+        "(self, forward_batch)",
+    "sglang.srt.speculative.spec_utils.sample_draft_proposal":
+        "(next_token_logits, temperatures, top_ks=None, *, sampling_seed=None, positions=None, "
+        "draft_step=0)",
     "sglang.srt.speculative.spec_utils.row_argmax": "(x)",
     "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
