@@ -374,6 +374,7 @@ class ExitLevelTarget:
             return self._inner.forward_batch_generation(
                 batch, forward_batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=is_verify,
                 **kwargs)
-        result, self._hook_state.exit_round = self._verifier.forward_verify(
+        result, exit_round = self._verifier.forward_verify(
             forward_batch, self._verify_input, self._sampling_info, self._reqs)
+        self._hook_state.exit_round = exit_round
         return result

@@ -26,6 +26,10 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, device, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)",
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.build_disagg_draft_input":
         "(self, batch, last_tokens_tensor, future_map)",
+    # The predicates HSDSpecAlgo overrides (spec_algo.py).
+    **{f"sglang.srt.speculative.spec_info.SpeculativeAlgorithm.{name}": "(self)" for name in (
+        "is_eagle", "is_eagle3", "supports_grammar_overlap", "has_draft_kv", "need_topk",
+        "carries_draft_hidden_states", "get_platform_worker_cls")},
     "sglang.srt.speculative.eagle_utils.chain_speculative_sampling_triton":
         "(predicts, accept_index, accept_token_num, candidates, retrive_index, "
         "retrive_next_token, retrive_next_sibling, uniform_samples, "
