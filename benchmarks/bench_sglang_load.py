@@ -33,7 +33,7 @@ from pathlib import Path
 
 from benchmarks.bench_sglang_serving import BENCH_CLIENT, setup_models, write_sharegpt_file
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
-from sglang_hsd.sglang_plugin.cpu_server import (
+from sglang_hsd.sglang_plugin.cpu.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
 
 TEMPERATURES = (0.0, 0.7, 1.0, 1.3)

@@ -1,6 +1,6 @@
 """Serving benchmark on CPU: SGLang 0.5.23 with ``--speculative-algorithm HSD`` vs the alternatives.
 
-For each configuration a CPU server (``sglang_hsd.sglang_plugin.cpu_server``) is started on
+For each configuration a CPU server (``sglang_hsd.sglang_plugin.cpu.cpu_server``) is started on
 127.0.0.1 with a tiny random Llama target and a random EAGLE-3 head over half its vocabulary (as
 in ``tests/sglang_plugin/test_server_e2e.py``), SGLang's own client ``python -m
 sglang.benchmark.serving --backend sglang --dataset-name random`` sends a bounded number of
@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, benchmark_parser, prompt_texts, start_run, write_results
-from sglang_hsd.sglang_plugin.cpu_server import (
+from sglang_hsd.sglang_plugin.cpu.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
 from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
 
@@ -159,7 +159,7 @@ def setup_models(args, workdir: Path) -> ModelSetup:
 
 def build_models(root: Path):
     from eagle_heads.eagle3 import build_random_eagle3_head
-    from sglang_hsd.sglang_plugin.tiny_models import build_tiny_llama
+    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_llama
 
     config = build_tiny_llama(str(root / "target"))
     build_random_eagle3_head(str(root / "eagle3"), config, draft_vocab_size=config.vocab_size // 2)
@@ -182,7 +182,7 @@ def write_sharegpt_file(path: Path, count: int = 200) -> str:
         texts = prompt_texts("sharegpt", count)
         source = "sharegpt (sglang_hsd.assets)"
     except Exception as err:  # offline and not cached: any text gives random token ids
-        from sglang_hsd.sglang_plugin.tiny_models import _CORPUS
+        from sglang_hsd.sglang_plugin.cpu.tiny_models import _CORPUS
 
         texts = [s.strip() + "." for s in _CORPUS.split(".") if s.strip()]
         source = f"tiny built-in corpus (ShareGPT unavailable: {type(err).__name__})"

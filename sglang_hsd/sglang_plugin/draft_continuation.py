@@ -19,7 +19,7 @@ q is what SGLang's own draft sampler returns (``sample_draft_proposal``: softmax
 greedy rows take the argmax), scattered to the target vocabulary, so each draft carries the
 exact distribution it was drawn from. Seeded requests draw from SGLang's seeded stream keyed by
 (a sub-round seed, the round's window start s, the draft's step in the sub-round): no other draw
-of the request shares that key (``exit_level.sub_round_seed``).
+of the request shares that key (``seeds.sub_round_seed``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
 from sglang_hsd.sglang_plugin.forward_batches import draft_decode_batch
 from sglang_hsd.sglang_plugin.seeds import CONTINUATION_SEED_TAG, sub_round_seed
 
@@ -95,8 +96,6 @@ class DraftContinuation:
             for an all-greedy batch).
         """
         from sglang.srt.speculative.spec_utils import sample_draft_proposal
-
-        from sglang_hsd.sglang_plugin.worker import scatter_draft_probs
 
         record, worker = self.record, self.worker
         runner = worker.draft_runner

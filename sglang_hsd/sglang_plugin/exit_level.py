@@ -14,9 +14,10 @@ the target worker. Its ``forward_batch_generation`` (the target-verify forward) 
    tokens), as an EXTEND ``ForwardBatch`` built from the verify batch (same KV slots, prefix =
    committed tokens), resuming from the stored stream rows;
 3. it rewrites the verify input in place to the exit's chain (``draft_token``, ``draft_probs`` =
-   the exit's rows) and leaves a pending ``ExitRound``; SGLang's ``eagle_sample`` then computes the
-   target probabilities from the returned logits exactly as for a stock round and calls the chain
-   sampler, where ``verify_hook`` finds the round and runs ``target_round``.
+   the exit's rows) and leaves an ``ExitRound`` in the worker's ``VerifyHookState`` for the rest of
+   the verify call; SGLang's ``eagle_sample`` then computes the target probabilities from the
+   returned logits exactly as for a stock round and calls the chain sampler, where ``verify_hook``
+   finds the round and runs ``target_round``.
 
 KV: the verify batch's slots are SGLang's (allocated before verify, one per verify position);
 layers [0, L) write all of them (sub-rounds re-write the positions they re-run), layers [L, N)
@@ -72,17 +73,6 @@ class ExitRound:
     greedy: bool
     verifier: "ExitLevelVerifier"
     output: object = None
-
-
-_PENDING: list[ExitRound] = []
-
-
-def pending_round() -> ExitRound | None:
-    return _PENDING[-1] if _PENDING else None
-
-
-def clear_pending() -> None:
-    _PENDING.clear()
 
 
 def probs_like_sglang_verify(logits: torch.Tensor, sampling_info, width: int,
@@ -198,9 +188,10 @@ class ExitLevelVerifier:
         return probs_like_sglang_verify(exit_logits, sampling_info, width, requests)
 
     def forward_verify(self, verify_batch, verify_input, sampling_info, reqs=None):
-        """Both levels' forwards for one TARGET_VERIFY batch; returns a GenerationBatchResult.
-        ``reqs``: the batch's SGLang ``Req`` objects (token budgets and stop tokens end exit
-        sub-rounds early; None: no early end)."""
+        """Both levels' forwards for one TARGET_VERIFY batch; returns (GenerationBatchResult,
+        the ``ExitRound`` whose target level the chain sampler runs). ``reqs``: the batch's SGLang
+        ``Req`` objects (token budgets and stop tokens end exit sub-rounds early; None: no early
+        end)."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.utils import GenerationBatchResult
 
@@ -252,9 +243,9 @@ class ExitLevelVerifier:
         verify_input.draft_probs = proposal.chain_probs[:, :num_draft]
         hidden = self._aux_hidden(low, upper_aux, rows, batch * width)
         output = LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden)
-        _PENDING[:] = [ExitRound(proposal, "greedy" if greedy else self.target_method, greedy,
-                                 self, output)]
-        return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False)
+        round_ = ExitRound(proposal, "greedy" if greedy else self.target_method, greedy, self,
+                           output)
+        return GenerationBatchResult(logits_output=output, can_run_cuda_graph=False), round_
 
     def _more_sub_rounds(self, verify_batch, candidates, sampling_info, low: StreamState,
                          exit_logits, first: ExitProposal, method: str, reqs=None):
@@ -357,12 +348,14 @@ class ExitLevelVerifier:
 
 class ExitLevelTarget:
     """Stands in for the target worker inside ``run_eagle_verify`` for one round: the verify
-    forward goes to ``ExitLevelVerifier``; everything else is the real worker's."""
+    forward goes to ``ExitLevelVerifier`` and leaves its ``ExitRound`` in ``hook_state`` (the
+    worker's ``VerifyHookState``) for the chain sampler; everything else is the real worker's."""
 
-    def __init__(self, target_worker, verifier: ExitLevelVerifier, verify_input, sampling_info,
-                 reqs=None):
+    def __init__(self, target_worker, verifier: ExitLevelVerifier, hook_state, verify_input,
+                 sampling_info, reqs=None):
         self._inner = target_worker
         self._verifier = verifier
+        self._hook_state = hook_state
         self._verify_input = verify_input
         self._sampling_info = sampling_info
         self._reqs = reqs
@@ -377,5 +370,7 @@ class ExitLevelTarget:
             return self._inner.forward_batch_generation(
                 batch, forward_batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=is_verify,
                 **kwargs)
-        return self._verifier.forward_verify(forward_batch, self._verify_input, self._sampling_info,
-                                             self._reqs)
+        result, exit_round = self._verifier.forward_verify(
+            forward_batch, self._verify_input, self._sampling_info, self._reqs)
+        self._hook_state.exit_round = exit_round
+        return result

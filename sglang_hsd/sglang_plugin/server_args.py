@@ -23,7 +23,7 @@ class HSDServerArgsError(ValueError):
 def tree_verifier_available() -> bool:
     """Whether a lossless tree verifier ships with this build (topk > 1). Not yet."""
     try:
-        from sglang_hsd.verify import tree  # noqa: F401
+        from sglang_hsd.verify import verify_tree  # noqa: F401
     except ImportError:
         return False
     return False  # the tree verifier is not wired into the server path yet

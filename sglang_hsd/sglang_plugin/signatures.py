@@ -1,4 +1,5 @@
-"""Signature checks for every SGLang symbol the plugin subclasses, wraps or replaces.
+"""Signature checks for every SGLang symbol the plugin subclasses, wraps or replaces (and the
+functions whose keyword arguments it relies on).
 
 The plugin is written against SGLang 0.5.23. Before touching a symbol it compares the symbol's
 parameters (names and kinds) with the ones recorded here and refuses with ``SGLangSignatureError``
@@ -25,6 +26,10 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, device, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False)",
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.build_disagg_draft_input":
         "(self, batch, last_tokens_tensor, future_map)",
+    # The predicates HSDSpecAlgo overrides (spec_algo.py).
+    **{f"sglang.srt.speculative.spec_info.SpeculativeAlgorithm.{name}": "(self)" for name in (
+        "is_eagle", "is_eagle3", "supports_grammar_overlap", "has_draft_kv", "need_topk",
+        "carries_draft_hidden_states", "get_platform_worker_cls")},
     "sglang.srt.speculative.eagle_utils.chain_speculative_sampling_triton":
         "(predicts, accept_index, accept_token_num, candidates, retrive_index, "
         "retrive_next_token, retrive_next_sibling, uniform_samples, "
@@ -43,6 +48,11 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, forward_batch)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_cuda_graphs":
         "(self)",
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute":
+        "(self, forward_batch)",
+    "sglang.srt.speculative.spec_utils.sample_draft_proposal":
+        "(next_token_logits, temperatures, top_ks=None, *, sampling_seed=None, positions=None, "
+        "draft_step=0)",
     "sglang.srt.speculative.spec_utils.row_argmax": "(x)",
     "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"

@@ -4,13 +4,17 @@ SGLang 0.5.23 verifies EAGLE drafts in ``eagle_utils.eagle_sample``. With reject
 (which HSD always turns on), a batch that is not all-greedy goes to the module-level name
 ``chain_speculative_sampling_triton`` with SGLang's tree tensors, its target probabilities
 (temperature / top-k / top-p applied, [bs, K + 1, V]), the draft q [bs, K, V] and its coins.
-We replace that name with ``hsd_chain_sampling`` (same signature, same in-place outputs) which
-calls ``sglang_hsd.verify.verify_chain`` when the running algorithm is HSD and SGLang's kernel
-otherwise, so a server started with ``--speculative-algorithm EAGLE3`` is untouched.
+``install_verify_hooks`` replaces that name with ``hsd_chain_sampling`` (same signature, same
+in-place outputs) which calls ``sglang_hsd.verify.verify_chain`` when the running algorithm is HSD
+and SGLang's kernel otherwise, so a server started with ``--speculative-algorithm EAGLE3`` is
+untouched.
 
-With an exit level (``exit_level.py``) the round's forward leaves a pending ``ExitRound``; the
-replacement then verifies the exit's chain against the target (``window_round.target_round``), for
-greedy batches too (one-hot rows, method ``greedy``).
+State: the hooks receive only tensors and flags from SGLang, so ``HSDWorker`` builds a
+``VerifyHookState`` (its configuration, read once when the worker was built) and installs the
+hooks bound to it. With an exit level (``exit_level.py``) the round's forward leaves an
+``ExitRound`` there for the duration of ``HSDWorker.verify``
+(``VerifyHookState.verify_call``); the chain sampler then verifies the exit's chain against the
+target (``window_round.target_round``), for greedy batches too (one-hot rows, method ``greedy``).
 
 All-greedy batches keep SGLang's argmax path (``verify_tree_greedy_func``). On CPU SGLang forces
 that argmax path for every batch (``_verify_uses_greedy`` returns True for ``is_cpu``), which would
@@ -26,20 +30,67 @@ rank 0's tokens by construction. (TP cannot be run on this CPU-only machine.)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from sglang_hsd.sglang_plugin import exit_level
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
-from sglang_hsd.verify.chain import verify_chain
-from sglang_hsd.verify.common import ChainUniforms
+from sglang_hsd.verify import ChainUniforms, verify_chain
 from sglang_hsd.verify.window_round import target_round
 
+if TYPE_CHECKING:
+    from sglang_hsd.sglang_plugin.exit_level import ExitRound
+
 logger = logging.getLogger(__name__)
-# Counters for tests and logs (per process).
-STATS = {"hsd_calls": 0, "fallback_calls": 0}
+
+
+@dataclass
+class VerifyHookState:
+    """What the verify hooks of one ``HSDWorker`` read; the worker builds it and installs the
+    hooks bound to it (``install_verify_hooks``).
+
+    Fields:
+        config: the target level's chain verifier, read once when the worker was built.
+        exit_round: the ``ExitRound`` the exit level's forward left for the chain sampler of the
+            same ``HSDWorker.verify`` call; None outside such a call.
+        hsd_calls / fallback_calls: chain-sampler calls that ran our verifier / SGLang's kernel
+            (another algorithm is running); for tests and logs.
+    """
+
+    config: PluginConfig
+    exit_round: ExitRound | None = None
+    hsd_calls: int = 0
+    fallback_calls: int = 0
+
+    @contextlib.contextmanager
+    def verify_call(self):
+        """The scope of one worker verify call: the exit round it leaves ends with it (also when
+        the call raises), so no later verify can see it."""
+        self.exit_round = None
+        try:
+            yield self
+        finally:
+            self.exit_round = None
+
+
+def install_verify_hooks(state: VerifyHookState) -> None:
+    """Replace ``eagle_utils.chain_speculative_sampling_triton`` and ``_verify_uses_greedy`` with
+    hooks bound to ``state``. Replaces earlier hooks rather than stacking on them (each wraps
+    SGLang's original), so the last worker built in a process owns them."""
+    from sglang.srt.speculative import eagle_utils
+
+    eagle_utils.chain_speculative_sampling_triton = make_hsd_chain_sampling(
+        _sglang_original(eagle_utils.chain_speculative_sampling_triton), state)
+    eagle_utils._verify_uses_greedy = make_verify_uses_greedy(
+        _sglang_original(eagle_utils._verify_uses_greedy), state)
+
+
+def _sglang_original(fn):
+    return getattr(fn, "__sglang_hsd_original__", fn)
 
 
 def hsd_is_active() -> bool:
@@ -75,7 +126,7 @@ def write_chain_result(predicts, accept_index, accept_token_num, retrive_index, 
     accept_token_num.copy_(num_accepted.to(accept_token_num.dtype))
 
 
-def make_hsd_chain_sampling(original, config_provider=PluginConfig.from_env):
+def make_hsd_chain_sampling(original, state: VerifyHookState):
     """Build the replacement for ``eagle_utils.chain_speculative_sampling_triton``."""
 
     @functools.wraps(original)
@@ -86,7 +137,7 @@ def make_hsd_chain_sampling(original, config_provider=PluginConfig.from_env):
         threshold_acc, deterministic, *, block_verification=False,
     ):
         if not hsd_is_active():
-            STATS["fallback_calls"] += 1
+            state.fallback_calls += 1
             return original(
                 predicts, accept_index, accept_token_num, candidates, retrive_index,
                 retrive_next_token, retrive_next_sibling, uniform_samples,
@@ -94,48 +145,55 @@ def make_hsd_chain_sampling(original, config_provider=PluginConfig.from_env):
                 threshold_single, threshold_acc, deterministic,
                 block_verification=block_verification,
             )
-        STATS["hsd_calls"] += 1
-        config = config_provider()
-        exit_pending = exit_level.pending_round()
-        if exit_pending is not None:  # the exit level ran in this round: verify its chain
-            exit_level.clear_pending()
-            result, target_accepted = target_round(
-                exit_pending.proposal, target_probs, exit_pending.method,
-                ChainUniforms(accept=uniform_samples.float(),
-                              sample=uniform_samples_for_final_sampling.float()),
-                validate=config.validate,
-            )
-            write_chain_result(predicts, accept_index, accept_token_num, retrive_index, result)
-            exit_pending.verifier.record(exit_pending, result, target_accepted)
-            return
-        if STATS["hsd_calls"] == 1:
-            logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",
-                        config.verify_method)
-        num_draft = candidates.shape[1] - 1
-        result = verify_chain(
-            candidates[:, 1:].to(torch.int64),
-            draft_probs[:, :num_draft],
-            target_probs,
-            method=config.verify_method,
-            uniforms=ChainUniforms(
-                accept=uniform_samples[:, :num_draft].float(),
-                sample=uniform_samples_for_final_sampling.float(),
-            ),
-            validate=config.validate,
-        )
+        state.hsd_calls += 1
+        uniforms = ChainUniforms(accept=uniform_samples.float(),
+                                 sample=uniform_samples_for_final_sampling.float())
+        if state.exit_round is not None:  # the exit level ran in this round: verify its chain
+            result = _verify_exit_chain(state, target_probs, uniforms)
+        else:
+            result = _verify_drafts(state, candidates, draft_probs, target_probs, uniforms)
         write_chain_result(predicts, accept_index, accept_token_num, retrive_index, result)
 
     hsd_chain_sampling.__sglang_hsd_original__ = original
     return hsd_chain_sampling
 
 
-def make_verify_uses_greedy(original):
+def _verify_exit_chain(state: VerifyHookState, target_probs, uniforms: ChainUniforms):
+    """The target level of an exit round: ``target_round`` on the exit's chain; the round's
+    statistics go to the exit level that ran it."""
+    exit_round = state.exit_round
+    result, target_accepted = target_round(exit_round.proposal, target_probs, exit_round.method,
+                                           uniforms, validate=state.config.validate)
+    exit_round.verifier.record(exit_round, result, target_accepted)
+    return result
+
+
+def _verify_drafts(state: VerifyHookState, candidates, draft_probs, target_probs,
+                   uniforms: ChainUniforms):
+    """A two-level round: ``verify_chain`` on the drafts ``candidates[:, 1:]`` (column 0 is the
+    root) with q ``draft_probs`` [bs, >= K, V] and SGLang's coins."""
+    config = state.config
+    if state.hsd_calls == 1:
+        logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",
+                    config.verify_method)
+    num_draft = candidates.shape[1] - 1
+    return verify_chain(
+        candidates[:, 1:].to(torch.int64),
+        draft_probs[:, :num_draft],
+        target_probs,
+        method=config.verify_method,
+        uniforms=ChainUniforms(accept=uniforms.accept[:, :num_draft], sample=uniforms.sample),
+        validate=config.validate,
+    )
+
+
+def make_verify_uses_greedy(original, state: VerifyHookState):
     """Replacement for ``eagle_utils._verify_uses_greedy``: under HSD only an all-greedy batch
     takes the argmax path, on every device (SGLang forces argmax on CPU / XPU)."""
 
     @functools.wraps(original)
     def verify_uses_greedy(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling):
-        if exit_level.pending_round() is not None:
+        if state.exit_round is not None:
             return False  # the exit round's chain is verified by hsd_chain_sampling, greedy or not
         if use_rejection_sampling and hsd_is_active():
             return bool(is_all_greedy)
@@ -144,8 +202,3 @@ def make_verify_uses_greedy(original):
 
     verify_uses_greedy.__sglang_hsd_original__ = original
     return verify_uses_greedy
-
-
-def torch_row_argmax(x: torch.Tensor) -> torch.Tensor:
-    """CPU stand-in for SGLang's Triton ``row_argmax`` (int64 [rows] argmax of float32 [rows, n])."""
-    return x.argmax(dim=-1)

@@ -57,7 +57,7 @@ def test_sglang_loads_the_trained_export_completely(exported, monkeypatch):
     pytest.importorskip("sglang", reason="needs sglang 0.5.23 (scripts/setup_env.sh --with-sglang)")
     from safetensors.torch import load_file
 
-    from sglang_hsd.sglang_plugin.cpu_shims import install_cpu_shims
+    from sglang_hsd.sglang_plugin.cpu.cpu_shims import install_cpu_shims
 
     install_cpu_shims()
     from tests.sglang_plugin.eagle3_loading import (

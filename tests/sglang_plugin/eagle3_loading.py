@@ -34,7 +34,7 @@ def single_process_group():
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_hsd.sglang_plugin.cpu_server import free_port
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import free_port
 
     if torch.distributed.is_initialized():
         pytest.skip("a torch.distributed group already exists in this process")

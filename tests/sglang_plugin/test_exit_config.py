@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from sglang_hsd.sglang_plugin import cpu_sampling
+from sglang_hsd.sglang_plugin.cpu import cpu_sampling
 from sglang_hsd.sglang_plugin.config import (
     EXIT_BUFFER_ENV,
     EXIT_HEADS_ENV,

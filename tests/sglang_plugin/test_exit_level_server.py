@@ -50,7 +50,7 @@ def _hsd_state(url):
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
     from eagle_heads.eagle3 import build_random_eagle3_head
-    from sglang_hsd.sglang_plugin.tiny_models import build_tiny_llama
+    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_llama
 
     root = tmp_path_factory.mktemp("hsd_exit")
     config = build_tiny_llama(str(root / "target"), init_std=0.1)
@@ -99,7 +99,7 @@ def _reference(target_dir):
 
 @pytest.mark.parametrize("exit_buffer", [1, 4])
 def test_exit_level_server_end_to_end(tiny_models, exit_buffer):
-    from sglang_hsd.sglang_plugin.cpu_server import (
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         cpu_server_command, free_port, running_server, server_env)
 
     target, head = str(tiny_models / "target"), str(tiny_models / "eagle3")

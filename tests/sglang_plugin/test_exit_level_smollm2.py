@@ -79,7 +79,7 @@ def _runtime_rounds(model, prompts, expected, exit_buffer):
 
 @pytest.mark.parametrize("exit_buffer", [1, NUM_STEPS + 1])
 def test_smollm2_exit_level_greedy_equals_target(assets, tmp_path, exit_buffer):
-    from sglang_hsd.sglang_plugin.cpu_server import (
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         cpu_server_command, free_port, running_server, server_env)
 
     prompts, expected, model = assets

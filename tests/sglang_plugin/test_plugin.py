@@ -1,8 +1,10 @@
 """Plugin registration, server-arg resolution, signature refusal and the verify entry point.
 
-Regimes: the real entry-point load (``load_plugins``), SGLang's own verify function
-``eagle_utils.eagle_sample`` driven with CPU tensors (sampled batch -> our verifier, all-greedy
-batch -> SGLang's argmax path), a drifted SGLang signature, a reduced draft vocabulary.
+Regimes: the real entry-point load (``load_plugins``), the worker factory reading the
+configuration, SGLang's own verify function ``eagle_utils.eagle_sample`` driven with CPU tensors
+through hooks bound to a ``VerifyHookState`` (sampled batch -> our verifier, all-greedy batch ->
+SGLang's argmax path, an exit round -> the target level of that round, only within its verify
+call), a drifted SGLang signature, a reduced draft vocabulary.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ pytest.importorskip("sglang")
 pytestmark = pytest.mark.sglang
 
 from sglang_hsd.sglang_plugin import verify_hook  # noqa: E402
-from sglang_hsd.verify.chain import verify_chain  # noqa: E402
-from sglang_hsd.verify.common import ChainUniforms  # noqa: E402
+from sglang_hsd.sglang_plugin.config import PluginConfig  # noqa: E402
+from sglang_hsd.verify import ChainUniforms, verify_chain  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +36,13 @@ def plugin_loaded():
 def test_entry_point_registers_hsd_as_eagle3_family(plugin_loaded):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    from sglang_hsd.sglang_plugin.spec_algo import DUCK_TYPED_METHODS
+
     algo = SpeculativeAlgorithm.from_string("hsd")
     assert algo.name == "HSD" and algo.is_eagle() and algo.is_eagle3()
     assert algo.carries_draft_hidden_states() and algo.need_topk()
     assert algo.get_platform_worker_cls() is None
-    for name in plugin_loaded.DUCK_TYPED_METHODS:
+    for name in DUCK_TYPED_METHODS:
         assert callable(getattr(algo, name)), name
     plugin_loaded.register()  # idempotent
     assert SpeculativeAlgorithm.from_string("HSD") is algo
@@ -104,6 +108,24 @@ def test_cli_flag_sets_verify_method(plugin_loaded, monkeypatch):
     assert os.environ["SGLANG_HSD_VERIFY_METHOD"] == "tokenwise"
 
 
+def test_worker_factory_reads_the_configuration_once(plugin_loaded, monkeypatch):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_hsd.sglang_plugin.worker import HSDWorker
+
+    algo = SpeculativeAlgorithm.from_string("HSD")
+    monkeypatch.setenv("SGLANG_HSD_VERIFY_METHOD", "tokenwise")
+    monkeypatch.setenv("SGLANG_HSD_EXIT_METHOD", "hsd")
+    worker = algo.create_worker(_args())
+    assert worker.func is HSDWorker
+    assert worker.keywords["plugin_config"] == PluginConfig(verify_method="tokenwise")
+    assert worker.keywords["exit_config"].method == "hsd"
+    assert not worker.keywords["exit_config"].enabled
+    monkeypatch.setenv("SGLANG_HSD_VERIFY_METHOD", "hsd-paper")  # lossy: refused before any model
+    with pytest.raises(ValueError, match="SGLANG_HSD_VERIFY_METHOD"):
+        algo.create_worker(_args())
+
+
 def test_plugin_refuses_drifted_signature(plugin_loaded, monkeypatch):
     from sglang.srt.speculative import eagle_utils
 
@@ -145,6 +167,18 @@ def _fake_sglang_state(monkeypatch, algorithm="HSD"):
     monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: False)
 
 
+def _install_hooks(monkeypatch, method="hsd"):
+    """Hooks bound to a fresh ``VerifyHookState``, as an ``HSDWorker`` installs them; SGLang's
+    functions are restored after the test."""
+    from sglang.srt.speculative import eagle_utils
+
+    for name in ("chain_speculative_sampling_triton", "_verify_uses_greedy"):
+        monkeypatch.setattr(eagle_utils, name, getattr(eagle_utils, name))
+    state = verify_hook.VerifyHookState(PluginConfig(verify_method=method))
+    verify_hook.install_verify_hooks(state)
+    return state
+
+
 def _chain_batch(bs, num_steps, vocab, all_greedy, seed):
     gen = torch.Generator().manual_seed(seed)
     n = num_steps + 1
@@ -177,15 +211,14 @@ def test_eagle_sample_runs_our_verifier(plugin_loaded, monkeypatch, method):
     from sglang.srt.speculative import eagle_utils
 
     _fake_sglang_state(monkeypatch)
-    monkeypatch.setenv("SGLANG_HSD_VERIFY_METHOD", method)
+    state = _install_hooks(monkeypatch, method)
     bs, steps, vocab = 6, 3, 11
     verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=False, seed=1)
     target_probs = torch.softmax(logits.next_token_logits, -1).reshape(bs, steps + 1, vocab)
-    before = verify_hook.STATS["hsd_calls"]
 
     torch.manual_seed(123)  # eagle_sample draws its coins with torch.rand
     predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
-    assert verify_hook.STATS["hsd_calls"] == before + 1
+    assert state.hsd_calls == 1
 
     torch.manual_seed(123)
     coins = torch.rand(bs, steps + 1)
@@ -206,15 +239,15 @@ def test_all_greedy_batch_takes_sglang_argmax_path(plugin_loaded, monkeypatch):
     from sglang.srt.speculative import eagle_utils
 
     _fake_sglang_state(monkeypatch)
+    state = _install_hooks(monkeypatch)
     bs, steps, vocab = 4, 3, 9
     verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=True, seed=2)
     argmax = logits.next_token_logits.argmax(-1).reshape(bs, steps + 1)
     # Make request 0 match the target argmax on its first two drafts.
     tokens = verify_input.draft_token.reshape(bs, steps + 1)
     tokens[0, 1:3] = argmax[0, :2]
-    before = verify_hook.STATS["hsd_calls"]
     predict, accept_lens, _ = eagle_utils.eagle_sample(verify_input, batch, logits)
-    assert verify_hook.STATS["hsd_calls"] == before
+    assert state.hsd_calls == 0
     assert int(accept_lens[0]) >= 3
     assert int(predict[2]) == int(argmax[0, 2])
 
@@ -223,13 +256,51 @@ def test_other_algorithms_keep_sglang_sampler(plugin_loaded, monkeypatch):
     from sglang.srt.speculative import eagle_utils
 
     _fake_sglang_state(monkeypatch, algorithm="EAGLE3")
+    _install_hooks(monkeypatch)
     assert verify_hook.hsd_is_active() is False
     assert eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False,
                                            is_xpu=False, use_rejection_sampling=True) is True
 
 
+def test_exit_round_reaches_the_sampler_of_its_own_verify_call_only(plugin_loaded, monkeypatch):
+    """An exit round left in the state sends even an all-greedy batch to the chain sampler,
+    which verifies the exit's chain (not the drafts) and reports to the exit level; once the
+    verify call ends, the next batch is a plain two-level round again."""
+    from sglang.srt.speculative import eagle_utils
+
+    from sglang_hsd.sglang_plugin.exit_level import ExitRound
+
+    _fake_sglang_state(monkeypatch)
+    state = _install_hooks(monkeypatch)
+    bs, steps, vocab = 3, 3, 7
+    verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=True, seed=3)
+    argmax = logits.next_token_logits.argmax(-1).reshape(bs, steps + 1)
+    # The exit's chain: the target's argmax at the first two positions, so the target accepts
+    # all of it and emits exactly those two tokens (no bonus token after an exit chain).
+    chain = torch.full((bs, steps + 1), -1)
+    chain[:, :2] = argmax[:, :2]
+    proposal = types.SimpleNamespace(
+        chain_tokens=chain, chain_len=torch.full((bs,), 2),
+        chain_probs=torch.nn.functional.one_hot(chain.clamp_min(0), vocab).float())
+    recorded = []
+    verifier = types.SimpleNamespace(record=lambda *args: recorded.append(args))
+
+    with state.verify_call():
+        state.exit_round = ExitRound(proposal, "greedy", True, verifier)
+        predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
+    assert state.exit_round is None and state.hsd_calls == 1 and len(recorded) == 1
+    assert (accept_lens == 2).all()
+    assert torch.equal(recorded[0][2], torch.full((bs,), 2))  # chain tokens the target accepted
+    rows = accept_index[:, :2].long()
+    assert torch.equal(rows, torch.arange(2) + (steps + 1) * torch.arange(bs).unsqueeze(1))
+    assert torch.equal(predict[rows].long(), argmax[:, :2])
+
+    eagle_utils.eagle_sample(verify_input, batch, logits)  # after the call: SGLang's argmax
+    assert state.hsd_calls == 1
+
+
 def test_scatter_draft_probs_to_target_vocab():
-    from sglang_hsd.sglang_plugin.worker import scatter_draft_probs
+    from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
 
     q = torch.softmax(torch.randn(2, 3, 4), -1)
     hot = torch.tensor([0, 2, 5, 7])  # d2t = [0, 1, 3, 4]

@@ -29,7 +29,7 @@ def _generate(url, prompt, temperature, max_new_tokens=MAX_NEW_TOKENS):
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
     from eagle_heads.eagle3 import build_random_eagle3_head
-    from sglang_hsd.sglang_plugin.tiny_models import build_tiny_llama
+    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_llama
 
     root = tmp_path_factory.mktemp("hsd_e2e")
     config = build_tiny_llama(str(root / "target"))
@@ -38,7 +38,7 @@ def tiny_models(tmp_path_factory):
 
 
 def test_hsd_server_end_to_end(tiny_models):
-    from sglang_hsd.sglang_plugin.cpu_server import (
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         cpu_server_command, free_port, running_server, server_env)
 
     target, head = str(tiny_models / "target"), str(tiny_models / "eagle3")

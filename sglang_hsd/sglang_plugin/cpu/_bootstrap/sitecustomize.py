@@ -14,7 +14,7 @@ import os
 
 if os.environ.get("SGLANG_HSD_CPU_SHIMS", "1") != "0":
     try:
-        from sglang_hsd.sglang_plugin.cpu_shims import install_cpu_shims
+        from sglang_hsd.sglang_plugin.cpu.cpu_shims import install_cpu_shims
 
         install_cpu_shims()
     except Exception as exc:  # start-up must not die here; SGLang's own error is clearer

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 
+import sglang_hsd
 from sglang_hsd.sglang_plugin import BOOTSTRAP_DIR
 
 
@@ -53,9 +54,11 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
 
 
 def server_env(verify_method: str | None = None) -> dict:
+    """This process's environment plus what a CPU server needs: this checkout of sglang_hsd and
+    the CPU shims' start-up hook (``BOOTSTRAP_DIR``) first on ``PYTHONPATH``."""
     env = dict(os.environ)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sglang_hsd.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([package_root, BOOTSTRAP_DIR, *paths])
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     if verify_method:

@@ -380,7 +380,7 @@ def _missing_op(name: str):
         raise NotImplementedError(
             f"sgl_kernel.{name} was called, but sgl_kernel is not installed and sglang-hsd's CPU "
             f"shim only implements {sorted(SGL_KERNEL_CPU_OPS)}; add a torch version to "
-            "sglang_hsd/sglang_plugin/cpu_shims.py"
+            "sglang_hsd/sglang_plugin/cpu/cpu_shims.py"
         )
 
     op.__name__ = name

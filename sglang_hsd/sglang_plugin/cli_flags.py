@@ -1,0 +1,71 @@
+"""The ``--hsd-*`` flags on SGLang's launcher parser.
+
+SGLang's ``ServerArgs`` is a closed dataclass pickled to every scheduler process, so a plugin
+cannot add fields to it. ``extend_cli`` wraps ``ServerArgs.add_cli_args`` to add the flags of
+``HSD_FLAGS``; each flag's action stores its value in an environment variable instead, which
+every process SGLang spawns inherits (``config.py`` reads them back when the worker is built).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from sglang_hsd.sglang_plugin.config import (
+    EXIT_BUFFER_ENV,
+    EXIT_HEADS_ENV,
+    EXIT_LAYER_ENV,
+    EXIT_METHOD_ENV,
+    PLAN_ENV,
+    VERIFY_METHOD_ENV,
+)
+from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
+
+
+class _EnvAction(argparse.Action):
+    """An ``--hsd-*`` flag stored in the environment variable ``self.const``, so spawned
+    scheduler processes see it (ServerArgs is a closed dataclass)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        os.environ[self.const] = str(values)
+
+
+# (flag, environment variable, argparse extras, help)
+HSD_FLAGS = (
+    ("--hsd-verify-method", VERIFY_METHOD_ENV, {"choices": LOSSLESS_CHAIN_METHODS},
+     "chain verifier of the target level (default hsd)"),
+    ("--hsd-exit-layer", EXIT_LAYER_ENV, {"type": int},
+     "add an early-exit verifier level: the target's first L layers plus an exit head verify "
+     "the EAGLE-3 drafts, the remaining layers run only for the positions it accepted"),
+    ("--hsd-exit-heads", EXIT_HEADS_ENV, {},
+     "folder of trained exit heads (eagle_heads.exit_heads) or 'none' for the logit lens "
+     "(default none)"),
+    ("--hsd-exit-method", EXIT_METHOD_ENV, {"choices": LOSSLESS_CHAIN_METHODS},
+     "chain verifier of the exit level (default: --hsd-verify-method)"),
+    ("--hsd-exit-buffer", EXIT_BUFFER_ENV, {"type": int},
+     "N_i: provisional tokens the exit level accumulates (exit sub-rounds inside one verify "
+     "window of --speculative-num-steps + 1 positions) before the full target verifies them "
+     "(default 1: one exit sub-round per round)"),
+    ("--hsd-plan", PLAN_ENV, {},
+     "take the exit layer and its buffer from a `sglang-hsd plan` JSON (its one intermediate "
+     "exit level)"),
+)
+
+
+def extend_cli(server_args_cls) -> None:
+    """Wrap ``server_args_cls.add_cli_args`` (SGLang's ``ServerArgs``) to add ``HSD_FLAGS``."""
+    original = server_args_cls.__dict__["add_cli_args"].__func__
+
+    def add_cli_args(parser):
+        original(parser)
+        for flag, env, extras, text in HSD_FLAGS:
+            if flag not in parser._option_string_actions:
+                parser.add_argument(
+                    flag, action=_EnvAction, const=env, dest=argparse.SUPPRESS,
+                    default=argparse.SUPPRESS,
+                    help=f"sglang-hsd (--speculative-algorithm HSD): {text}; also settable as {env}",
+                    **extras,
+                )
+
+    add_cli_args.__sglang_hsd_original__ = original
+    server_args_cls.add_cli_args = staticmethod(add_cli_args)

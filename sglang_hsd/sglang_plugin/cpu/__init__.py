@@ -1,0 +1,12 @@
+"""CPU-only scaffolding for running SGLang 0.5.23 with the HSD plugin on a machine without GPUs.
+
+* ``cpu_shims``: torch stand-ins for the ``sgl_kernel`` CPU ops and an import-only
+  ``torchvision``, installed before SGLang is imported (``_bootstrap/sitecustomize.py``, put on
+  ``PYTHONPATH`` as ``sglang_hsd.sglang_plugin.BOOTSTRAP_DIR``);
+* ``cpu_sampling``: torch versions of the sampling kernels SGLang lacks on CPU (top-k / top-p
+  renormalisation, the draft sampler's row argmax), installed by ``register()``;
+* ``cpu_server``: the launch command, environment and lifetime of a CPU server (tests, benchmarks);
+* ``tiny_models``: tiny random Llama targets with a self-made tokenizer for those servers.
+
+Nothing here imports SGLang at module level.
+"""

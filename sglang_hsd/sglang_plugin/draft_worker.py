@@ -1,0 +1,102 @@
+"""``HSDDraftWorker``: SGLang's EAGLE-3 V2 draft worker with draft q on the target vocabulary.
+
+EAGLE-3 heads usually predict over a reduced draft vocabulary. SGLang samples the draft from
+q = softmax(draft_logits / T) over that vocabulary and maps each sampled draft id to a target id
+with the head's ``d2t`` offsets (``hot_token_id = arange(Vd) + d2t``), but it refuses rejection
+sampling in that case (``EagleDraftWorker.alloc_memory_pool``, upstream FIXME) because q has the
+wrong width for the verifier. ``HSDDraftWorker`` lifts the refusal and scatters q into the target
+vocabulary (``draft_probs.scatter_draft_probs``) before verification.
+
+With exit sub-rounds (exit buffer N_i > 1) its ``draft_forward`` also records the hidden output of
+every draft entry it runs, for the continuation drafts of ``draft_continuation.py``.
+
+This module subclasses SGLang at import: only ``worker.py`` imports it, once SGLang builds the HSD
+worker (after ``register()`` checked every signature).
+"""
+
+from __future__ import annotations
+
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+
+
+class HSDDraftWorker(EagleDraftWorker):
+    """``EagleDraftWorker`` whose draft q always has the target vocabulary's width.
+
+    Instances are not constructed directly: ``HSDWorker`` re-classes the draft worker that
+    ``EAGLEWorkerV2.__init__`` builds, so no SGLang constructor code is copied. ``hsd_continuation``
+    (a ``DraftContinuation``, set by ``HSDWorker`` for exit sub-rounds) turns on the recording.
+    """
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
+                          token_to_kv_pool_allocator=None):
+        # Same steps as EagleDraftWorker.alloc_memory_pool without the reduced-vocabulary
+        # refusal; q is scattered to the target vocabulary in draft_forward instead.
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.draft_worker.alloc_memory_pool(
+            memory_pool_config=memory_pool_config,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+        )
+        self.init_token_map()
+        self.init_lm_head()
+        self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
+        # patches/0002 makes the upstream draft_forward read this attribute (and scatter
+        # q itself; _hsd_full_vocab then sees the full width and passes it through).
+        self.target_vocab_size = self.hsd_target_vocab_size
+        draft_vocab = (self.hot_token_id.shape[0] if self.hot_token_id is not None
+                       else self.hsd_target_vocab_size)
+        if draft_vocab > self.hsd_target_vocab_size:
+            raise ValueError(
+                f"HSD: draft vocabulary ({draft_vocab}) is larger than the target's "
+                f"({self.hsd_target_vocab_size}); the EAGLE-3 head does not match the target"
+            )
+
+    def _hsd_full_vocab(self, draft_probs):
+        if draft_probs is None or self.hot_token_id is None:
+            return draft_probs
+        return scatter_draft_probs(draft_probs, self.hot_token_id, self.hsd_target_vocab_size)
+
+    def draft_forward(self, forward_batch):
+        continuation = getattr(self, "hsd_continuation", None)
+        if continuation is None or forward_batch.forward_mode.is_idle():
+            out = super().draft_forward(forward_batch)
+        else:
+            out = self._draft_forward_recorded(forward_batch, continuation)
+        parents, scores_index, draft_tokens, draft_probs = out
+        return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)
+
+    def _draft_forward_recorded(self, forward_batch, continuation):
+        """SGLang's ``draft_forward``, handing ``continuation`` the hidden output of every draft
+        entry it runs (exit sub-rounds continue drafting from them)."""
+        steps = continuation.begin_round(forward_batch, forward_batch.spec_info.hidden_states,
+                                         self.speculative_num_steps)
+        runner = self.draft_runner
+        forward = runner.forward
+
+        def recording_forward(fb, *args, **kwargs):
+            result = forward(fb, *args, **kwargs)
+            steps.append(result.logits_output.hidden_states.clone())
+            return result
+
+        runner.forward = recording_forward
+        try:
+            out = super().draft_forward(forward_batch)
+        finally:
+            del runner.forward
+        continuation.end_round(steps)
+        return out
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        runner = getattr(self, "cuda_graph_runner", None)
+        if runner is not None:  # the graph path returns q from the captured draft_forward
+            execute = runner.execute
+
+            def execute_full_vocab(forward_batch, *args, **kwargs):
+                out = execute(forward_batch, *args, **kwargs)
+                return (*out[:3], self._hsd_full_vocab(out[3]))
+
+            runner.execute = execute_full_vocab

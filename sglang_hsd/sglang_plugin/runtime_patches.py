@@ -1,0 +1,83 @@
+"""What ``register()`` changes in SGLang at run time, in every process it loads in.
+
+* on platforms without them (CPU), torch versions of the top-k / top-p renormalisation kernels and
+  of the draft sampler's Triton ``row_argmax`` (``cpu/cpu_sampling.py``);
+* the ``--hsd-*`` flags on the launcher's parser (``cli_flags.py``);
+* ``/server_info`` -> ``internal_states[]`` gains an ``hsd`` entry (``hsd_internal_state``).
+
+Every replaced SGLang function keeps its original as ``__sglang_hsd_original__`` (the signature
+checks read it). The verify hooks are not installed here but by each ``HSDWorker``
+(``verify_hook.install_verify_hooks``), bound to that worker's state.
+"""
+
+from __future__ import annotations
+
+from sglang_hsd.sglang_plugin.cli_flags import extend_cli
+from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME
+
+
+def install_patches() -> None:
+    """Install the patches listed in the module docstring (SGLang imported here)."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative import eagle_utils, spec_utils
+    from sglang.srt.utils import is_cpu
+
+    from sglang_hsd.sglang_plugin.cpu import cpu_sampling
+
+    if eagle_utils.top_k_renorm_prob is None:  # no renorm kernels on this platform
+        eagle_utils.top_k_renorm_prob = cpu_sampling.top_k_renorm_prob
+    if eagle_utils.top_p_renorm_prob is None:
+        eagle_utils.top_p_renorm_prob = cpu_sampling.top_p_renorm_prob
+    if is_cpu():  # SGLang's draft sampler calls a Triton argmax kernel; torch's on CPU
+        original = spec_utils.row_argmax
+        spec_utils.row_argmax = cpu_sampling.torch_row_argmax
+        spec_utils.row_argmax.__sglang_hsd_original__ = original
+    extend_cli(ServerArgs)
+    extend_internal_state()
+
+
+def extend_internal_state() -> None:
+    """``/server_info`` -> ``internal_states[]`` gains ``hsd``: per-level statistics of the exit
+    level (when configured) and the KV pool's free slots (for leak checks)."""
+    from sglang.srt.managers.scheduler_components.internal_state import (
+        SchedulerInternalStateController as controller,
+    )
+
+    original = controller.__dict__["_add_speculative"]
+    if getattr(original, "__sglang_hsd_original__", None) is not None:
+        return
+
+    def _add_speculative(self, state):
+        original(self, state)
+        scheduler = self.scheduler
+        if not hsd_is_active_for(scheduler):
+            return
+        state["hsd"] = hsd_internal_state(scheduler)
+
+    _add_speculative.__sglang_hsd_original__ = original
+    controller._add_speculative = _add_speculative
+
+
+def hsd_is_active_for(scheduler) -> bool:
+    """True when ``scheduler`` (SGLang's ``Scheduler``) runs ``--speculative-algorithm HSD``."""
+    algorithm = getattr(scheduler, "spec_algorithm", None)
+    if algorithm is None:
+        return False
+    return str(getattr(algorithm, "name", algorithm)).upper() == ALGORITHM_NAME
+
+
+def hsd_internal_state(scheduler) -> dict:
+    """The ``hsd`` entry of a scheduler's internal state."""
+    worker = getattr(scheduler, "draft_worker", None)
+    exit_level = getattr(worker, "hsd_exit", None)
+    allocator = scheduler.token_to_kv_pool_allocator
+    state = {
+        "kv_available_size": int(allocator.available_size()),
+        "kv_evictable_size": int(scheduler.tree_cache.evictable_size()),
+        "max_total_num_tokens": int(scheduler.max_total_num_tokens),
+        "exit_layer": None if exit_level is None else exit_level.exit_layer,
+    }
+    if exit_level is not None:
+        state["levels"] = exit_level.stats.as_dict()
+        state["max_split_logit_diff"] = exit_level.max_split_logit_diff
+    return state
