@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hsd.sglang_plugin.cpu.cpu_shims import murmur_hash32_cpu
+from sglang_hsd.sglang_plugin.cpu.kernel_ops import murmur_hash32_cpu
 
 MASK = 0xFFFFFFFF
 
