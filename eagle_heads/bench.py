@@ -133,7 +133,7 @@ def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int
     from eagle_heads import pipeline
     from eagle_heads.data import FeatureSet, encode_prompt_sets
     from sglang_hsd.assets import heads as heads_cache
-    from sglang_hsd.exit_heads import load_exit_heads, read_manifest
+    from sglang_hsd.runtime.exit_heads import load_exit_heads, read_manifest
     from sglang_hsd.runtime.eagle3 import Eagle3Head
 
     torch.set_num_threads(1)
@@ -174,7 +174,7 @@ def run(model: str, heads_dir: str | None, num_prompts: int, max_new_tokens: int
 
 def snapshot_acceptance(target, tok, root: Path, prompts, max_new_tokens: int, layer: int) -> list[dict]:
     """Section 3 of the module doc: greedy 2-level acceptance of each training snapshot."""
-    from sglang_hsd.exit_heads import load_exit_heads
+    from sglang_hsd.runtime.exit_heads import load_exit_heads
     from sglang_hsd.runtime.eagle3 import Eagle3Head
 
     rows = []

@@ -3,7 +3,7 @@ target's hidden state at layer L to next-token logits,
 
     ExitHead(h) = lm_head(final_norm(h + A h + b))
 
-whose math and file format are ``sglang_hsd.exit_heads``'s (``ExitHead``, ``save_exit_heads``,
+whose math and file format are ``sglang_hsd.runtime.exit_heads``'s (``ExitHead``, ``save_exit_heads``,
 ``load_exit_heads``); only the D x D matrix ``A`` and the bias ``b`` train.
 
 Training starts (``init="lstsq"``) from the ridge least-squares map that sends the RMS-normalised
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from sglang_hsd.exit_heads import ExitHead
+from sglang_hsd.runtime.exit_heads import ExitHead
 from sglang_hsd.runtime.model import CausalLM
 
 

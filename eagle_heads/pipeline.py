@@ -6,7 +6,7 @@ Everything lands under ``sglang_hsd.assets.heads.heads_dir(model)`` = ``<cache>/
 * ``features-train-<sets>-<n>x<new>.pt``   ShareGPT + AlpacaEval prompts (n per set) + target
   continuations of ``new`` tokens
 * ``features-heldout-<sets>-<n>x<new>.pt`` MT-Bench prompts + continuations (evaluation only)
-* ``exit/``    exit heads (``sglang_hsd.exit_heads.save_exit_heads``), ``train_state.pt`` (resume),
+* ``exit/``    exit heads (``sglang_hsd.runtime.exit_heads.save_exit_heads``), ``train_state.pt`` (resume),
   ``snapshots/<m>min/`` (the heads after m training minutes)
 * ``eagle3/``  EAGLE-3 head in SGLang's format (``eagle3.save_eagle3_head``), ``training.json``,
   ``train_state.pt``, ``snapshots/<m>min/``
@@ -151,7 +151,7 @@ def train_and_save_exit_heads(target, model: str, train: FeatureSet, heldout: Fe
     holds the held-out metrics per stage (training minutes, feature-collection minutes apart).
     """
     from eagle_heads.exit_heads import evaluate_exit_heads, train_exit_heads
-    from sglang_hsd.exit_heads import save_exit_heads
+    from sglang_hsd.runtime.exit_heads import save_exit_heads
 
     cont = heldout.continuation_mask()
     curve = []

@@ -5,7 +5,7 @@ JSON layout, keys in this order (only ``levels`` and ``buffers`` are required, s
 ``{"levels": "exit:4,exit:12,target", "buffers": "3,5"}`` is a plan too)::
 
     levels, buffers                       the chosen hierarchy in the level grammar of
-                                          ``levels.py``: "exit:4,exit:12,target", "3,5"
+                                          ``sglang_hsd/levels.py``: "exit:4,exit:12,target", "3,5"
     predicted_speedup, predicted_seconds_per_token,
     exact_model_speedup, exact_model_seconds_per_token
                                           the planner's predictions for it (docs/hierarchy.md)
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sglang_hsd.hierarchy.levels import (
+from sglang_hsd.levels import (
     LevelKind,
     LevelSpec,
     format_buffers,

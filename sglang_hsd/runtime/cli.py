@@ -57,7 +57,7 @@ def run_generate(args: argparse.Namespace) -> int:
     import torch
 
     from sglang_hsd.assets.chat import encode_prompts
-    from sglang_hsd.hierarchy.levels import parse_buffers
+    from sglang_hsd.levels import parse_buffers
     from sglang_hsd.runtime.loading import build_generator, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams
 

@@ -1,11 +1,11 @@
 """Typed configuration of the runtime's speculative hierarchy: its levels (``LevelSpec``, parsed by
-``sglang_hsd.hierarchy.levels``), KV reuse and windowed rounds, and the checks that span levels."""
+``sglang_hsd.levels``), KV reuse and windowed rounds, and the checks that span levels."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_hsd.hierarchy.levels import LevelKind, LevelSpec, parse_level_specs
+from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
 
 
 @dataclass(frozen=True)

@@ -57,12 +57,12 @@ def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
     """``--exit-heads``: ``none`` (logit lens), ``auto`` (the trained heads of ``sglang-hsd
     train-heads`` for this model, if present) or a folder of saved exit heads.
 
-    Returns {exit layer: ``sglang_hsd.exit_heads.ExitHead``}, empty for the logit lens.
+    Returns {exit layer: ``sglang_hsd.runtime.exit_heads.ExitHead``}, empty for the logit lens.
     """
     if exit_heads == "none":
         return {}
     from sglang_hsd.assets.heads import heads_dir
-    from sglang_hsd.exit_heads import MANIFEST, load_exit_heads
+    from sglang_hsd.runtime.exit_heads import MANIFEST, load_exit_heads
 
     folder = heads_dir(target.path.name) / "exit" if exit_heads == "auto" else Path(exit_heads)
     if not (folder / MANIFEST).is_file():
@@ -80,7 +80,7 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         exit_heads: the ``--exit-heads`` option (``load_exit_heads_option``).
         reuse_kv: ``HierarchyConfig.reuse_kv``.
     """
-    from sglang_hsd.hierarchy.levels import LevelKind, parse_level_specs
+    from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import HierarchyConfig
     from sglang_hsd.runtime.engine import SpeculativeGenerator
 

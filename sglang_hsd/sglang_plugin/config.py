@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sglang_hsd.hierarchy.levels import DEFAULT_CHAIN_METHOD
+from sglang_hsd.levels import DEFAULT_CHAIN_METHOD
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
 
 VERIFY_METHOD_ENV = "SGLANG_HSD_VERIFY_METHOD"
@@ -67,7 +67,7 @@ class ExitLevelConfig:
     Fields:
         layer: exit layer L (the target's first L layers plus an exit head verify the drafts);
             None = no exit level (two levels: EAGLE-3 drafts, full target).
-        heads_dir: folder of trained exit heads (the format of ``sglang_hsd.exit_heads``) or
+        heads_dir: folder of trained exit heads (the format of ``sglang_hsd.runtime.exit_heads``) or
             None for the logit lens (the target's final norm and LM head applied at layer L).
         method: chain rule of the exit level (one of ``LOSSLESS_CHAIN_METHODS``); the target
             level uses ``PluginConfig.verify_method``.
@@ -166,7 +166,7 @@ def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
     The plan's cheapest level is the drafter; in the server the EAGLE-3 head drafts instead, so
     only the levels between drafter and target matter. The server runs one intermediate level.
     """
-    from sglang_hsd.hierarchy.levels import LevelKind
+    from sglang_hsd.levels import LevelKind
     from sglang_hsd.hierarchy.plan_file import PlanFile
 
     if not os.path.isfile(path):

@@ -3,7 +3,7 @@
     logits = lm_head(final_norm(h + A h + b))     (A = 0, b = 0: the logit lens)
 
 ``final_norm`` and ``lm_head`` are the SGLang model's own modules. The map (``apply_exit_map``)
-and the folder format (``A`` [D, D], ``b`` [D] per exit layer) are ``sglang_hsd.exit_heads``'s,
+and the folder format (``A`` [D, D], ``b`` [D] per exit layer) are ``sglang_hsd.runtime.exit_heads``'s,
 shared with the runtime and the training code.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hsd import exit_heads
+from sglang_hsd.runtime import exit_heads
 from sglang_hsd.sglang_plugin.layer_range import lm_head_logits
 
 EXIT_HEADS_FLAG = "--hsd-exit-heads"

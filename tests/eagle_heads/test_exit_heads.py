@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from eagle_heads.data import collect_features, target_hidden_states  # noqa: E402
 from eagle_heads.exit_heads import evaluate_exit_heads, kl_final_exit, train_exit_heads  # noqa: E402
-from sglang_hsd.exit_heads import (  # noqa: E402
+from sglang_hsd.runtime.exit_heads import (  # noqa: E402
     ExitHead,
     apply_exit_map,
     load_exit_heads,

@@ -9,7 +9,7 @@ pytest.importorskip("safetensors")
 from eagle_heads.bench import per_position_acceptance, record_accepted_lengths  # noqa: E402
 from eagle_heads.data import FeatureSet, target_hidden_states  # noqa: E402
 from eagle_heads.pipeline import train_and_save_eagle3, train_and_save_exit_heads  # noqa: E402
-from sglang_hsd.exit_heads import load_exit_heads, read_manifest  # noqa: E402
+from sglang_hsd.runtime.exit_heads import load_exit_heads, read_manifest  # noqa: E402
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.eagle3 import Eagle3Head  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402

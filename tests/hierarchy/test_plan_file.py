@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sglang_hsd.hierarchy.levels import LevelKind
+from sglang_hsd.levels import LevelKind
 from sglang_hsd.hierarchy.plan_file import PlanFile, PlanMeasurement, PlannedHierarchy
 from sglang_hsd.hierarchy.planner import Plan, PlanResult
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sglang_hsd.hierarchy.levels import LevelSpec
+from sglang_hsd.levels import LevelSpec
 from sglang_hsd.runtime.config import HierarchyConfig, parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.model import CausalLM

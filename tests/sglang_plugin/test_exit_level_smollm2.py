@@ -41,25 +41,23 @@ def assets():
     missing = [p for p in (MODEL, HEADS / "eagle3", HEADS / "exit") if not p.is_dir()]
     if missing:
         pytest.skip(f"missing {', '.join(map(str, missing))}: run `sglang-hsd fetch smollm2-135m` "
-                    "and train the heads (python -m eagle_heads.cli)")
+                    "and train the heads (`sglang-hsd train-heads --model smollm2-135m --eagle3`)")
     from transformers import AutoTokenizer
 
+    from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.runtime.model import CausalLM
     from sglang_hsd.runtime.testing import greedy_reference
 
     tokenizer = AutoTokenizer.from_pretrained(str(MODEL))
     model = CausalLM.from_pretrained(str(MODEL))
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                           add_generation_prompt=True, tokenize=False)
-             for p in PROMPTS]
-    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    prompts = encode_prompts(tokenizer, PROMPTS)
     return prompts, [greedy_reference(model, p, MAX_NEW_TOKENS) for p in prompts], model
 
 
 def _runtime_rounds(model, prompts, expected, exit_buffer):
     """Per prompt, the runtime's windowed rounds [(exit accepted per sub-round, target accepted)]
     after prompt + the first token (which SGLang samples in its prefill)."""
-    from sglang_hsd.exit_heads import load_exit_heads
+    from sglang_hsd.runtime.exit_heads import load_exit_heads
     from sglang_hsd.runtime.config import parse_levels
     from sglang_hsd.runtime.engine import SpeculativeGenerator
     from sglang_hsd.sampling import SamplingParams

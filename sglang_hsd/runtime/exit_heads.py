@@ -12,11 +12,10 @@ On disk, one folder per set of heads (``save_exit_heads``):
   (``FORMAT``) and whatever the writer adds (model, training budget, data, metrics);
 * ``exit_heads.safetensors``: ``layer<L>.A`` [D, D] and ``layer<L>.b`` [D] per exit layer L.
 
-Why this module sits at the package top level, beside ``sampling.py``: three parts share the
-format and the math — the training package writes it, the runtime runs ``ExitHead`` on a
-``CausalLM``, and the SGLang plugin (``sglang_plugin/exit_head.py``) runs the same map on an
-SGLang model. It needs only torch (safetensors when reading or writing), so none of the three
-has to import another's code.
+Three parts share the format and the math: the training package writes it, the runtime runs
+``ExitHead`` on a ``CausalLM`` (hence this module's place in the runtime, beside the model it
+wraps), and the SGLang plugin (``sglang_plugin/exit_head.py``) reads the same files and runs
+``apply_exit_map`` on an SGLang model. Both import it from here; it imports nothing of theirs.
 """
 
 from __future__ import annotations
@@ -104,7 +103,7 @@ def read_manifest(directory: str) -> dict:
     path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{directory}: no {MANIFEST} (expected a folder written by "
-                                "sglang_hsd.exit_heads.save_exit_heads)")
+                                "sglang_hsd.runtime.exit_heads.save_exit_heads)")
     with open(path) as f:
         return json.load(f)
 

@@ -1,9 +1,9 @@
-"""The level grammar (``sglang_hsd.hierarchy.levels``): round trips, typed kinds, methods checked
+"""The level grammar (``sglang_hsd.levels``): round trips, typed kinds, methods checked
 against the verifier registry, and errors that name the bad level or argument."""
 
 import pytest
 
-from sglang_hsd.hierarchy.levels import (
+from sglang_hsd.levels import (
     DEFAULT_CHAIN_METHOD,
     LevelKind,
     LevelSpec,
