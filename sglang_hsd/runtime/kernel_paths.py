@@ -41,7 +41,9 @@ __all__ = [
     "LinearPath",
     "MeasureConfig",
     "Measurement",
+    "linear_shapes",
     "measure",
+    "measure_table",
     "median_ms",
 ]
 
@@ -279,3 +281,20 @@ def _measure_one(path: LinearPath, state: object, linear: nn.Linear, x: torch.Te
         return Measurement(**head, ms=float("nan"), setup_s=time.perf_counter() - start,
                            error=f"{type(err).__name__}: {err}".strip()[:2000])
     return Measurement(**head, ms=ms, max_abs_diff=diff, setup_s=setup_s)
+
+
+def linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """The distinct ``(in_features, out_features)`` of a model's linear layers (packed or not)."""
+    found = {(m.in_features, m.out_features): None for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))}
+    return list(found)
+
+
+def measure_table(model: nn.Module, config: MeasureConfig) -> KernelTable:
+    """A quick in-process table for ``model``'s shapes at the current thread count (the runtime
+    does not switch threads per call; ``config.threads`` is ignored), selectable paths only.
+
+    Example: ``model.pack_linears(measure_table(model, MeasureConfig(rows=tuple(range(1, 10)))).packed_rows)``.
+    """
+    threads = torch.get_num_threads()
+    config = MeasureConfig(config.rows, (threads,), config.repeats, config.warmup, config.flush_mb, config.seed)
+    return KernelTable.from_measurements(measure(linear_shapes(model), config), threads=threads)

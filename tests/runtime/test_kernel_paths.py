@@ -22,12 +22,17 @@ from sglang_hsd.runtime.kernel_paths import (
     KernelTable,
     MeasureConfig,
     Measurement,
+    linear_shapes,
     measure,
+    measure_table,
     median_ms,
 )
+from sglang_hsd.runtime.config import parse_levels
+from sglang_hsd.runtime.engine import SpeculativeGenerator
+from sglang_hsd.sampling import SamplingParams
 from sglang_hsd.runtime.layers import PackedLinear, PackedRows, packed_linear_supported
 from sglang_hsd.runtime.model import CausalLM
-from sglang_hsd.runtime.testing import tiny_qwen2
+from sglang_hsd.runtime.testing import greedy_reference, tiny_llama, tiny_qwen2
 from tests.runtime.test_packed_linear import ATOL, _ran_packed_kernel
 
 needs_onednn = pytest.mark.skipif(not packed_linear_supported(torch.nn.Linear(2, 2)),
@@ -146,3 +151,20 @@ def test_model_packed_from_a_table_keeps_its_logits():
     assert isinstance(model.layers[0].attn.q_proj, PackedLinear)  # not in the table: the default
     assert _ran_packed_kernel(lambda: model(ids, model.new_cache(2, 16)))
     assert (model(ids, model.new_cache(2, 16)) - plain).abs().max() < ATOL
+
+
+@needs_onednn
+def test_in_process_table_drives_the_generator_without_changing_its_output():
+    target = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=4, hidden_size=32, seed=7))
+    drafter = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=8))
+    expected = greedy_reference(target, [1, 2, 3, 4], 10)
+    table = measure_table(target, MeasureConfig(rows=(1, 2, 3, 4), repeats=1, warmup=0, flush_mb=0))
+    assert {(c.in_features, c.out_features) for c in table.choices} == set(linear_shapes(target))
+    assert all(c.threads == torch.get_num_threads() and c.path in RUNTIME_PATHS for c in table.choices)
+    gen = SpeculativeGenerator(target, parse_levels("model:tiny,target", buffers=[3]), drafter=drafter,
+                               pack_linears=True, packed_rows=table.packed_rows)
+    for module in target.modules():
+        if isinstance(module, PackedLinear):
+            assert module.packed_rows == table.packed_rows(module.in_features, module.out_features)
+    result = gen.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.0), max_new_tokens=10)
+    assert result.tokens[0] == expected
