@@ -210,6 +210,7 @@ def plot(result: dict, path: Path, run: dict | None) -> Path:
             line = sorted((r["rows"], r["ratio"]) for r in rows if (r["path"], r["threads"]) == key)
             ax.plot(*zip(*line), marker=".", label=f"{key[0]}, {key[1]} thread{'s' if key[1] > 1 else ''}")
         ax.set_title(f"{shape['label']} ({shape['in_features']} x {shape['out_features']})", fontsize=9)
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("rows")
         ax.set_ylabel("x one MKL row")
         ax.grid(alpha=0.3)
