@@ -39,6 +39,7 @@ accepted (``GenerationResult.round_trace``).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -46,6 +47,7 @@ from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.eagle3 import Eagle3Head
 from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
+from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats
 from sglang_hsd.runtime.window import WindowRounds
@@ -72,6 +74,9 @@ class SpeculativeGenerator:
             as much memory again as the linear weights: measured +9% tokens per CPU second for
             SmolLM2 self-drafting, no gain for the Qwen2.5 0.5B -> 1.5B pair on a machine short of
             memory (``benchmarks/README.md``, "Runtime cost per round"). Off by default.
+        packed_rows: with ``pack_linears``, the row counts each ``(in, out)`` shape runs packed,
+            e.g. ``KernelTable.packed_rows`` of a measured table (``runtime/kernel_paths.py``);
+            None: every call of 2 rows or more.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class SpeculativeGenerator:
         validate: bool = False,
         eagle3_head: Eagle3Head | None = None,
         pack_linears: bool = False,
+        packed_rows: Callable[[int, int], PackedRows] | None = None,
     ) -> None:
         config.check_depth(target.num_layers)
         first = config.levels[0]
@@ -108,7 +114,7 @@ class SpeculativeGenerator:
         if pack_linears:
             for model in (target, drafter if first.kind == "model" else None):
                 if model is not None:
-                    model.pack_linears()
+                    model.pack_linears(packed_rows)
 
     @torch.inference_mode()
     def generate(

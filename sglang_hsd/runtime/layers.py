@@ -16,6 +16,8 @@ cost per round").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +28,7 @@ __all__ = [
     "Attention",
     "DecoderLayer",
     "PackedLinear",
+    "PackedRows",
     "RMSNorm",
     "SwiGLU",
     "apply_rotary",
@@ -37,7 +40,28 @@ __all__ = [
 # Rows the packed weight layout is tuned for: a verification forward of a few-token draft.
 _PACK_ROWS_HINT = 8
 # oneDNN's call costs ~0.1 ms more than a BLAS matrix-vector product: one row takes F.linear.
+# Measured per shape, the row counts that gain come from a kernel table (runtime/kernel_paths.py).
 _PACKED_MIN_ROWS = 2
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Row counts for which :class:`PackedLinear` takes the packed kernel.
+
+    ``ranges``: ``(first, last)`` pairs, inclusive, ``last = None`` open-ended; a call with ``rows``
+    rows (all leading dimensions flattened) is packed when some range holds it. The default packs
+    every call of ``_PACKED_MIN_ROWS`` rows or more.
+    """
+
+    ranges: tuple[tuple[int, int | None], ...] = ((_PACKED_MIN_ROWS, None),)
+
+    def __post_init__(self) -> None:
+        for first, last in self.ranges:
+            if first < 1 or (last is not None and last < first):
+                raise ValueError(f"ranges must be (first >= 1, last >= first or None) pairs, got {self.ranges}")
+
+    def __contains__(self, rows: int) -> bool:
+        return any(first <= rows and (last is None or rows <= last) for first, last in self.ranges)
 
 
 def packed_linear_supported(linear: nn.Module) -> bool:
@@ -58,14 +82,18 @@ class PackedLinear(nn.Module):
     The wrapped module keeps the shared HF parameters (``weight``, ``bias``); the packed copy
     costs as much memory again and is rebuilt when the weight is changed in place (except for
     weights created under inference mode, which carry no version counter). Inputs that need gradients, or are not CPU float32, take the
-    plain ``F.linear`` path, and so does a single row (see ``_PACKED_MIN_ROWS``).
+    plain ``F.linear`` path, and so does any row count outside ``packed_rows`` (default: a single
+    row, see ``_PACKED_MIN_ROWS``; a measured table gives per-shape ranges, ``runtime/kernel_paths.py``).
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, packed_rows: PackedRows = PackedRows()) -> None:
         super().__init__()
         if not packed_linear_supported(linear):
             raise ValueError("linear must be a CPU float32 nn.Linear and torch must be built with oneDNN")
+        if not isinstance(packed_rows, PackedRows):
+            raise ValueError(f"packed_rows must be a PackedRows, got {type(packed_rows).__name__}")
         self.linear = linear
+        self.packed_rows = packed_rows
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self._pack()
 
@@ -92,7 +120,7 @@ class PackedLinear(nn.Module):
         if x.dtype != torch.float32 or x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
             return self.linear(x)
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] < _PACKED_MIN_ROWS:
+        if flat.shape[0] not in self.packed_rows:
             return self.linear(x)
         if self._weight_version() != self._packed_version:
             self._pack()

@@ -22,6 +22,7 @@ float32 then cast to the activation dtype, ``1/sqrt(Dh)`` attention scale.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ from sglang_hsd.runtime.kv_cache import KVCache
 from sglang_hsd.runtime.layers import (
     DecoderLayer,
     PackedLinear,
+    PackedRows,
     RMSNorm,
     build_attention_mask,
     fold_groups,
@@ -153,11 +155,15 @@ class CausalLM(nn.Module):
             if isinstance(module, PackedLinear):
                 setattr(owner, name, module.linear)
 
-    def pack_linears(self) -> bool:
+    def pack_linears(self, packed_rows: Callable[[int, int], PackedRows] | None = None) -> bool:
         """Run every projection and the LM head through :class:`PackedLinear` (oneDNN, CPU float32).
 
         Idempotent. Parameters stay shared with the HF model; the packed copies take as much
         memory again as the linear weights. Exit heads built earlier keep the plain LM head.
+        ``packed_rows``: ``(in_features, out_features) -> PackedRows``, the row counts each shape
+        runs packed (e.g. ``KernelTable.packed_rows`` of ``runtime/kernel_paths.py``); a shape with
+        no packed rows stays a plain ``nn.Linear`` (no copy). None: every call of 2 rows or more.
+        Linears packed earlier keep their ranges (:meth:`unpack_linears` first to change them).
         Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
         or torch build; nothing changed).
         """
@@ -166,7 +172,10 @@ class CausalLM(nn.Module):
         if not all(packed_linear_supported(getattr(owner, name)) for owner, name in todo):
             return False
         for owner, name in todo:
-            setattr(owner, name, PackedLinear(getattr(owner, name)))
+            linear = getattr(owner, name)
+            rows = PackedRows() if packed_rows is None else packed_rows(linear.in_features, linear.out_features)
+            if rows.ranges:
+                setattr(owner, name, PackedLinear(linear, rows))
         return True
 
     # ---------------------------------------------------------------- pieces

@@ -1,0 +1,300 @@
+"""Which CPU kernel runs a linear layer, per weight shape and row count: measured, then looked up.
+
+On a CPU whose BLAS treats a few-row matrix product as that many matrix-vector products, the
+kernel that is fastest for one row (``F.linear`` through MKL) is not the fastest for the K + 1
+rows of a verification forward (``docs/cpu.md``). This module
+
+* names the kernel paths the runtime can run (:data:`RUNTIME_PATHS`, one registry: ``mkl`` =
+  ``F.linear``, ``onednn-packed`` = :class:`~sglang_hsd.runtime.layers.PackedLinear`);
+* times them on given shapes (:func:`measure`; ``benchmarks/bench_linear.py`` adds paths the
+  runtime cannot run, such as an inductor-compiled GEMM, and writes the result as JSON);
+* turns measurements into a :class:`KernelTable` of :class:`KernelChoice` entries, per
+  ``(in_features, out_features)`` and row range the fastest *selectable* path, and gives
+  :class:`PackedLinear` its packed row ranges (``CausalLM.pack_linears(table.packed_rows)``).
+
+Every path computes the same fp32 product (no quantization); :func:`measure` records each path's
+largest absolute difference from ``F.linear`` on the same weights and input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_hsd.runtime.layers import PackedLinear, PackedRows
+
+__all__ = [
+    "PATH_MKL",
+    "PATH_PACKED",
+    "RUNTIME_PATHS",
+    "KernelChoice",
+    "KernelTable",
+    "LinearPath",
+    "MeasureConfig",
+    "Measurement",
+    "linear_shapes",
+    "measure",
+    "measure_table",
+    "median_ms",
+]
+
+PATH_MKL = "mkl"
+PATH_PACKED = "onednn-packed"
+# Largest |path - F.linear| accepted as the same fp32 product: outputs of O(1) with inputs of up
+# to ~10^4 features; summation order changes them by ~1e-6.
+SAME_PRODUCT_ATOL = 1e-4
+
+
+@dataclass(frozen=True)
+class LinearPath:
+    """One way of computing ``x @ weight.T`` on CPU.
+
+    Fields:
+        name: the path's name in tables and result files.
+        prepare: ``nn.Linear -> state``, once per weight (e.g. reorder the weight; not timed).
+        bind: ``(state, rows, threads) -> fn`` with ``fn(x [rows, in] fp32) -> [rows, out]``, once
+            per row count and thread count (e.g. compile for that shape; not timed).
+        selectable: whether the runtime's linear layers can run it (only those enter a
+            :class:`KernelTable` built for the runtime).
+    """
+
+    name: str
+    prepare: Callable[[nn.Linear], object]
+    bind: Callable[[object, int, int], Callable[[torch.Tensor], torch.Tensor]]
+    selectable: bool = True
+
+
+RUNTIME_PATHS: Mapping[str, LinearPath] = {
+    PATH_MKL: LinearPath(PATH_MKL, lambda linear: linear, lambda linear, rows, threads: linear),
+    PATH_PACKED: LinearPath(
+        PATH_PACKED,
+        # Packed for every row count, so the table measures the kernel itself.
+        lambda linear: PackedLinear(linear, PackedRows(((1, None),))),
+        lambda packed, rows, threads: packed,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The median cost of one linear call.
+
+    Fields:
+        in_features, out_features: the weight's shape is ``[out_features, in_features]``.
+        rows, path, threads: ``x`` is ``[rows, in_features]``; torch intra-op threads.
+        ms: median milliseconds per call (NaN when ``error`` is set).
+        max_abs_diff: largest ``|path(x) - F.linear(x)|`` on the same weights and input.
+        setup_s: seconds spent preparing and binding (packing, compiling), not in ``ms``.
+        error: why the path could not run (its exception's type and message), else None.
+    """
+
+    in_features: int
+    out_features: int
+    rows: int
+    path: str
+    threads: int
+    ms: float
+    max_abs_diff: float = float("nan")
+    setup_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.in_features, self.out_features
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The path to run for one weight shape and an inclusive row range (``max_rows`` None: and above)."""
+
+    in_features: int
+    out_features: int
+    min_rows: int
+    max_rows: int | None
+    path: str
+    threads: int
+
+    def holds(self, rows: int) -> bool:
+        return self.min_rows <= rows and (self.max_rows is None or rows <= self.max_rows)
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """Per ``(in_features, out_features)``, consecutive row ranges and the path chosen for each.
+
+    Built by :meth:`from_measurements` (the fastest measured path per shape and row count, then
+    equal neighbours merged); the last range of a shape is open-ended, so row counts beyond the
+    measured ones take the choice of the largest measured count.
+    """
+
+    choices: tuple[KernelChoice, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_measurements(cls, measurements: Iterable[Measurement], paths: Iterable[str] | None = None,
+                          threads: int | None = None) -> KernelTable:
+        """The fastest measurement per (shape, rows) among ``paths`` (default: the selectable paths
+        of :data:`RUNTIME_PATHS`) at ``threads`` (None: any thread count), failed ones skipped."""
+        allowed = set(paths) if paths is not None else {n for n, p in RUNTIME_PATHS.items() if p.selectable}
+        best: dict[tuple[int, int, int], Measurement] = {}
+        for m in measurements:
+            if m.path not in allowed or m.error is not None or math.isnan(m.ms):
+                continue
+            if threads is not None and m.threads != threads:
+                continue
+            key = (m.in_features, m.out_features, m.rows)
+            if key not in best or m.ms < best[key].ms:
+                best[key] = m
+        choices: list[KernelChoice] = []
+        for (in_f, out_f, rows), m in sorted(best.items()):
+            last = choices[-1] if choices else None
+            if (last is not None and (last.in_features, last.out_features) == (in_f, out_f)
+                    and (last.path, last.threads) == (m.path, m.threads)):
+                choices[-1] = KernelChoice(in_f, out_f, last.min_rows, rows, m.path, m.threads)
+            else:
+                choices.append(KernelChoice(in_f, out_f, rows, rows, m.path, m.threads))
+        return cls(tuple(_open_last_ranges(choices)))
+
+    @classmethod
+    def from_json(cls, path: str | Path, paths: Iterable[str] | None = None, threads: int | None = None) -> KernelTable:
+        """A table from a ``benchmarks/bench_linear.py`` result (its ``"measurements"`` list)."""
+        data = json.loads(Path(path).read_text())
+        if "measurements" not in data:
+            raise ValueError(f"path {path} holds no 'measurements' list (a bench_linear.py result expected)")
+        return cls.from_measurements([Measurement(**entry) for entry in data["measurements"]], paths, threads)
+
+    def choose(self, in_features: int, out_features: int, rows: int) -> KernelChoice | None:
+        """The choice for ``rows`` rows of this shape; None when the shape (or so few rows) was not measured."""
+        for choice in self.choices:
+            if (choice.in_features, choice.out_features) == (in_features, out_features) and choice.holds(rows):
+                return choice
+        return None
+
+    def packed_rows(self, in_features: int, out_features: int) -> PackedRows:
+        """Row ranges where the table runs ``onednn-packed`` for this shape; the default
+        :class:`PackedRows` when the shape is not in the table."""
+        mine = [c for c in self.choices if (c.in_features, c.out_features) == (in_features, out_features)]
+        if not mine:
+            return PackedRows()
+        return PackedRows(tuple((c.min_rows, c.max_rows) for c in mine if c.path == PATH_PACKED))
+
+    def as_dicts(self) -> list[dict]:
+        return [asdict(c) for c in self.choices]
+
+
+def _open_last_ranges(choices: list[KernelChoice]) -> list[KernelChoice]:
+    """Open the last range of every shape upwards (``max_rows = None``)."""
+    out = []
+    for i, choice in enumerate(choices):
+        nxt = choices[i + 1] if i + 1 < len(choices) else None
+        if nxt is None or (nxt.in_features, nxt.out_features) != (choice.in_features, choice.out_features):
+            choice = KernelChoice(choice.in_features, choice.out_features, choice.min_rows, None,
+                                  choice.path, choice.threads)
+        out.append(choice)
+    return out
+
+
+def median_ms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, repeats: int, warmup: int = 1,
+              flush: torch.Tensor | None = None) -> float:
+    """Median wall milliseconds of ``fn(x)`` over ``repeats`` calls after ``warmup`` untimed ones.
+
+    ``flush``: a buffer larger than the last-level cache, overwritten before each timed call so
+    the weight is read from memory as in a model forward (where every layer's weights evict the
+    previous ones), not from a cache that a repeated call keeps warm.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    for _ in range(warmup):
+        fn(x)
+    times = []
+    for _ in range(repeats):
+        if flush is not None:
+            flush.add_(1.0)
+        start = time.perf_counter()
+        fn(x)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """What :func:`measure` times: ``rows`` and ``threads`` (torch intra-op) counts, ``repeats``
+    timed calls after ``warmup`` ones, ``flush_mb`` MB of cache flush before each timed call (0: none)."""
+
+    rows: tuple[int, ...]
+    threads: tuple[int, ...] = (1,)
+    repeats: int = 5
+    warmup: int = 2
+    flush_mb: int = 64
+    seed: int = 0
+
+
+def measure(shapes: Iterable[tuple[int, int]], config: MeasureConfig,
+            paths: Mapping[str, LinearPath] = RUNTIME_PATHS) -> list[Measurement]:
+    """Time every path on random fp32 weights of every ``(in_features, out_features)`` shape.
+
+    Returns one :class:`Measurement` per (shape, threads, rows, path), ``F.linear``'s output on the
+    same input as the reference of ``max_abs_diff``. A path that raises while binding or running
+    is recorded with its error (compilers can fail on a shape), the others still run. The thread
+    count is restored afterwards.
+    """
+    flush = torch.zeros(config.flush_mb * 2**18) if config.flush_mb > 0 else None
+    saved_threads = torch.get_num_threads()
+    out: list[Measurement] = []
+    try:
+        with torch.inference_mode():
+            for in_f, out_f in shapes:
+                gen = torch.Generator().manual_seed(config.seed)
+                linear = nn.Linear(in_f, out_f, bias=False)
+                nn.init.uniform_(linear.weight, -in_f**-0.5, in_f**-0.5, generator=gen)
+                states = {name: path.prepare(linear) for name, path in paths.items()}
+                for threads in config.threads:
+                    torch.set_num_threads(threads)
+                    for rows in config.rows:
+                        x = torch.randn(rows, in_f, generator=gen)
+                        out += [_measure_one(path, states[name], linear, x, threads, config, flush)
+                                for name, path in paths.items()]
+    finally:
+        torch.set_num_threads(saved_threads)
+    return out
+
+
+def _measure_one(path: LinearPath, state: object, linear: nn.Linear, x: torch.Tensor, threads: int,
+                 config: MeasureConfig, flush: torch.Tensor | None) -> Measurement:
+    rows, in_f = x.shape
+    head = dict(in_features=in_f, out_features=linear.out_features, rows=rows, path=path.name, threads=threads)
+    start = time.perf_counter()
+    try:
+        fn = path.bind(state, rows, threads)
+        diff = float((fn(x) - F.linear(x, linear.weight)).abs().max())
+        setup_s = time.perf_counter() - start
+        ms = median_ms(fn, x, config.repeats, config.warmup, flush)
+    except Exception as err:  # noqa: BLE001 - recorded, not hidden: the result names the failure
+        return Measurement(**head, ms=float("nan"), setup_s=time.perf_counter() - start,
+                           error=f"{type(err).__name__}: {err}".strip()[:2000])
+    return Measurement(**head, ms=ms, max_abs_diff=diff, setup_s=setup_s)
+
+
+def linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """The distinct ``(in_features, out_features)`` of a model's linear layers (packed or not)."""
+    found = {(m.in_features, m.out_features): None for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))}
+    return list(found)
+
+
+def measure_table(model: nn.Module, config: MeasureConfig) -> KernelTable:
+    """A quick in-process table for ``model``'s shapes at the current thread count (the runtime
+    does not switch threads per call; ``config.threads`` is ignored), selectable paths only.
+
+    Example: ``model.pack_linears(measure_table(model, MeasureConfig(rows=tuple(range(1, 10)))).packed_rows)``.
+    """
+    threads = torch.get_num_threads()
+    config = MeasureConfig(config.rows, (threads,), config.repeats, config.warmup, config.flush_mb, config.seed)
+    return KernelTable.from_measurements(measure(linear_shapes(model), config), threads=threads)
