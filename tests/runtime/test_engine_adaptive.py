@@ -87,3 +87,33 @@ def test_windowed_rounds_refuse_adaptive_draft_length():
         parse_levels("exit:1,exit:3,target", [3, 3], window=True, draft_length=ADAPTIVE)
     with pytest.raises(ValueError, match="draft_length"):
         parse_levels("exit:1,target", [3]).__class__(parse_levels("exit:1,target").levels, draft_length="adaptive")
+
+
+@pytest.mark.statistical
+def test_sampled_test_catches_dropping_the_low_probability_token(monkeypatch):
+    # Teeth: drop each draft's last token when its draft probability is below the threshold
+    # (deciding on a token, then discarding it): the same chi-square test must fail.
+    from sglang_hsd.runtime.engine import _Run
+
+    vocab, length, runs = 6, 3, 6000
+    model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
+    rule = DraftLengthRule("adaptive", threshold=0.5, min_length=1, max_length=3, grow=1)
+    original = _Run.draft_tokens
+
+    def dropping(run, rows, base, features_upto):
+        original(run, rows, base, features_upto)
+        last = run.seq_len - 1
+        slot = (last - run.buf_start[0]).clamp(0, run.caps[0] - 1)  # rows that drafted: their last draft
+        q_last = run.buf_probs[0][torch.arange(len(last)), slot]
+        low = q_last.gather(1, run.tokens.gather(1, last.unsqueeze(-1))).squeeze(-1) < rule.threshold
+        drop = rows & low & (run.seq_len - base >= 2)
+        run.seq_len -= drop.long()
+        run.rollback(run.seq_len.clone())
+
+    monkeypatch.setattr(_Run, "draft_tokens", dropping)
+    gen = SpeculativeGenerator(model, parse_levels("exit:2,target", [2], draft_length=rule))
+    params = SamplingParams(temperature=1.0)
+    result = gen.generate([[1, 4, 2]] * runs, params, max_new_tokens=length, seed=0)
+    codes = torch.tensor([t[0] * vocab * vocab + t[1] * vocab + t[2] for t in result.tokens])
+    counts = torch.bincount(codes, minlength=vocab**length)
+    assert chi_square_p_value(counts, exact_target_prefix_probs(model, [1, 4, 2], length, params)) < 1e-6
