@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 from sglang_hsd.draft_length import DraftLengthRule  # noqa: E402
-from sglang_hsd.runtime.config import parse_levels  # noqa: E402
+from sglang_hsd.runtime.config import HierarchyConfig, parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
@@ -64,6 +64,7 @@ def test_sampled_drafts_stop_early_and_stats_record_it(target):
 @pytest.mark.parametrize("spec,params", [
     ("exit:2,target", SamplingParams(temperature=1.0)),
     ("exit:1,exit:3,target", SamplingParams(temperature=0.8, top_p=0.9)),
+    ("eagle3:x,target", SamplingParams(temperature=1.0)),
 ])
 @pytest.mark.parametrize("method", ["hsd", "tokenwise"])
 def test_sampled_output_matches_target_distribution(spec, params, method):
@@ -71,7 +72,9 @@ def test_sampled_output_matches_target_distribution(spec, params, method):
     model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
     rule = DraftLengthRule("adaptive", threshold=0.5, min_length=1, max_length=3, grow=1)
     below = len(spec.split(",")) - 1
-    gen = SpeculativeGenerator(model, parse_levels(spec, [2] * below, [method], draft_length=rule), validate=True)
+    head = eagle3_head_for(model, 4, [1, 2, 3])[0] if spec.startswith("eagle3") else None
+    gen = SpeculativeGenerator(model, parse_levels(spec, [2] * below, [method], draft_length=rule), validate=True,
+                               eagle3_head=head)
     prompt = [1, 4, 2]
     result = gen.generate([prompt] * runs, params, max_new_tokens=length, seed=0)
     codes = torch.tensor([t[0] * vocab * vocab + t[1] * vocab + t[2] for t in result.tokens])
@@ -86,7 +89,7 @@ def test_windowed_rounds_refuse_adaptive_draft_length():
     with pytest.raises(ValueError, match="window=True needs draft_length 'fixed'"):
         parse_levels("exit:1,exit:3,target", [3, 3], window=True, draft_length=ADAPTIVE)
     with pytest.raises(ValueError, match="draft_length"):
-        parse_levels("exit:1,target", [3]).__class__(parse_levels("exit:1,target").levels, draft_length="adaptive")
+        HierarchyConfig(parse_levels("exit:1,target").levels, draft_length="adaptive")
 
 
 @pytest.mark.statistical
