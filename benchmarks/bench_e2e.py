@@ -3,6 +3,10 @@
     PYTHONPATH=. python benchmarks/bench_e2e.py --model smollm2-135m \\
         --configs "target" "exit:8,target" "exit:8,exit:16,target" --buffers "" "4" "3,4"
 
+``--draft-length`` gives each configuration a drafter length rule (``fixed``, the default, or
+``adaptive[:threshold[:max]]``, as ``sglang-hsd generate``), so one run can compare fixed and
+adaptive drafts of the same levels.
+
 Configurations are ``--levels`` strings of ``sglang-hsd generate`` (``target`` = autoregressive),
 plus the Hugging Face peers: ``hf`` (plain ``generate``), ``hf-assisted`` (``generate`` with
 ``assistant_model``, needs ``--assistant``) and ``hf-prompt-lookup``. Each configuration runs on
@@ -29,6 +33,7 @@ import torch
 from benchmarks.bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_outputs, format_e2e_table, plot_e2e
 from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run,
                                write_results)
+from sglang_hsd.draft_length import parse_draft_length
 from sglang_hsd.runtime.loading import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 
@@ -51,6 +56,9 @@ def _add_stats(a: dict, b: dict) -> dict:
     out = dict(a)
     for key in ("rounds", "proposed", "accepted", "seconds"):
         out[key] = a[key] + b[key]
+    if "drafts" in a:
+        out["drafts"] = a["drafts"] + b.get("drafts", 0)
+        out["mean_draft_length"] = out["proposed"] / out["drafts"] if out["drafts"] else float("nan")
     out["acceptance_rate"] = out["accepted"] / out["proposed"] if out["proposed"] else float("nan")
     out["mean_accepted"] = out["accepted"] / out["rounds"] if out["rounds"] else float("nan")
     return out
@@ -86,6 +94,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--configs", nargs="+", default=["target", "exit:8,target", "exit:8,exit:16,target"])
     parser.add_argument("--buffers", nargs="+", help="one per config: comma list or '' (default 4 per level)")
     parser.add_argument("--methods", nargs="+", help="one per config: verify method(s), default hsd")
+    parser.add_argument("--draft-length", nargs="+", help="one per config: fixed (default) or "
+                        "adaptive[:threshold[:max]] (see sglang-hsd generate --draft-length)")
     add_standard_arguments(parser, exit_heads=True)
     parser.add_argument("--prompt-set", default="mtbench")
     parser.add_argument("--num-prompts", type=int, default=4)
@@ -94,7 +104,15 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=1)
     add_standard_arguments(parser, threads=1, name="e2e")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for option in ("buffers", "methods", "draft_length"):
+        values = getattr(args, option)
+        if values is not None and len(values) != len(args.configs):
+            raise ValueError(f"--{option.replace('_', '-')} needs one value per --configs entry "
+                             f"({len(args.configs)}), got {values}")
+    for text in args.draft_length or []:
+        parse_draft_length(text)  # bad input fails before any model is loaded
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,11 +148,13 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
     eos = target.tokenizer.eos_token_id
     buffers = args.buffers or [""] * len(args.configs)
     methods = args.methods or ["hsd"] * len(args.configs)
+    lengths = args.draft_length or ["fixed"] * len(args.configs)
+    rules = [parse_draft_length(text) for text in lengths]
     rows = []
     for temperature in args.temperatures:
         params = SamplingParams(temperature=temperature)
         for batch_size in args.batch_sizes:
-            for config, buf, method in zip(args.configs, buffers, methods):
+            for config, buf, method, length, rule in zip(args.configs, buffers, methods, lengths, rules):
                 if config in HF_CONFIGS:
                     if batch_size != 1 or (config == "hf-assisted" and assistant is None):
                         continue
@@ -142,7 +162,7 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
                                                  args.max_new_tokens, eos, seed)
                 else:
                     gen = build_generator(target, config, [int(x) for x in buf.split(",")] if buf else None,
-                                          method.split(","), args.exit_heads)
+                                          method.split(","), args.exit_heads, draft_length=rule)
                     runner = lambda seed: run_runtime(gen, prompts, params, args.max_new_tokens,  # noqa: E731
                                                       eos, seed, batch_size)
                 times, tokens, levels = [], None, None
@@ -154,7 +174,7 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
                 seconds = statistics.median(times)
                 rows.append({
                     "temperature": temperature, "batch_size": batch_size, "config": config, "method": method,
-                    "buffers": buf, "tokens": sum(map(len, tokens)), "seconds": seconds,
+                    "buffers": buf, "draft_length": length, "tokens": sum(map(len, tokens)), "seconds": seconds,
                     "tokens_per_second": sum(map(len, tokens)) / seconds, "levels": levels,
                     "outputs": tokens,
                 })

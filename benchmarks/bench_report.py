@@ -178,8 +178,8 @@ def check_batch_outputs(rows: list[dict]) -> None:
         if row["temperature"] != 0 or row["outputs"] is None:
             continue
         ref = [r for r in rows if r["temperature"] == 0 and r["batch_size"] == 1]
-        same = next((r for r in ref if (r["config"], r["method"], r["buffers"]) ==
-                     (row["config"], row["method"], row["buffers"])), None)
+        key = lambda r: (r["config"], r["method"], r["buffers"], r.get("draft_length", "fixed"))  # noqa: E731
+        same = next((r for r in ref if key(r) == key(row)), None)
         auto = next((r for r in ref if r["config"] == "target"), None)
         if same is not None and same is not row:
             row["matches_b1"] = same["outputs"] == row["outputs"]
@@ -201,22 +201,31 @@ def format_e2e_table(rows: list[dict], meta: dict) -> str:
         accepted = ", ".join(
             f"{lv['name']}: {lv['mean_accepted']:.2f}" for lv in (r["levels"] or [])[1:]
         ) or "-"
+        drafter = (r["levels"] or [{}])[0]
+        if "mean_draft_length" in drafter:  # drafted tokens per round (varies under an adaptive rule)
+            accepted = f"drafted/round {drafter['mean_draft_length']:.2f}; {accepted}"
         fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
         yes_no = lambda x: "-" if x is None else ("yes" if x else "NO")  # noqa: E731
         check = f"{yes_no(r.get('matches_b1'))} / {yes_no(r.get('matches_ar'))}"
         lines.append(
-            f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {r['method']} | {r['buffers'] or '-'} | "
+            f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {r['method']} | {_buffers(r)} | "
             f"{r['tokens_per_second']:.2f} | {fmt(r['vs_autoregressive'])} | {fmt(r['vs_hf_assisted'])} | "
             f"{accepted} | {check} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def _buffers(row: dict) -> str:
+    """The buffers of a row, with its draft-length rule unless fixed: ``3,4`` or ``3,4 adaptive:0.4``."""
+    length = row.get("draft_length", "fixed")
+    return (row["buffers"] or "-") + ("" if length == "fixed" else f" {length}")
+
+
 def config_label(row: dict) -> str:
     """Short label of one e2e configuration (config, method, buffers)."""
     if row["config"] in ("target", "hf", "hf-assisted", "hf-prompt-lookup"):
         return "AR (runtime)" if row["config"] == "target" else row["config"]
-    buffers = f" [{row['buffers']}]" if row["buffers"] else ""
+    buffers = f" [{_buffers(row)}]" if row["buffers"] or row.get("draft_length", "fixed") != "fixed" else ""
     # An EAGLE-3 level names its head folder: show just the kind.
     levels = ",".join("eagle3" if part.startswith("eagle3:") else part for part in row["config"].split(","))
     return f"{levels} {row['method']}{buffers}"

@@ -90,3 +90,10 @@ def test_the_inference_package_never_imports_the_training_package():
             names += [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else []
             offenders += [f"{path}: {name}" for name in names if re.fullmatch(r"eagle_heads(\.\w+)*", name)]
     assert offenders == []
+
+
+def test_generate_rejects_a_bad_draft_length_before_loading_a_model():
+    with pytest.raises(ValueError, match="--draft-length must be fixed or adaptive"):
+        cli.main(["generate", "--model", "no-such-model", "--draft-length", "adaptive:0.4:8:1"])
+    with pytest.raises(ValueError, match="threshold"):
+        cli.main(["generate", "--model", "no-such-model", "--draft-length", "adaptive:1.5"])

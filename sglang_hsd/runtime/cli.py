@@ -34,6 +34,12 @@ def add_generate_parser(subparsers) -> None:
     )
     parser.add_argument("--buffers", help="comma list, one per level below the target: draft length N_d, then N_i")
     parser.add_argument("--plan", type=Path, help="take --levels and --buffers from a `sglang-hsd plan` JSON file")
+    parser.add_argument(
+        "--draft-length", default="fixed",
+        help="drafter's tokens per round: 'fixed' (the drafter's buffer N_d) or "
+        "'adaptive[:threshold[:max]]': stop after a drafted token whose draft probability is below the "
+        "threshold (default 0.4) or at a per-request cap adapted from past rounds (at most max, default 16)",
+    )
     parser.add_argument("--methods", default="hsd", help="verify rule(s): hsd, tokenwise, greedy; one or one per level")
     parser.add_argument("--exit-heads", default="auto", help="folder of trained exit heads, 'auto' (use the "
                         "trained defaults if present) or 'none' (final norm + LM head: logit lens)")
@@ -57,6 +63,7 @@ def run_generate(args: argparse.Namespace) -> int:
     import torch
 
     from sglang_hsd.assets.chat import encode_prompts
+    from sglang_hsd.draft_length import parse_draft_length
     from sglang_hsd.levels import parse_buffers
     from sglang_hsd.runtime.loading import build_generator, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams
@@ -70,8 +77,10 @@ def run_generate(args: argparse.Namespace) -> int:
         best = PlanFile.read(args.plan).best
         args.levels, buffers = best.level_names, best.buffers or None
     methods = args.methods.split(",")
+    draft_length = parse_draft_length(args.draft_length)  # bad input fails before loading a model
     target = load_model(args.model)
-    gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse)
+    gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse,
+                          draft_length=draft_length)
     texts = prompt_set_texts(args.prompt_set, args.num_prompts) if args.prompt_set else args.prompt or [DEFAULT_PROMPT]
     prompts = encode_prompts(target.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
 
 
@@ -25,13 +26,23 @@ class HierarchyConfig:
             (``runtime/window.py`` runs the rule of ``verify/window_round.py``); used to compare
             the runtime with the server round by round. Needs exactly three levels (drafter, one ``exit`` level, target) and the exit
             level's buffer N_i <= N_d + 1 (the window holds at most N_d + 1 provisional tokens).
+        draft_length: how many tokens the drafter proposes per round (``DraftLengthRule``):
+            ``fixed`` drafts the drafter level's buffer N_d; ``adaptive`` stops per request on a
+            low-probability drafted token or at a cap adapted from past rounds (at most
+            ``max_length``; the drafter's buffer is then unused). Windowed rounds need ``fixed``.
     """
 
     levels: tuple[LevelSpec, ...] = field(default_factory=lambda: (LevelSpec(LevelKind.TARGET),))
     reuse_kv: bool = True
     window: bool = False
+    draft_length: DraftLengthRule = field(default_factory=DraftLengthRule)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.draft_length, DraftLengthRule):
+            raise ValueError(f"draft_length must be a DraftLengthRule, got {self.draft_length!r}")
+        if self.window and self.draft_length.adaptive:
+            raise ValueError("window=True needs draft_length 'fixed': a window holds exactly N_d + 1 "
+                             "positions, so an adaptive draft length cannot be used with windowed rounds")
         if not self.levels or self.levels[-1].kind is not LevelKind.TARGET:
             raise ValueError("the last level must be the target")
         if any(level.kind is LevelKind.TARGET for level in self.levels[:-1]):
@@ -67,7 +78,11 @@ class HierarchyConfig:
 
 
 def parse_levels(
-    spec: str, buffers: list[int] | None = None, methods: list[str] | None = None, window: bool = False
+    spec: str,
+    buffers: list[int] | None = None,
+    methods: list[str] | None = None,
+    window: bool = False,
+    draft_length: DraftLengthRule | None = None,
 ) -> HierarchyConfig:
     """A ``HierarchyConfig`` for ``"exit:4,exit:12,target"`` (or ``"model:/path,target"``,
     ``"eagle3:/dir,exit:16,target"``, or ``"target"``); the grammar is ``parse_level_specs``'s.
@@ -76,5 +91,7 @@ def parse_levels(
         buffers: one per non-target level (N_d for the drafter, N_i for intermediates).
         methods: one per verifying level (every level but the drafter), or a single method for all.
         window: ``HierarchyConfig.window``.
+        draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``).
     """
-    return HierarchyConfig(parse_level_specs(spec, buffers, methods), window=window)
+    return HierarchyConfig(parse_level_specs(spec, buffers, methods), window=window,
+                           draft_length=draft_length or DraftLengthRule())

@@ -165,10 +165,13 @@ class _Run:
         self.eos = torch.tensor(eos, dtype=torch.long, device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-        # Buffer capacities: the drafter's is T_0; level k may overshoot T_k by a full round.
+        # Buffer capacities: the drafter's is its longest draft; level k may overshoot T_k by a full round.
+        rule = gen.config.draft_length
         self.caps = []
         for k in range(self.top):
-            self.caps.append(self.levels[k].buffer + (self.caps[-1] if k else 0))
+            self.caps.append(rule.longest(self.levels[0].buffer) if k == 0 else self.levels[k].buffer + self.caps[-1])
+        # Per request, the drafter's length cap of the next round (N_d throughout for a fixed rule).
+        self.draft_caps = rule.initial_caps(batch, self.levels[0].buffer, device)
         lengths = [len(p) for p in prompts]
         self.max_len = max(lengths) + max(max_new) + sum(self.caps) + 2
         self.tokens = torch.zeros(batch, self.max_len, dtype=torch.long, device=device)
@@ -257,18 +260,22 @@ class _Run:
         self.draft_tokens(rows, self.buf_start[0], self.buf_start[self.top - 1])
 
     def draft_tokens(self, rows: torch.Tensor, base: torch.Tensor, features_upto: torch.Tensor) -> None:
-        """Level 0 drafts for ``rows`` (bool [B]) one token at a time until ``seq_len - base``
-        reaches N_d, into ``tokens`` and ``buf_probs[0]`` (indexed from ``buf_start[0]``).
+        """Level 0 drafts for ``rows`` (bool [B]) one token at a time into ``tokens`` and
+        ``buf_probs[0]`` (indexed from ``buf_start[0]``): a row stops when ``seq_len - base``
+        reaches its cap (``draft_caps``: N_d for a fixed rule) or when the draft-length rule stops
+        on the token it just drew (``DraftLengthRule.stops``: a stopping time, the token is kept).
 
         Args:
-            base: int64 [B], where the count of N_d tokens starts.
+            base: int64 [B], where the count of drafted tokens starts.
             features_upto: int64 [B]; an EAGLE-3 drafter reads target features of positions
                 before it only.
         """
         start_time = time.perf_counter()
-        group, stats = self.level_group[0], self.stats[0]
-        for _ in range(self.levels[0].buffer):
-            idx = (rows & (self.seq_len - base < self.levels[0].buffer)).nonzero().squeeze(-1)
+        group, stats, rule = self.level_group[0], self.stats[0], self.gen.config.draft_length
+        drafting = rows & (self.seq_len - base < self.draft_caps)
+        stats.drafts += int(drafting.sum())
+        for _ in range(self.caps[0]):
+            idx = (drafting & (self.seq_len - base < self.draft_caps)).nonzero().squeeze(-1)
             if idx.numel() == 0:
                 break
             if self.eagle is not None:
@@ -282,6 +289,8 @@ class _Run:
             self.tokens[idx, slot] = token
             self.buf_probs[0][idx, slot - self.buf_start[0][idx]] = q
             self.seq_len[idx] += 1
+            token_prob = q.gather(1, token.unsqueeze(-1)).squeeze(-1)
+            drafting[idx] &= ~rule.stops(token_prob, self.seq_len[idx] - base[idx])
             stats.rounds += idx.numel()
             stats.proposed += idx.numel()
         stats.seconds += time.perf_counter() - start_time
@@ -303,6 +312,9 @@ class _Run:
             validate=self.gen.validate, draft_lengths=draft_len,
         )
         accepted = res.num_accepted
+        if k == 1:  # the drafter's round is over: its next cap from this round's outcome
+            rule = self.gen.config.draft_length
+            self.draft_caps[idx] = rule.next_caps(self.draft_caps[idx], draft_len, accepted)
         new_len = start + accepted + 1
         self.tokens[idx, start + accepted] = res.tokens.gather(1, accepted.unsqueeze(-1)).squeeze(-1)
         keep = self.seq_len.clone()

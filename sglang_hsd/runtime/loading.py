@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_hsd.draft_length import DraftLengthRule
+
 
 @dataclass
 class LoadedModel:
@@ -72,19 +74,22 @@ def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
     return load_exit_heads(str(folder), target.model)
 
 
-def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_heads: str, reuse_kv: bool = True):
+def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_heads: str, reuse_kv: bool = True,
+                    draft_length: DraftLengthRule | None = None):
     """A ``SpeculativeGenerator`` for a ``--levels`` spec (loads a separate drafter if named).
 
     Args:
         levels, buffers, methods: as ``parse_level_specs``.
         exit_heads: the ``--exit-heads`` option (``load_exit_heads_option``).
         reuse_kv: ``HierarchyConfig.reuse_kv``.
+        draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``: the drafter's buffer).
     """
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import HierarchyConfig
     from sglang_hsd.runtime.engine import SpeculativeGenerator
 
-    config = HierarchyConfig(parse_level_specs(levels, buffers, methods), reuse_kv=reuse_kv)
+    config = HierarchyConfig(parse_level_specs(levels, buffers, methods), reuse_kv=reuse_kv,
+                             draft_length=draft_length or DraftLengthRule())
     drafter = None
     if config.levels[0].kind is LevelKind.MODEL:
         loaded = load_model(config.levels[0].model_path)

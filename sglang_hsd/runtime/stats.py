@@ -15,6 +15,8 @@ class LevelStats:
         proposed: draft tokens this level verified (the drafter: tokens it drafted).
         accepted: of those, how many it accepted.
         seconds: wall time spent in this level's forwards and verification.
+        drafts: the drafter only: draft rounds, counted per request (``mean_draft_length`` =
+            ``proposed / drafts``); 0 for other levels.
     """
 
     name: str
@@ -22,6 +24,12 @@ class LevelStats:
     proposed: int = 0
     accepted: int = 0
     seconds: float = 0.0
+    drafts: int = 0
+
+    @property
+    def mean_draft_length(self) -> float:
+        """Tokens drafted per draft round (the drafter; nan for other levels)."""
+        return self.proposed / self.drafts if self.drafts else float("nan")
 
     @property
     def acceptance_rate(self) -> float:
@@ -41,6 +49,7 @@ class LevelStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted": self.mean_accepted,
             "seconds": self.seconds,
+            **({"drafts": self.drafts, "mean_draft_length": self.mean_draft_length} if self.drafts else {}),
         }
 
 
@@ -90,6 +99,7 @@ class GenerationResult:
                 f"  {level.name:>12}: rounds {level.rounds:5d}  proposed {level.proposed:5d}  "
                 f"accepted {level.accepted:5d}  rate {level.acceptance_rate:.3f}  "
                 f"accepted/round {level.mean_accepted:.2f}  time {level.seconds:.2f}s"
+                + (f"  draft length {level.mean_draft_length:.2f}" if level.drafts else "")
             )
         return "\n".join(lines)
 

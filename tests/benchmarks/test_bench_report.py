@@ -144,3 +144,20 @@ def test_plots_without_matplotlib_name_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(ImportError, match=r"\[bench\]"):
         bench_report.plot_e2e(_e2e_rows(), "unused")
+
+
+def test_e2e_rows_differing_in_draft_length_are_told_apart():
+    rows = [r for r in _e2e_rows() if r["config"] != "hf-assisted"]
+    adaptive = [dict(r, draft_length="adaptive:0.4:16", outputs=[[9], [9]]) for r in rows if r["config"] != "target"]
+    for row in adaptive:
+        row["levels"] = [dict(row["levels"][0], mean_draft_length=5.25), row["levels"][1]]
+    rows += adaptive
+    bench_report.add_ratios(rows)
+    bench_report.check_batch_outputs(rows)
+    b4 = next(r for r in adaptive if r["temperature"] == 0 and r["batch_size"] == 4)
+    assert b4["matches_b1"] is True and b4["matches_ar"] is False  # compared with its own B = 1 row
+    meta = {"model": "m", "assistant": "a", "num_prompts": 2, "prompt_set": "mtbench", "max_new_tokens": 8,
+            "threads": 1, "exit_heads": "auto"}
+    table = bench_report.format_e2e_table(rows, meta)
+    assert "| exit:16,target | hsd | 3 adaptive:0.4:16 |" in table and "drafted/round 5.25; target: 1.50" in table
+    assert bench_report.config_label(b4) == "exit:16,target hsd [3 adaptive:0.4:16]"
