@@ -16,10 +16,8 @@ level k's distribution at its position (the q the level above verifies it agains
   position and appends the kept tokens, with level k's rows, to buf_k (or commits them, k = m).
 
 Why this is lossless (``docs/hierarchy.md``): each verification is a lossless chain rule, so the
-tokens a level appends follow that level's own autoregressive distribution, whatever the level
-below proposed; stopping a buffer "once it holds T_k tokens" is a stopping time, which the chain
-rule tolerates. By induction the committed tokens follow the target. Tests check it exactly
-(greedy) and statistically (sampling).
+tokens a level appends follow that level's own law whatever the level below proposed; stopping a
+buffer "once it holds T_k tokens" (or the drafter by its draft-length rule) is a stopping time.
 
 KV reuse: the target's layers are split into groups at the exit layers (``groups.py``); a position
 runs through each group once and every level reads the stored hidden state of its group, so the
@@ -30,9 +28,8 @@ the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_dr
 the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_verify``.
 
 Windowed rounds (``HierarchyConfig.window``, drafter -> one exit -> target) replace ``_fill`` /
-``_verify`` by the SGLang plugin's round (``runtime/window.py`` runs the rule of
-``sglang_hsd/verify/window_round.py`` with this engine's model work), so the runtime and the server
-can be compared round by round. ``generate(trace_rounds=True)`` records per round what each level
+``_verify`` by the SGLang plugin's round (``runtime/window.py`` runs ``verify/window_round.py``
+with this engine's model work). ``generate(trace_rounds=True)`` records per round what each level
 accepted (``GenerationResult.round_trace``).
 """
 
