@@ -122,9 +122,14 @@ def simulate_tree(
     generator: torch.Generator,
     drafting: str = "without-replacement",
     dtype: torch.dtype = torch.float32,
+    draft_fn=None,
 ) -> SimulationResult:
     """Tree version of ``simulate_chain``: each round drafts a full tree (``sample_tree`` or, for
-    ``drafting="top-k"``, ``topk_tree``) and verifies it with one ``verify_tree`` call."""
+    ``drafting="top-k"``, ``topk_tree``) and verifies it with one ``verify_tree`` call.
+
+    ``draft_fn(q_fn, root_tokens, generator) -> DraftTree`` replaces the full-tree drafter (e.g.
+    budgeted trees from ``tree/expand.py``, whose unused columns are unreachable, hence
+    ``validate=False``); ``depth`` must bound its trees' depth."""
     vocab = world.vocab_size
     p_table = torch.as_tensor(world.target, dtype=dtype)
     q_table = torch.as_tensor(world.draft, dtype=dtype)
@@ -147,7 +152,9 @@ def simulate_tree(
 
         roots = torch.zeros(active.shape[0], dtype=torch.long)
         q_fn = lambda paths: rows_of(q_table, paths)  # noqa: E731
-        if drafting == "top-k":
+        if draft_fn is not None:
+            tree = draft_fn(q_fn, roots, generator)
+        elif drafting == "top-k":
             tree = topk_tree(q_fn, topk, depth, root_tokens=roots)
         else:
             tree = sample_tree(q_fn, topk, depth, generator, replacement=(drafting == "iid"), root_tokens=roots)

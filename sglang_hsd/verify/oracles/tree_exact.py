@@ -17,7 +17,9 @@ is the tuple of its children's shapes); the round-level helpers use full topk/de
 
 Drafting modes: ``"without-replacement"`` (children sequentially, earlier siblings removed from q
 and renormalised), ``"iid"`` (children i.i.d. from q), ``"top-k"`` (SGLang's deterministic top-k;
-the tree has probability one).
+the tree has probability one), ``"fixed"`` (one concrete tree drafted without replacement, given
+as ``shape``: a node is the tuple of its children as (token, child's node) pairs in drafting order;
+the law returned is the verifier's law given that tree, ``oracles/expand_exact.py`` weighs trees).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ QUpdate = Callable[[np.ndarray, int, str], np.ndarray]
 
 def matching_q_update(ms: np.ndarray, token: int, drafting: str) -> np.ndarray:
     """The paired rule: remove the rejected token for without-replacement trees, keep q otherwise."""
-    if drafting != "without-replacement":
+    if drafting not in ("without-replacement", "fixed"):
         return ms
     kept = ms.copy()
     kept[token] = 0.0
@@ -56,6 +58,14 @@ def _sibling_draws(q_row: np.ndarray, taken: tuple[int, ...], drafting: str) -> 
     rest[list(taken)] = 0.0
     total = rest.sum()
     return [(v, float(rest[v] / total)) for v in range(len(q_row)) if rest[v] > 0]
+
+
+def _children(q_row: np.ndarray, taken: tuple[int, ...], drafting: str, shape: tuple) -> list[tuple[int, float, tuple]]:
+    """(token, probability, child's shape) of the next child; ``"fixed"`` shapes carry their tokens."""
+    if drafting == "fixed":
+        token, child_shape = shape[len(taken)]
+        return [(token, 1.0, child_shape)]
+    return [(token, prob, shape[len(taken)]) for token, prob in _sibling_draws(q_row, taken, drafting)]
 
 
 def _add(into: Outcomes, outcomes: Outcomes, scale: float, token: int | None = None) -> None:
@@ -93,9 +103,9 @@ class _Traversal:
                 return _leaf(1.0, mb if mb.sum() > 0 else self.world.p(ctx)), 0.0
             return _leaf(weight, mb), 1.0 - weight
         outcomes, rejected = {}, 0.0
-        for token, draw_prob in _sibling_draws(q_row, taken, self.drafting):
+        for token, draw_prob, child_shape in _children(q_row, taken, self.drafting, shape):
             child_w = min(1.0, weight * mb[token] / ms[token]) if ms[token] > 0 else 0.0
-            sub, sub_rejected = self.subtree(ctx + (token,), child_w, shape[len(taken)], False)
+            sub, sub_rejected = self.subtree(ctx + (token,), child_w, child_shape, False)
             _add(outcomes, sub, draw_prob, token)
             if sub_rejected <= 0:
                 continue
@@ -143,10 +153,10 @@ def _top_down(world, ctx, shape, drafting, child_accept, start, memo=None) -> Ou
             mb = state[0]
             return _leaf(1.0, mb / mb.sum() if mb.sum() > 0 else p)
         out: Outcomes = {}
-        for token, draw_prob in _sibling_draws(q, taken, drafting):
+        for token, draw_prob, child_shape in _children(q, taken, drafting, shape):
             accept, rejected_state = child_accept(state, token)
             if accept > 0:
-                sub = _top_down(world, ctx + (token,), shape[len(taken)], drafting, child_accept, start, memo)
+                sub = _top_down(world, ctx + (token,), child_shape, drafting, child_accept, start, memo)
                 _add(out, sub, draw_prob * accept, token)
             if accept < 1:
                 _add(out, siblings(rejected_state, taken + (token,)), draw_prob * (1.0 - accept))
