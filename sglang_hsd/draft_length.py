@@ -3,10 +3,10 @@
 ``fixed``: every round drafts the drafter level's buffer N_d (``LevelSpec.buffer``).
 
 ``adaptive`` (the rule of Hugging Face assisted generation, made lossless): per request, the
-drafter stops after drafting token x_t when its own probability of that token,
-q_t(x_t) (its distribution after the sampling parameters, the q the verifier sees), is below
-``threshold`` and at least ``min_length`` tokens were drafted, or when the request's length cap
-is reached. The cap adapts from past rounds only: after a round whose drafts were all accepted it
+drafter stops after drafting token x_t when its *confidence* in that token, c_t(x_t) =
+softmax(logits_t)[x_t] (its raw distribution: temperature 1, no top-k / top-p; ``confidence``), is
+below ``threshold`` and at least ``min_length`` tokens were drafted, or when the request's length
+cap is reached. The cap adapts from past rounds only: after a round whose drafts were all accepted it
 grows by ``grow``, else it becomes ``accepted + 1``; always clamped to
 [``min_length``, ``max_length``], starting at ``max_length``.
 
@@ -16,7 +16,10 @@ is a stopping time and every chain rule stays exact. Deciding on x_t and then dr
 *before* a low-probability token) is not: the kept x_t would then be drawn from q conditioned on
 being likely, not from q. ``verify/oracles/adaptive_exact.py`` checks both exactly.
 
-Under greedy sampling q is one-hot, so q_t(x_t) = 1: only the length cap adapts.
+The confidence is not the q the verifier sees (q_t is the sampling transform of the same logits;
+at temperature 0 it is one-hot, so q_t(x_t) = 1 would never stop a greedy draft). Any function of
+the drafted prefix will do for a stopping time, so losslessness does not depend on which one; the
+raw confidence makes greedy and sampled requests stop alike.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ class DraftLengthRule:
 
     Fields:
         kind: a ``DraftLengthKind`` (its string value is accepted and converted).
-        threshold: adaptive: stop after a drafted token whose draft probability is below this,
-            in [0, 1] (0 never stops early; HF's default is 0.4).
+        threshold: adaptive: stop after a drafted token whose confidence (``confidence``: the
+            drafter's untransformed softmax, not the sampled q) is below this, in [0, 1] (0 never
+            stops early; HF's default is 0.4).
         min_length: adaptive: the threshold never stops a draft shorter than this (>= 1).
         max_length: adaptive: longest draft and the first round's cap (>= min_length, <= 64).
         grow: adaptive: cap increase after a round whose drafts were all accepted (>= 0).
@@ -81,18 +85,31 @@ class DraftLengthRule:
         """Every request's length cap for its first round. int64 [batch]."""
         return torch.full((batch,), self.longest(fixed_length), dtype=torch.long, device=device)
 
-    def stops(self, token_prob: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def confidence(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """The drafter's confidence in the token it drew: softmax(logits)[token] at temperature 1.
+
+        Args:
+            logits: float [R, V], the drafter's logits before any sampling transform.
+            token: int64 [R], the drawn token.
+
+        Returns: float32 [R]. One logsumexp per row (no [R, V] softmax is kept).
+        """
+        logits = logits.float()
+        return (logits.gather(1, token.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)).exp()
+
+    def stops(self, confidence: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
         """Whether a row stops drafting after a token (besides reaching its cap).
 
         Args:
-            token_prob: float [R], the drafter's probability of the token it just drew.
+            confidence: float [R], the drafter's confidence in the token it just drew (``confidence``).
             drafted: int64 [R], tokens drafted this round, that one included.
 
         Returns: bool [R] (all False for ``fixed``).
         """
         if not self.adaptive:
             return torch.zeros_like(drafted, dtype=torch.bool)
-        return (token_prob < self.threshold) & (drafted >= self.min_length)
+        return (confidence < self.threshold) & (drafted >= self.min_length)
 
     def next_caps(self, caps: torch.Tensor, drafted: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
         """Caps for the next round from this round's outcome (past rounds only).

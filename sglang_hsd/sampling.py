@@ -61,6 +61,10 @@ class BatchSamplingParams:
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
         )
 
+    def rows(self, idx: torch.Tensor) -> "BatchSamplingParams":
+        """Parameters of rows ``idx`` (int64 [R]) only."""
+        return BatchSamplingParams(self.temperature[idx], self.top_k[idx], self.top_p[idx])
+
     def repeat_interleave(self, repeats: int) -> "BatchSamplingParams":
         """Parameters for [B * repeats] rows (each request's rows contiguous)."""
         return BatchSamplingParams(

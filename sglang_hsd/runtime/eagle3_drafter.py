@@ -25,7 +25,6 @@ import torch
 
 from sglang_hsd.runtime.eagle3 import Eagle3Head
 from sglang_hsd.runtime.groups import LayerGroup, advance
-from sglang_hsd.sampling import BatchSamplingParams, logits_to_probs
 
 
 class Eagle3Drafter:
@@ -58,8 +57,9 @@ class Eagle3Drafter:
         self.cache.truncate(keep)
         self.self_fed_from = torch.where(self.self_fed_from >= keep, self.max_len, self.self_fed_from)
 
-    def propose(self, idx: torch.Tensor, tokens: torch.Tensor, seq_len: torch.Tensor, committed: torch.Tensor, params: BatchSamplingParams) -> torch.Tensor:
-        """Distribution of the next token of rows ``idx`` (float32 [R, V]).
+    def propose(self, idx: torch.Tensor, tokens: torch.Tensor, seq_len: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+        """Logits of the next token of rows ``idx`` (float [R, V], before any sampling transform:
+        the caller applies the request's parameters and reads the drafter's confidence from them).
 
         Args:
             tokens: int64 [B, S]; seq_len: int64 [B] tokens per row; committed: int64 [B],
@@ -78,8 +78,7 @@ class Eagle3Drafter:
         self._extend_from_target(tokens, torch.minimum(aux_len, need))
         self._extend_from_self(tokens, need)
         last = (seq_len[idx] - 2).clamp_min(0)  # a one-token prompt has no entry: any q is lossless
-        logits = self.head.target_logits(self.out[idx, last].unsqueeze(1))
-        return logits_to_probs(logits, params)[:, 0]
+        return self.head.target_logits(self.out[idx, last].unsqueeze(1))[:, 0]
 
     def _extend_from_target(self, tokens: torch.Tensor, upto: torch.Tensor) -> None:
         length = self.length().clone()

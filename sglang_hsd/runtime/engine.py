@@ -238,14 +238,15 @@ class _Run:
             self._verify(k, short)
 
     # ------------------------------------------------------------------ level pieces
-    def level_probs(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Level k's distribution after each of ``positions`` [R, T] of rows ``idx``. [R, T, V]."""
+    def level_logits(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Level k's logits after each of ``positions`` [R, T] of rows ``idx``. float [R, T, V]."""
         group = self.level_group[k]
-        positions = positions.clamp(0, self.max_len - 1)
-        hidden = group.hidden[idx.unsqueeze(-1), positions]
-        logits = group.model.exit_logits(hidden, self.level_head[k])
-        params = BatchSamplingParams(self.params.temperature[idx], self.params.top_k[idx], self.params.top_p[idx])
-        return logits_to_probs(logits, params)
+        hidden = group.hidden[idx.unsqueeze(-1), positions.clamp(0, self.max_len - 1)]
+        return group.model.exit_logits(hidden, self.level_head[k])
+
+    def level_probs(self, k: int, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Level k's distribution (``level_logits`` under each request's sampling parameters). [R, T, V]."""
+        return logits_to_probs(self.level_logits(k, idx, positions), self.params.rows(idx))
 
     def _sample(self, probs: torch.Tensor) -> torch.Tensor:
         """One token per row of ``probs`` [R, V] by inverse CDF: one uniform per row instead of the
@@ -260,7 +261,8 @@ class _Run:
         """Level 0 drafts for ``rows`` (bool [B]) one token at a time into ``tokens`` and
         ``buf_probs[0]`` (indexed from ``buf_start[0]``): a row stops when ``seq_len - base``
         reaches its cap (``draft_caps``: N_d for a fixed rule) or when the draft-length rule stops
-        on the token it just drew (``DraftLengthRule.stops``: a stopping time, the token is kept).
+        on the token it just drew (``DraftLengthRule.stops`` on the drafter's raw confidence:
+        a stopping time, the token is kept).
 
         Args:
             base: int64 [B], where the count of drafted tokens starts.
@@ -276,18 +278,18 @@ class _Run:
             if idx.numel() == 0:
                 break
             if self.eagle is not None:
-                params = BatchSamplingParams(self.params.temperature[idx], self.params.top_k[idx], self.params.top_p[idx])
-                q = self.eagle.propose(idx, self.tokens, self.seq_len, features_upto, params)
+                logits = self.eagle.propose(idx, self.tokens, self.seq_len, features_upto)
             else:
                 advance(group, self.tokens, self.seq_len)
-                q = self.level_probs(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
+                logits = self.level_logits(0, idx, (self.seq_len[idx] - 1).unsqueeze(-1))[:, 0]
+            q = logits_to_probs(logits, self.params.rows(idx))  # what the verifier divides by
             token = self._sample(q)
             slot = self.seq_len[idx]
             self.tokens[idx, slot] = token
             self.buf_probs[0][idx, slot - self.buf_start[0][idx]] = q
             self.seq_len[idx] += 1
-            token_prob = q.gather(1, token.unsqueeze(-1)).squeeze(-1)
-            drafting[idx] &= ~rule.stops(token_prob, self.seq_len[idx] - base[idx])
+            if rule.adaptive:  # stop on the raw confidence, not on q (one-hot at temperature 0)
+                drafting[idx] &= ~rule.stops(rule.confidence(logits, token), self.seq_len[idx] - base[idx])
             stats.rounds += idx.numel()
             stats.proposed += idx.numel()
         stats.seconds += time.perf_counter() - start_time
@@ -384,10 +386,8 @@ class _Run:
         self.finished[idx] |= done
 
     def result(self, elapsed: float) -> GenerationResult:
-        tokens = [
-            self.tokens[row, int(self.prompt_len[row]) : int(self.seq_len[row])].tolist()
-            for row in range(self.tokens.shape[0])
-        ]
+        starts, ends = self.prompt_len.tolist(), self.seq_len.tolist()
+        tokens = [self.tokens[row, starts[row] : ends[row]].tolist() for row in range(len(starts))]
         drafter = self.gen.drafter
         return GenerationResult(
             tokens=tokens,

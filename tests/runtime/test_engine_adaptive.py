@@ -1,5 +1,5 @@
 """The engine with an adaptive draft length (``sglang_hsd/draft_length.py``): greedy output equals
-the target's for every drafter kind and depth, the sampled 3-token law equals the target's, the
+the target's for every drafter kind and depth, greedy drafts stop on the drafter's raw confidence, the sampled 3-token law equals the target's, the
 statistics record the draft lengths, windowed rounds refuse it."""
 
 import pytest
@@ -45,6 +45,21 @@ def test_greedy_output_equals_target_greedy(target, spec, buffers, method):
         assert out == greedy_reference(target, prompt, 14), spec
     drafter = result.levels[0]
     assert drafter.drafts > 0 and 1 <= drafter.mean_draft_length <= ADAPTIVE.max_length
+
+
+@pytest.mark.parametrize("spec", ["exit:2,target", "model:tiny,target", "eagle3:x,target"])
+def test_greedy_drafts_stop_on_the_drafters_raw_confidence(target, spec):
+    # At T = 0 q is one-hot (q(x_t) = 1): only the raw softmax can stop a draft. Against the same
+    # rule with threshold 0 (cap adaptation only), drafts must get shorter, output stay the target's.
+    params, runs = SamplingParams(temperature=0.0), {}
+    for threshold in (0.0, ADAPTIVE.threshold):
+        rule = DraftLengthRule("adaptive", threshold=threshold, min_length=1, max_length=6, grow=2)
+        result = _generator(target, spec, [3], rule=rule).generate(PROMPTS, params, max_new_tokens=14)
+        for prompt, out in zip(PROMPTS, result.tokens):
+            assert out == greedy_reference(target, prompt, 14), (spec, threshold)
+        runs[threshold] = result.levels[0].mean_draft_length
+    assert 1 < runs[ADAPTIVE.threshold] < ADAPTIVE.max_length
+    assert runs[ADAPTIVE.threshold] < runs[0.0]
 
 
 def test_sampled_drafts_stop_early_and_stats_record_it(target):

@@ -1,8 +1,9 @@
 """Exact-enumeration oracle for chain rounds whose draft length is a stopping rule that adapts.
 
 The state of a request between rounds is (emitted prefix, length cap); a round from it drafts
-under ``DraftLengthRule`` (``sglang_hsd/draft_length.py``): stop after a token whose draft
-probability is below the threshold, or at the cap; the verifier's outcome law is the fixed-draft
+under ``DraftLengthRule`` (``sglang_hsd/draft_length.py``): stop after a token whose confidence
+is below the threshold, or at the cap (the confidence row is q unless ``stopped_drafts`` is given
+another one, as the engine's raw softmax differs from its tempered / top-k / top-p q); the verifier's outcome law is the fixed-draft
 one of ``oracles/exact.py`` (``OUTCOME_LAWS``), and the next cap is ``DraftLengthRule.next_caps``
 of the round's outcome. Everything is enumerated in float64 with no sampling, so the law of the
 first L emitted tokens over as many rounds as it takes can be compared with the target's
@@ -28,18 +29,28 @@ DraftEnumerator = Callable[[TabularWorld, DraftLengthRule, tuple[int, ...], int]
 
 
 def stopped_drafts(
-    world: TabularWorld, rule: DraftLengthRule, prefix: tuple[int, ...], cap: int
+    world: TabularWorld,
+    rule: DraftLengthRule,
+    prefix: tuple[int, ...],
+    cap: int,
+    confidence: Callable[[tuple[int, ...]], np.ndarray] | None = None,
 ) -> Iterator[tuple[tuple[int, ...], float]]:
     """Every draft the rule can stop at from ``prefix`` with length cap ``cap``, with its
     probability: a token is always kept, and drafting goes on unless ``rule.stops`` on it or the
-    cap is reached (a stopping time)."""
+    cap is reached (a stopping time).
+
+    ``confidence(context)``: float64 [V], the row the stopping decision reads after ``context``
+    (default ``world.q``); tokens are drawn from ``world.q`` either way. Bind it with
+    ``functools.partial`` to get a ``DraftEnumerator``.
+    """
     stack = [((), 1.0)]
     while stack:
         draft, prob = stack.pop()
         q = world.q(prefix + draft)
+        conf = q if confidence is None else confidence(prefix + draft)
         for token in np.nonzero(q)[0]:
             longer, mass = draft + (int(token),), prob * float(q[token])
-            stop = rule.stops(torch.tensor([q[token]], dtype=torch.float64), torch.tensor([len(longer)]))
+            stop = rule.stops(torch.tensor([conf[token]], dtype=torch.float64), torch.tensor([len(longer)]))
             if len(longer) >= cap or bool(stop[0]):
                 yield longer, mass
             else:
@@ -108,6 +119,8 @@ def adaptive_prefix_distribution(
     return done
 
 
-def mean_draft_length(world: TabularWorld, rule: DraftLengthRule, prefix: tuple[int, ...], cap: int) -> float:
+def mean_draft_length(
+    world: TabularWorld, rule: DraftLengthRule, prefix: tuple[int, ...], cap: int, drafts: DraftEnumerator = stopped_drafts
+) -> float:
     """Exact expected number of tokens the rule drafts in one round from (``prefix``, ``cap``)."""
-    return sum(len(draft) * prob for draft, prob in stopped_drafts(world, rule, tuple(prefix), cap))
+    return sum(len(draft) * prob for draft, prob in drafts(world, rule, tuple(prefix), cap))

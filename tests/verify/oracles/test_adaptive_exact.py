@@ -2,8 +2,11 @@
 several rounds, with the cap adapting across rounds, equals the target's; a rule that decides on a
 drafted token and then drops it does not."""
 
+import functools
+
 import numpy as np
 import pytest
+import torch
 
 from sglang_hsd.draft_length import DraftLengthKind, DraftLengthRule, parse_draft_length
 from sglang_hsd.verify.oracles.adaptive_exact import (
@@ -12,7 +15,8 @@ from sglang_hsd.verify.oracles.adaptive_exact import (
     mean_draft_length,
     stopped_drafts,
 )
-from sglang_hsd.verify.oracles.exact import random_world, target_prefix_distribution, total_variation
+from sglang_hsd.sampling import SamplingParams, logits_to_probs
+from sglang_hsd.verify.oracles.exact import TabularWorld, random_world, target_prefix_distribution, total_variation
 
 LENGTH = 3
 RULE = DraftLengthRule(DraftLengthKind.ADAPTIVE, threshold=0.45, min_length=1, max_length=4, grow=2)
@@ -69,14 +73,42 @@ def test_the_rule_really_stops_early_and_adapts():
     assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
 
 
-def test_fixed_rule_keeps_caps_and_never_stops():
-    import torch
+def _transformed_world(base, params):
+    """``base`` with q replaced by the sampling transform of its rows (``logits_to_probs`` of log q):
+    the engine's q, while its stopping rule reads the raw row (``base.q``)."""
+    logits = torch.from_numpy(np.log(base.draft))
+    q = logits_to_probs(logits, params).double().numpy()
+    return TabularWorld(base.vocab_size, base.max_len, base.target, q / q.sum(-1, keepdims=True))
 
+
+@pytest.mark.exact
+@pytest.mark.parametrize("method", ["hsd", "tokenwise"])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_k=2)])
+def test_stopping_on_raw_confidence_while_verifying_transformed_q_is_lossless(method, params):
+    # The engine stops on softmax(logits)[x_t] but hands the verifier q = transform(logits): the
+    # stopping decision is still a function of the drafted prefix, so the law is the target's.
+    base = random_world(vocab_size=3, max_len=LENGTH - 1 + RULE.max_length, seed=4)
+    world = _transformed_world(base, params)
+    drafts = functools.partial(stopped_drafts, confidence=base.q)
+    assert _tv(world, method, RULE, drafts=drafts) < 1e-12
+    # Guard: the raw confidence really stops, at different lengths after different prefixes
+    # (at T = 0, stopping on q alone never would: q(x_t) = 1).
+    prefixes = [(), (0,), (1,), (2,)]
+    lengths = [mean_draft_length(world, RULE, prefix, RULE.max_length, drafts) for prefix in prefixes]
+    assert len(set(lengths)) > 1 and min(lengths) < RULE.max_length
+    if params.greedy:
+        assert all(mean_draft_length(world, RULE, prefix, RULE.max_length) == RULE.max_length for prefix in prefixes)
+
+
+def test_fixed_rule_keeps_caps_and_never_stops():
     rule = DraftLengthRule()
     caps = rule.initial_caps(3, fixed_length=5)
     assert caps.tolist() == [5, 5, 5]
     assert rule.next_caps(caps, caps, torch.tensor([0, 2, 5])).tolist() == [5, 5, 5]
     assert not rule.stops(torch.tensor([0.0, 0.1, 0.9]), torch.tensor([1, 2, 3])).any()
+    logits = torch.tensor([[0.0, 1.0, 2.0], [5.0, -1.0, 0.0]])
+    expected = torch.softmax(logits, -1)[[0, 1], [2, 0]]
+    assert torch.allclose(DraftLengthRule.confidence(logits, torch.tensor([2, 0])), expected)
     adaptive = DraftLengthRule("adaptive", max_length=6, min_length=2)
     assert adaptive.next_caps(torch.tensor([4, 4, 6]), torch.tensor([4, 3, 6]),
                               torch.tensor([4, 0, 6])).tolist() == [6, 2, 6]
