@@ -57,7 +57,8 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, benchmark_parser, prompt_texts, start_run, write_results
+from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
+from sglang_hsd.runtime.loading import prompt_set_texts
 from sglang_hsd.sglang_plugin.cpu.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
 from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
@@ -179,7 +180,7 @@ def write_sharegpt_file(path: Path, count: int = 200) -> str:
     """ShareGPT-format JSON (two turns per record) for ``--dataset-name random``; returns its
     source."""
     try:
-        texts = prompt_texts("sharegpt", count)
+        texts = prompt_set_texts("sharegpt", count)
         source = "sharegpt (sglang_hsd.assets)"
     except Exception as err:  # offline and not cached: any text gives random token ids
         from sglang_hsd.sglang_plugin.cpu.tiny_models import _CORPUS

@@ -145,19 +145,14 @@ def png_metadata(run: dict | None) -> dict[str, str]:
             "Comment": json.dumps(run)}
 
 
-def prompt_texts(prompt_set: str, limit: int | None) -> list[str]:
+def encoded_prompts(tokenizer, prompt_set: str, limit: int | None) -> list[list[int]]:
     """The first user message of the first ``limit`` prompts of a prompt set (``sglang-hsd fetch
-    --prompts``), untemplated."""
+    --prompts``, ``runtime.loading.prompt_set_texts``) in the tokenizer's chat template, as token
+    ids (one list per prompt)."""
+    from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.runtime.loading import prompt_set_texts
 
-    return prompt_set_texts(prompt_set, limit)
-
-
-def encoded_prompts(tokenizer, prompt_set: str, limit: int | None) -> list[list[int]]:
-    """``prompt_texts`` in the tokenizer's chat template, as token ids (one list per prompt)."""
-    from sglang_hsd.assets.chat import encode_prompts
-
-    return encode_prompts(tokenizer, prompt_texts(prompt_set, limit))
+    return encode_prompts(tokenizer, prompt_set_texts(prompt_set, limit))
 
 
 def benchmark_parser(doc: str, full_doc: bool = True) -> argparse.ArgumentParser:

@@ -81,9 +81,10 @@ class PackedLinear(nn.Module):
 
     The wrapped module keeps the shared HF parameters (``weight``, ``bias``); the packed copy
     costs as much memory again and is rebuilt when the weight is changed in place (except for
-    weights created under inference mode, which carry no version counter). Inputs that need gradients, or are not CPU float32, take the
-    plain ``F.linear`` path, and so does any row count outside ``packed_rows`` (default: a single
-    row, see ``_PACKED_MIN_ROWS``; a measured table gives per-shape ranges, ``runtime/kernel_paths.py``).
+    weights created under inference mode, which carry no version counter). Inputs that need
+    gradients, or are not CPU float32, take the plain ``F.linear`` path, and so does any row count
+    outside ``packed_rows`` (default: a single row, see ``_PACKED_MIN_ROWS``; a measured table gives
+    per-shape ranges, ``runtime/kernel_paths.py``).
     """
 
     def __init__(self, linear: nn.Linear, packed_rows: PackedRows = PackedRows()) -> None:
