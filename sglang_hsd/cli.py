@@ -78,6 +78,8 @@ def _add_demo_parser(subparsers) -> None:
     parser.add_argument("--model", default=DEFAULT_DEMO, choices=list(DEMOS),
                         help=f"which demo (default {DEFAULT_DEMO}). {models}")
     parser.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt (default: the demo's)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: the demo's; for "
+                        "the Qwen pair every core if the machine is idle, else 1)")
     parser.add_argument("--skip-check", action="store_true", help="skip the exact check")
     parser.set_defaults(func=_run_demo)
 
@@ -85,12 +87,14 @@ def _add_demo_parser(subparsers) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from sglang_hsd.runtime.demo import DEMOS, run_demo
+    from sglang_hsd.runtime.demo import DEMOS, auto_threads, run_demo
 
     start = time.perf_counter()
     spec = DEMOS[args.model]
-    if args.max_new_tokens is not None:
-        spec = dataclasses.replace(spec, max_new_tokens=args.max_new_tokens)  # ValueError if < 1
+    overrides = {"max_new_tokens": args.max_new_tokens, "threads": args.threads}
+    spec = dataclasses.replace(spec, **{k: v for k, v in overrides.items() if v is not None})  # validated
+    if spec.threads == 0:  # decided before the check below loads the machine itself
+        spec = dataclasses.replace(spec, threads=auto_threads())
     if not args.skip_check:
         code = _run_check(build_parser().parse_args(["check"]))
         if code:

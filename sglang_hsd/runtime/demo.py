@@ -40,9 +40,12 @@ class DemoSpec:
         prompt_indices: which prompts of ``prompt_set`` (0-based).
         prompt_text: the user message when ``prompt_set`` is None.
         max_new_tokens: tokens generated per prompt and decoding strategy.
-        threads: torch intra-op threads (0 = torch's default).
-        pack_linears: run multi-row projections through oneDNN prepacked weights
-            (``SpeculativeGenerator(pack_linears=True)``; plain decoding uses the same models).
+        threads: torch intra-op threads; 0 = ``auto_threads()`` (every core when the machine is
+            idle, one when other jobs keep it busy).
+        pack_linears: run the target's multi-row projections (verification, prefill) through
+            oneDNN prepacked weights (``CausalLM.pack_linears``; plain decoding uses the same
+            model). The drafter stays plain: it runs one row per call, and its packed copies
+            would only cost memory.
         summary: one line for ``--help``.
     """
 
@@ -65,7 +68,9 @@ class DemoSpec:
         if (self.prompt_set is None) == (self.prompt_text is None):
             raise ValueError("DemoSpec needs exactly one of prompt_set and prompt_text")
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ValueError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {self.max_new_tokens}")
+        if self.threads < 0:
+            raise ValueError(f"threads (--threads) must be >= 0 (0 = auto), got {self.threads}")
 
     @property
     def drafter(self) -> str | None:
@@ -88,8 +93,8 @@ QWEN_PAIR = DemoSpec(
     prompt_set="humaneval",
     prompt_indices=(0,),
     prompt_text=None,
-    max_new_tokens=64,
-    threads=2,
+    max_new_tokens=96,
+    threads=0,
     pack_linears=True,
     summary="Qwen2.5-Coder-0.5B-Instruct drafts for Qwen2.5-Coder-1.5B-Instruct on a HumanEval "
     "prompt (adaptive draft length); the default, a real speed-up",
@@ -154,6 +159,22 @@ class PromptComparison:
         return sum(self.accepted) / len(self.accepted) if self.accepted else float("nan")
 
 
+def auto_threads(cores: int | None = None, load: float | None = None) -> int:
+    """The intra-op thread count for the demo: all ``cores`` when the 1-minute load average
+    (``load``; read before the demo starts working) is below 0.75, else 1.
+
+    Why: the target's prepacked multi-row products scale to both cores of an idle 2-core machine
+    (``docs/cpu.md``), but with other jobs on the cores every parallel region waits for a busy
+    core; on the shared development machine (load 6-8) two threads made plain decoding 5x slower
+    and speculation slower than plain, while one thread kept the speed-up.
+    """
+    import os
+
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    load = load if load is not None else os.getloadavg()[0]
+    return cores if load < 0.75 else 1
+
+
 def compress_runs(values: list[int]) -> str:
     """``[16, 16, 16, 4, 2, 2]`` -> ``"16x3 4 2x2"`` (a value repeated n > 1 times in a row: ``vxn``)."""
     parts: list[str] = []
@@ -193,9 +214,10 @@ def compare_on_prompts(target, drafter, spec: DemoSpec, prompts: list[list[int]]
     from sglang_hsd.levels import parse_level_specs as parse
     from sglang_hsd.runtime.engine import SpeculativeGenerator
 
+    if spec.pack_linears:
+        target.pack_linears()  # in place: plain and speculative decoding share these kernels
     plain = SpeculativeGenerator(target, HierarchyConfig(parse("target")))
-    speculative = SpeculativeGenerator(target, spec.hierarchy(), drafter=drafter, exit_heads=exit_heads,
-                                       pack_linears=spec.pack_linears)  # packs the shared target for both
+    speculative = SpeculativeGenerator(target, spec.hierarchy(), drafter=drafter, exit_heads=exit_heads)
     results = []
     for number, prompt in enumerate(prompts, 1):
         base = _timed(plain, prompt, spec, eos_token_id, f"plain {number}/{len(prompts)}", progress, False)
@@ -232,8 +254,7 @@ def run_demo(spec: DemoSpec, progress: bool = True) -> int:
     from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.runtime import loading
 
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    torch.set_num_threads(spec.threads or auto_threads())  # ``sglang-hsd demo`` resolves 0 earlier
     start = time.perf_counter()
     target = loading.load_model(spec.target)
     drafter = loading.load_model(spec.drafter) if spec.drafter else None

@@ -70,7 +70,7 @@ def test_demo_command_runs_end_to_end_on_tiny_models(monkeypatch, capsys):
     monkeypatch.setattr(loading, "prompt_set_texts", lambda name, limit: ["def f(x):"] * limit)
     threads = torch.get_num_threads()
     try:
-        assert cli.main(["demo", "--skip-check", "--max-new-tokens", "10"]) == 0
+        assert cli.main(["demo", "--skip-check", "--max-new-tokens", "10", "--threads", "1"]) == 0
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
@@ -86,3 +86,10 @@ def test_demo_help_names_every_demo_and_bad_lengths_fail_before_loading(capsys):
     with pytest.raises(ValueError, match="max_new_tokens"):
         cli.main(["demo", "--skip-check", "--max-new-tokens", "0"])
     assert demo.DEFAULT_DEMO == "qwen2.5-coder-1.5b"
+
+
+def test_auto_threads_uses_every_core_only_on_an_idle_machine():
+    assert demo.auto_threads(cores=2, load=0.1) == 2
+    assert demo.auto_threads(cores=2, load=1.2) == 1
+    with pytest.raises(ValueError, match="--threads"):
+        cli.main(["demo", "--skip-check", "--threads", "-1"])
