@@ -13,6 +13,7 @@ before either clock starts.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -128,6 +129,9 @@ class PromptComparison:
     Fields:
         plain_tokens, spec_tokens: generated token ids (prompt excluded).
         plain_seconds, spec_seconds: wall time of each generation.
+        plain_cpu_seconds, spec_cpu_seconds: this process's CPU time during each generation (other
+            jobs on the machine stretch wall time far more than CPU time; spinning threads count).
+        loads: 1-minute load average before the plain run and after the speculative one.
         accepted: per target round, the draft tokens the target accepted (the round emitted one
             more: the corrected or bonus token).
     """
@@ -136,6 +140,9 @@ class PromptComparison:
     spec_tokens: list[int]
     plain_seconds: float
     spec_seconds: float
+    plain_cpu_seconds: float
+    spec_cpu_seconds: float
+    loads: tuple[float, float]
     accepted: list[int]
 
     @property
@@ -168,8 +175,6 @@ def auto_threads(cores: int | None = None, load: float | None = None) -> int:
     core; on the shared development machine (load 6-8) two threads made plain decoding 5x slower
     and speculation slower than plain, while one thread kept the speed-up.
     """
-    import os
-
     cores = cores if cores is not None else (os.cpu_count() or 1)
     load = load if load is not None else os.getloadavg()[0]
     return cores if load < 0.75 else 1
@@ -194,8 +199,10 @@ def _timed(generator, prompt: list[int], spec: DemoSpec, eos, desc: str, progres
         def advance(done: int) -> None:
             bar.update(done - bar.n)
 
-        return generator.generate([prompt], SamplingParams(temperature=0.0), spec.max_new_tokens, eos,
-                                  trace_rounds=trace, progress=advance)
+        cpu = time.process_time()
+        result = generator.generate([prompt], SamplingParams(temperature=0.0), spec.max_new_tokens, eos,
+                                    trace_rounds=trace, progress=advance)
+        return result, time.process_time() - cpu
 
 
 def compare_on_prompts(target, drafter, spec: DemoSpec, prompts: list[list[int]], eos_token_id=None,
@@ -220,10 +227,13 @@ def compare_on_prompts(target, drafter, spec: DemoSpec, prompts: list[list[int]]
     speculative = SpeculativeGenerator(target, spec.hierarchy(), drafter=drafter, exit_heads=exit_heads)
     results = []
     for number, prompt in enumerate(prompts, 1):
-        base = _timed(plain, prompt, spec, eos_token_id, f"plain {number}/{len(prompts)}", progress, False)
-        fast = _timed(speculative, prompt, spec, eos_token_id, f"speculative {number}/{len(prompts)}", progress, True)
+        load = os.getloadavg()[0]
+        base, base_cpu = _timed(plain, prompt, spec, eos_token_id, f"plain {number}/{len(prompts)}", progress, False)
+        fast, fast_cpu = _timed(speculative, prompt, spec, eos_token_id, f"speculative {number}/{len(prompts)}",
+                                progress, True)
         accepted = [entry["target_accepted"] for entry in fast.round_trace[0]]
-        results.append(PromptComparison(base.tokens[0], fast.tokens[0], base.seconds, fast.seconds, accepted))
+        results.append(PromptComparison(base.tokens[0], fast.tokens[0], base.seconds, fast.seconds, base_cpu,
+                                        fast_cpu, (load, os.getloadavg()[0]), accepted))
     return results
 
 
@@ -240,6 +250,9 @@ def format_comparison(result: PromptComparison, label: str, decode: Callable[[li
         f"[{compress_runs(result.accepted)}]  (vxn = v in n rounds in a row)",
         f"plain {result.plain_tokens_per_second:.2f} tok/s, speculative {result.spec_tokens_per_second:.2f} tok/s: "
         f"{result.speedup:.2f}x",
+        f"(process CPU time: plain {result.plain_cpu_seconds:.1f}s, speculative {result.spec_cpu_seconds:.1f}s, "
+        f"{result.plain_cpu_seconds / result.spec_cpu_seconds:.2f}x; 1-minute load average "
+        f"{result.loads[0]:.1f} -> {result.loads[1]:.1f}: other jobs stretch wall time)",
     ]
     return "\n".join(lines)
 

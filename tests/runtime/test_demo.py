@@ -75,7 +75,7 @@ def test_demo_command_runs_end_to_end_on_tiny_models(monkeypatch, capsys):
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "token for token: IDENTICAL (10 tokens)" in out and "total time" in out
-    assert "x over" not in out and "tok/s" in out
+    assert "x over" not in out and "tok/s" in out and "process CPU time" in out
 
 
 def test_demo_help_names_every_demo_and_bad_lengths_fail_before_loading(capsys):
