@@ -46,7 +46,7 @@ from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
-from sglang_hsd.runtime.stats import GenerationResult, LevelStats
+from sglang_hsd.runtime.stats import GenerationResult, LevelStats, RoundTrace
 from sglang_hsd.runtime.window import WindowRounds
 from sglang_hsd.sampling import BatchSamplingParams, SamplingParams, logits_to_probs
 from sglang_hsd.verify import verify_chain
@@ -122,19 +122,21 @@ class SpeculativeGenerator:
         eos_token_id: int | list[int] | None = None,
         seed: int = 0,
         trace_rounds: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> GenerationResult:
         """Generate for a batch of prompts (token id lists of any lengths).
 
         Returns the generated tokens per request and per-level statistics; with ``trace_rounds``
-        (three levels only: drafter, one exit, target) also ``round_trace``, what every target
-        round of every request accepted (``GenerationResult``).
+        (drafter, at most one exit, target) also ``round_trace``, what every target round of every
+        request accepted (``GenerationResult``). ``progress`` is called after every commit with the
+        tokens generated so far, summed over the batch (e.g. to move a progress bar).
         """
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts must be a non-empty list of non-empty token id lists")
-        if trace_rounds and len(self.config.levels) != 3:
+        if trace_rounds and len(self.config.levels) not in (2, 3):
             names = ",".join(level.name for level in self.config.levels)
-            raise ValueError(f"trace_rounds needs three levels (drafter, one exit level, target), got {names}")
-        run = _Run(self, prompts, params, max_new_tokens, eos_token_id, seed, trace_rounds)
+            raise ValueError(f"trace_rounds needs two or three levels (drafter, one exit level, target), got {names}")
+        run = _Run(self, prompts, params, max_new_tokens, eos_token_id, seed, trace_rounds, progress)
         start = time.perf_counter()
         run.run()
         elapsed = time.perf_counter() - start
@@ -145,7 +147,7 @@ class _Run:
     """The state of one ``generate`` call."""
 
     def __init__(self, gen: SpeculativeGenerator, prompts, params, max_new_tokens, eos_token_id, seed,
-                 trace_rounds: bool = False):
+                 trace_rounds: bool = False, progress: Callable[[int], None] | None = None):
         self.gen = gen
         self.levels = gen.config.levels
         self.top = len(self.levels) - 1
@@ -184,9 +186,8 @@ class _Run:
         self._build_groups(batch)
         self.target_forwards0 = target.counters.layer_token_forwards
         self.drafter_forwards0 = gen.drafter.counters.layer_token_forwards if gen.drafter else 0
-        # Per request: finished target rounds, and the exit's accepted counts of the open round.
-        self.trace = [[] for _ in range(batch)] if trace_rounds else None
-        self.trace_open = [[] for _ in range(batch)] if trace_rounds else None
+        self.trace = RoundTrace(batch) if trace_rounds else None
+        self.progress = progress
         self.window_rounds = WindowRounds(self) if gen.config.window else None
 
     def _build_groups(self, batch: int) -> None:
@@ -323,7 +324,7 @@ class _Run:
         for lower in range(k):
             self.buf_start[lower][idx] = new_len
         if self.trace is not None:
-            self._trace(k, idx, accepted, new_len - start)
+            self.trace.record(k == self.top, idx, accepted, new_len - start)
         if k < self.top:
             self._append_to_buffer(k, idx, start, accepted, p)
         else:
@@ -340,17 +341,6 @@ class _Run:
         kept = torch.arange(p.shape[1], device=idx.device).unsqueeze(0) <= accepted.unsqueeze(-1)
         rows = idx.unsqueeze(-1).expand_as(offset)
         self.buf_probs[k][rows[kept], offset[kept]] = p[kept]
-
-    def _trace(self, k: int, idx: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> None:
-        """Record level k's accepted counts of rows ``idx`` (int64 [R]); a target round also closes
-        the rows' open rounds, with ``emitted`` [R] = tokens kept after the buffer's start."""
-        if k < self.top:
-            for row, count in zip(idx.tolist(), accepted.tolist()):
-                self.trace_open[row].append(count)
-            return
-        for row, count, kept in zip(idx.tolist(), accepted.tolist(), emitted.tolist()):
-            self.trace[row].append({"exit_accepted": self.trace_open[row], "target_accepted": count, "emitted": kept})
-            self.trace_open[row] = []
 
     def _autoregressive_step(self, rows: torch.Tensor) -> None:
         start_time = time.perf_counter()
@@ -384,6 +374,8 @@ class _Run:
             limit = torch.minimum(limit, first_eos + 1)
         self.seq_len[idx] = torch.where(done, limit, self.seq_len[idx])
         self.finished[idx] |= done
+        if self.progress is not None:
+            self.progress(int((self.seq_len - self.prompt_len).clamp(max=self.max_new).sum()))
 
     def result(self, elapsed: float) -> GenerationResult:
         starts, ends = self.prompt_len.tolist(), self.seq_len.tolist()
@@ -395,5 +387,5 @@ class _Run:
             seconds=elapsed,
             target_layer_forwards=self.gen.target.counters.layer_token_forwards - self.target_forwards0,
             drafter_layer_forwards=(drafter.counters.layer_token_forwards - self.drafter_forwards0) if drafter else 0,
-            round_trace=self.trace or [],
+            round_trace=self.trace.rounds if self.trace is not None else [],
         )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class LevelStats:
@@ -114,3 +116,28 @@ class GenerationResult:
             "layer_forwards_per_token": self.layer_forwards_per_token,
             **({"round_trace": self.round_trace} if self.round_trace else {}),
         }
+
+
+class RoundTrace:
+    """What every target round of every request accepted (``generate(trace_rounds=True)``).
+
+    ``rounds[b]`` is request b's list of round entries (``GenerationResult.round_trace``). An exit
+    level's verifications are held open until the target's round that ends them; with no exit level
+    (drafter -> target) every entry's ``exit_accepted`` is empty.
+    """
+
+    def __init__(self, batch: int) -> None:
+        self.rounds: list[list[dict]] = [[] for _ in range(batch)]
+        self._open: list[list[int]] = [[] for _ in range(batch)]
+
+    def record(self, is_target: bool, idx: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor) -> None:
+        """Record one verification of rows ``idx`` (int64 [R]) with ``accepted`` [R] drafts kept; a
+        target verification also closes the rows' open rounds, ``emitted`` [R] = tokens kept after
+        the buffer's start (before EOS / max-length cutting)."""
+        if not is_target:
+            for row, count in zip(idx.tolist(), accepted.tolist()):
+                self._open[row].append(count)
+            return
+        for row, count, kept in zip(idx.tolist(), accepted.tolist(), emitted.tolist()):
+            self.rounds[row].append({"exit_accepted": self._open[row], "target_accepted": count, "emitted": kept})
+            self._open[row] = []

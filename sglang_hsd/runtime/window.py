@@ -222,5 +222,5 @@ class WindowRounds:
             return
         for row, subs, taken, kept in zip(idx.tolist(), proposal.sub_accepted.tolist(),
                                           target_accepted.tolist(), emitted.tolist()):
-            run.trace[row].append({"exit_accepted": [a for a in subs if a >= 0],
-                                   "target_accepted": taken, "emitted": kept})
+            run.trace.rounds[row].append({"exit_accepted": [a for a in subs if a >= 0],
+                                          "target_accepted": taken, "emitted": kept})

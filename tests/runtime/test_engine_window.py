@@ -172,5 +172,6 @@ def test_bad_window_configurations_raise_clear_errors(target):
     with pytest.raises(ValueError, match=r"window=True needs the exit level's buffer N_i <= drafter buffer"):
         parse_levels("exit:2,exit:4,target", buffers=[2, 4], window=True)
     parse_levels("exit:2,exit:4,target", buffers=[2, 3], window=True)  # N_i = N_d + 1 fills the window
-    with pytest.raises(ValueError, match="trace_rounds needs three levels"):
-        SpeculativeGenerator(target, parse_levels("exit:2,target")).generate(PROMPTS, trace_rounds=True)
+    with pytest.raises(ValueError, match="trace_rounds needs two or three levels"):
+        four = parse_levels("exit:1,exit:2,exit:4,target", buffers=[2, 2, 2])
+        SpeculativeGenerator(target, four).generate(PROMPTS, trace_rounds=True)
