@@ -41,7 +41,7 @@ def hsd_worker(server_args):
     SGLang calls the result with its four worker arguments (server_args, gpu_id, nccl_port,
     target_worker).
     """
-    plugin_config = PluginConfig.from_env()
+    plugin_config = PluginConfig.from_env(server_args.speculative_eagle_topk or 1)
     exit_config = ExitLevelConfig.from_env(plugin_config.verify_method)
     return functools.partial(HSDWorker, plugin_config=plugin_config, exit_config=exit_config)
 
