@@ -158,6 +158,7 @@ def tree_problems(args) -> list[str]:
         problems.append(f"--hsd-exit-layer (or an --hsd-plan exit level) with "
                         f"--speculative-eagle-topk {topk}: the exit level verifies chains only "
                         "(not built for trees); remove one of them")
+    problems += _sampled_tree_problems(args)
     if not args.disable_overlap_schedule:
         problems.append(f"--speculative-eagle-topk {topk}: the overlap scheduler is not supported "
                         "with HSD trees; add --disable-overlap-schedule")
@@ -174,3 +175,34 @@ def _plan_has_exit_level() -> bool:
         return exit_level_from_plan(plan)[0] is not None
     except ExitLevelConfigError:
         return False  # ExitLevelConfig.from_env reports the bad plan itself
+
+
+def _sampled_tree_problems(args) -> list[str]:
+    """What ``--hsd-tree-draft sampled`` (the default for trees) cannot honour."""
+    try:
+        config = PluginConfig.from_env(args.speculative_eagle_topk)
+    except ValueError:
+        return []  # reported by validate_hsd_server_args
+    if config.tree_draft != "sampled":
+        return []
+    problems = []
+    if args.device not in ("cpu", None) and not getattr(args, "disable_cuda_graph", False):
+        problems.append("--hsd-tree-draft sampled: the sampled tree loop runs eagerly (a captured "
+                        "draft graph would replay SGLang's top-k loop); add --disable-cuda-graph")
+    try:
+        from sglang_hsd.sglang_plugin.tree_draft import TREE_RULE
+        from sglang_hsd.verify.tree.expand import ExpandConfig
+        from sglang_hsd.verify.tree.level_draft import LEVEL_RULES
+    except ImportError:
+        return problems + ["--hsd-tree-draft sampled: this build has no level-synchronous tree "
+                           "drafter; use --hsd-tree-draft topk"]
+    steps, topk, tokens = (args.speculative_num_steps, args.speculative_eagle_topk,
+                           args.speculative_num_draft_tokens)
+    if steps and tokens and tokens >= 2:
+        capacity = LEVEL_RULES[TREE_RULE].capacity(ExpandConfig(steps, topk, tokens))
+        if tokens - 1 > capacity:
+            problems.append(
+                f"--speculative-num-draft-tokens {tokens}: the sampled tree drafter ({TREE_RULE!r}) "
+                f"keeps at most {capacity} nodes for --speculative-num-steps {steps} and "
+                f"--speculative-eagle-topk {topk}; lower it to <= {capacity + 1}")
+    return problems
