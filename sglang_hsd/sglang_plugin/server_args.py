@@ -159,7 +159,7 @@ def tree_problems(args) -> list[str]:
                         f"--speculative-eagle-topk {topk}: the exit level verifies chains only "
                         "(not built for trees); remove one of them")
     problems += _sampled_tree_problems(args)
-    if not args.disable_overlap_schedule:
+    if args.device != "cpu" and not args.disable_overlap_schedule:  # CPU: turned off above
         problems.append(f"--speculative-eagle-topk {topk}: the overlap scheduler is not supported "
                         "with HSD trees; add --disable-overlap-schedule")
     return problems

@@ -49,7 +49,7 @@ def test_tree_shapes_accepted(plugin_loaded, clean_env, topk, tokens):
     (dict(speculative_eagle_topk=4, speculative_num_draft_tokens=4), "larger than the node budget"),
     (dict(speculative_num_draft_tokens=12), "lower it to <= 11"),
     (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
-    (dict(disable_overlap_schedule=False), "--disable-overlap-schedule"),
+    (dict(disable_overlap_schedule=False, device="cuda"), "--disable-overlap-schedule"),
     (dict(speculative_accept_threshold_acc=0.5), "thresholds make verification lossy"),
     (dict(speculative_eagle_topk=0), "--speculative-eagle-topk 0: must be >= 1"),
 ])
