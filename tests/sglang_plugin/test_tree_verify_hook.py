@@ -126,3 +126,38 @@ def test_other_algorithms_keep_sglang_tree_sampler(plugin_loaded, monkeypatch):
     hook = verify_hook.make_hsd_tree_sampling(lambda *a: calls.append(a), state)
     hook(*[None] * 11)
     assert len(calls) == 1 and state.fallback_calls == 1 and state.hsd_calls == 0
+
+
+def test_drafter_q_uses_the_targets_sampling_transform(plugin_loaded, monkeypatch):
+    """``tree_draft.sampling_probs`` is the transform ``eagle_sample`` applies to the target
+    (temperature, top-k, top-p); greedy rows get the plain softmax for the drafter."""
+    from sglang.srt.speculative import eagle_utils
+    from sglang_hsd.sglang_plugin.tree_draft import DraftTree, sampling_probs
+
+    _fake_sglang_state(monkeypatch)
+    eagle_utils.get_spec().speculative_use_rejection_sampling = False
+    state = _install(monkeypatch, "hsd", "sampled")
+    bs = 4
+    verify_input, batch, logits = _tree_batch(bs, seed=6)
+    info = batch.sampling_info
+    info.temperatures = torch.tensor([[0.7], [1.0], [1.3], [1.0]])
+    info.top_ks, info.top_ps = torch.tensor([3, 1, 5, 7]), torch.tensor([1.0, 1.0, 0.8, 0.6])
+    info.need_top_k_sampling = info.need_top_p_sampling = True
+    seen = {}
+
+    def capture(*args, **kwargs):
+        seen["target"] = args[4]
+        return verify_tree(*args, **kwargs)
+
+    monkeypatch.setattr(verify_hook, "verify_tree", capture)
+    tree = DraftTree(verify_input.draft_probs, verify_input.retrieve_next_token,
+                     verify_input.retrieve_next_sibling)
+    raw = logits.next_token_logits.clone()
+    with state.verify_call(tree=tree):
+        eagle_utils.eagle_sample(verify_input, batch, logits)
+    ours = sampling_probs(raw, info, repeats=N).reshape(bs, N, VOCAB)
+    torch.testing.assert_close(ours, seen["target"])
+    assert ((ours > 0).sum(-1)[0] <= 3).all() and ((ours > 0).sum(-1)[1] == 1).all()
+    drafter_q = sampling_probs(raw, info, repeats=N, greedy_plain=True).reshape(bs, N, VOCAB)
+    torch.testing.assert_close(drafter_q[1], torch.softmax(raw.reshape(bs, N, VOCAB)[1], -1))
+    torch.testing.assert_close(drafter_q[[0, 2, 3]], ours[[0, 2, 3]])
