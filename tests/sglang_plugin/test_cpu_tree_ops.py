@@ -3,6 +3,7 @@ the ops they replace, on small hand-built trees (topk > 1). No SGLang import nee
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sglang_hsd.sglang_plugin.cpu.kernel_ops import (
@@ -124,3 +125,30 @@ def test_tree_masked_extend_attention_equals_each_path_as_a_sequence():
                              torch.tensor([prefix + len(path)]), torch.tensor([len(path)]),
                              torch.tensor([0]), len(path), *tail, None, True)
         torch.testing.assert_close(out[node], plain[-1])
+
+
+@pytest.mark.parametrize("depth, topk, n", [(3, 2, 6), (3, 3, 8), (2, 4, 9)])
+def test_tree_builder_reads_the_sampled_drafters_pool_layout(depth, topk, n):
+    """SGLang's tree builder (this stand-in) turns the sampled drafter's pool layout into the
+    links the drafter reports in verify order (full-support q: no filler nodes)."""
+    from sglang_hsd.verify.tree.expand import ExpandConfig
+    from sglang_hsd.verify.tree.level_draft import LevelDrafter
+
+    gen = torch.Generator().manual_seed(depth * 10 + topk)
+    bs, vocab = 3, 12
+    drafter = LevelDrafter(ExpandConfig(depth, topk, n), "spine",
+                           torch.softmax(torch.randn(bs, vocab, generator=gen), -1),
+                           torch.tensor([False, True, False]), generator=gen)
+    drafter.first()
+    for _ in range(depth - 1):
+        drafter.step(torch.softmax(torch.randn(bs * topk, vocab, generator=gen), -1))
+    tree = drafter.finish()
+    assert (tree.num_kept == n - 1).all()
+    ri, nt, ns = torch.full((3, bs, n), -1, dtype=torch.long)
+    positions = torch.empty(bs * n, dtype=torch.long)
+    build_tree_kernel_efficient_cpu(tree.parent_list, tree.top_scores_index, torch.full((bs,), 4),
+                                    torch.ones(bs * n * n, dtype=torch.bool), positions, ri, nt,
+                                    ns, topk, depth, n, 1)
+    assert torch.equal(nt, tree.retrive_next_token)
+    assert torch.equal(ns, tree.retrive_next_sibling)
+    assert torch.equal(positions.view(bs, n), 4 + tree.depths)

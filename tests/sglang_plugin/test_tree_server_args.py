@@ -39,8 +39,11 @@ def test_tree_defaults_keep_sglang_rejection_sampling_off(plugin_loaded, clean_e
     assert args.disable_overlap_schedule is True  # CPU
 
 
-@pytest.mark.parametrize("topk, tokens", [(2, 3), (2, 11), (3, 4), (4, 5), (4, 21)])
-def test_tree_shapes_accepted(plugin_loaded, clean_env, topk, tokens):
+@pytest.mark.parametrize("topk, tokens, draft", [
+    (2, 3, "sampled"), (2, 7, "sampled"), (3, 4, "sampled"), (4, 13, "sampled"),
+    (2, 11, "topk"), (4, 21, "topk")])
+def test_tree_shapes_accepted(plugin_loaded, clean_env, topk, tokens, draft):
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
     _validate(speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens)
 
 
@@ -48,6 +51,7 @@ def test_tree_shapes_accepted(plugin_loaded, clean_env, topk, tokens):
     (dict(speculative_num_draft_tokens=None), "--speculative-num-draft-tokens: required"),
     (dict(speculative_eagle_topk=4, speculative_num_draft_tokens=4), "larger than the node budget"),
     (dict(speculative_num_draft_tokens=12), "lower it to <= 11"),
+    (dict(speculative_num_draft_tokens=8), "the sampled tree drafter ('spine') keeps at most 6"),
     (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
     (dict(disable_overlap_schedule=False, device="cuda"), "--disable-overlap-schedule"),
     (dict(speculative_accept_threshold_acc=0.5), "thresholds make verification lossy"),
