@@ -42,7 +42,10 @@ def hsd_worker(server_args):
     target_worker).
     """
     plugin_config = PluginConfig.from_env(server_args.speculative_eagle_topk or 1)
-    exit_config = ExitLevelConfig.from_env(plugin_config.verify_method)
+    # The exit level verifies chains; trees refuse it (server_args), so its default rule is only
+    # inherited from a chain configuration.
+    exit_config = (ExitLevelConfig.from_env() if plugin_config.is_tree
+                   else ExitLevelConfig.from_env(plugin_config.verify_method))
     return functools.partial(HSDWorker, plugin_config=plugin_config, exit_config=exit_config)
 
 

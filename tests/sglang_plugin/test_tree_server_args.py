@@ -120,3 +120,15 @@ def test_cli_tree_draft_flag(plugin_loaded, clean_env):
                        "--hsd-verify-method", "target-only"])
     assert os.environ["SGLANG_HSD_TREE_DRAFT"] == "topk"
     assert os.environ["SGLANG_HSD_VERIFY_METHOD"] == "target-only"
+
+
+@pytest.mark.parametrize("draft, method", [("topk", "target-only"), ("sampled", "rrs")])
+def test_tree_worker_factory_reads_the_tree_configuration(plugin_loaded, clean_env, draft, method):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
+    clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", method)
+    worker = SpeculativeAlgorithm.from_string("HSD").create_worker(_args(**TREE))
+    config = worker.keywords["plugin_config"]
+    assert (config.verify_method, config.tree_draft, config.topk) == (method, draft, 2)
+    assert not worker.keywords["exit_config"].enabled  # its chain rule is not the tree's
