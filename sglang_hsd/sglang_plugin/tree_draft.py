@@ -93,12 +93,13 @@ class RootQHook:
     The draft extend (``_draft_extend_for_prefill`` / ``_draft_extend_for_decode``) computes the
     next root's draft distribution with the module-level ``renorm_draft_probs`` of
     ``eagle_worker_v2``; ``install`` wraps that name so the call also records ``sampling_probs``
-    of the same logits, and ``attach`` stores it as the draft input's ``draft_probs`` (draft
+    of the same logits, and ``run`` stores it as the draft input's ``draft_probs`` (draft
     vocabulary), which SGLang filters and merges with the batch.
     """
 
     def __init__(self):
-        self.pending: torch.Tensor | None = None
+        # None: outside a draft extend; False: inside one, nothing recorded yet; then the q
+        self.pending: torch.Tensor | bool | None = None
 
     def install(self, module) -> None:
         original = getattr(module.renorm_draft_probs, "__sglang_hsd_original__",

@@ -161,3 +161,28 @@ def test_drafter_q_uses_the_targets_sampling_transform(plugin_loaded, monkeypatc
     drafter_q = sampling_probs(raw, info, repeats=N, greedy_plain=True).reshape(bs, N, VOCAB)
     torch.testing.assert_close(drafter_q[1], torch.softmax(raw.reshape(bs, N, VOCAB)[1], -1))
     torch.testing.assert_close(drafter_q[[0, 2, 3]], ours[[0, 2, 3]])
+
+
+def test_root_q_hook_keeps_the_draft_extends_q_on_the_draft_input(plugin_loaded):
+    from sglang_hsd.sglang_plugin.tree_draft import RootQHook, sampling_probs
+
+    calls = []
+    module = types.SimpleNamespace(
+        renorm_draft_probs=lambda logits, info, flag: calls.append(flag) or logits.softmax(-1))
+    hook = RootQHook()
+    hook.install(module)
+    info = types.SimpleNamespace(temperatures=torch.tensor([[0.5], [1.0]]), need_top_k_sampling=True,
+                                 need_top_p_sampling=False, top_ks=torch.tensor([2, 1]))
+    logits = torch.randn(2, 9)
+    draft_input = types.SimpleNamespace(draft_probs=None)
+
+    def extend():
+        module.renorm_draft_probs(logits, info, False)
+        return draft_input
+
+    assert hook.run(extend, lambda result: result) is draft_input
+    torch.testing.assert_close(draft_input.draft_probs,
+                               sampling_probs(logits, info, greedy_plain=True))
+    assert calls == [False] and hook.pending is None
+    module.renorm_draft_probs(logits, info, False)  # outside a draft extend: nothing recorded
+    assert hook.pending is None
