@@ -17,6 +17,9 @@ from sglang_hsd.sglang_plugin.config import (
     EXIT_LAYER_ENV,
     EXIT_METHOD_ENV,
     PLAN_ENV,
+    TREE_DRAFT_ENV,
+    TREE_DRAFTS,
+    VERIFY_METHOD_CHOICES,
     VERIFY_METHOD_ENV,
 )
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
@@ -32,8 +35,12 @@ class _EnvAction(argparse.Action):
 
 # (flag, environment variable, argparse extras, help)
 HSD_FLAGS = (
-    ("--hsd-verify-method", VERIFY_METHOD_ENV, {"choices": LOSSLESS_CHAIN_METHODS},
-     "chain verifier of the target level (default hsd)"),
+    ("--hsd-verify-method", VERIFY_METHOD_ENV, {"choices": VERIFY_METHOD_CHOICES},
+     "verifier of the target level: chains (topk 1) hsd|tokenwise (default hsd); trees "
+     "(topk > 1) hsd|rrs with --hsd-tree-draft sampled (default hsd), target-only with topk"),
+    ("--hsd-tree-draft", TREE_DRAFT_ENV, {"choices": tuple(TREE_DRAFTS)},
+     "how trees (--speculative-eagle-topk > 1) are drafted: sampled (children drawn without "
+     "replacement from the drafter's q; default) or topk (SGLang's deterministic top-k)"),
     ("--hsd-exit-layer", EXIT_LAYER_ENV, {"type": int},
      "add an early-exit verifier level: the target's first L layers plus an exit head verify "
      "the EAGLE-3 drafts, the remaining layers run only for the positions it accepted"),

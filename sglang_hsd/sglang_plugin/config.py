@@ -6,7 +6,8 @@ argument parser (``ServerArgs.add_cli_args`` is wrapped); the flag's action stor
 ``SGLANG_HSD_VERIFY_METHOD`` environment variable, which every process SGLang spawns inherits.
 Setting the variable directly works too (e.g. for ``sglang.Engine`` in Python).
 
-The server runs only lossless chain verifiers (``sglang_hsd.verify.LOSSLESS_CHAIN_METHODS``).
+The server runs only lossless verifiers: chain rules (``sglang_hsd.verify.LOSSLESS_CHAIN_METHODS``)
+for topk = 1, tree rules paired with ``--hsd-tree-draft`` (``TREE_DRAFTS``) for topk > 1.
 A ``--hsd-plan`` file is read by ``sglang_hsd.hierarchy.plan_file``; the flags are described in
 docs/sglang_plugin.md.
 """
@@ -27,25 +28,68 @@ DEFAULT_NUM_STEPS = 4
 DEFAULT_TOPK = 1
 
 
+TREE_DRAFT_ENV = "SGLANG_HSD_TREE_DRAFT"
+# --hsd-tree-draft -> (tree verify methods it may be paired with, default method). "sampled":
+# children drawn without replacement from the drafter's real q (lossless with a verifier that
+# reads q); "topk": SGLang's stock deterministic top-k drafting, whose lossless verifier treats
+# the nodes as one-hot (SGLang's own tree sampler).
+TREE_DRAFTS = {"sampled": (("hsd", "rrs"), "hsd"), "topk": (("target-only",), "target-only")}
+DEFAULT_TREE_DRAFT = "sampled"
+# what --hsd-verify-method accepts at all: the chain rules and the tree rules above
+VERIFY_METHOD_CHOICES = tuple(LOSSLESS_CHAIN_METHODS) + tuple(
+    sorted({m for methods, _ in TREE_DRAFTS.values() for m in methods} - set(LOSSLESS_CHAIN_METHODS)))
+
+
 @dataclass(frozen=True)
 class PluginConfig:
     """Fields:
-        verify_method: chain verifier for sampled requests (one of ``LOSSLESS_CHAIN_METHODS``).
+        verify_method: verifier for sampled requests: a chain rule (``LOSSLESS_CHAIN_METHODS``)
+            when topk = 1, a tree rule (``TREE_METHODS`` key allowed for ``tree_draft``) otherwise.
         validate: check verifier inputs on every step (slow; for debugging).
+        topk: --speculative-eagle-topk (1 = chains).
+        tree_draft: how trees are drafted (a key of ``TREE_DRAFTS``); unused for chains.
     """
 
     verify_method: str = DEFAULT_CHAIN_METHOD
     validate: bool = False
+    topk: int = 1
+    tree_draft: str = DEFAULT_TREE_DRAFT
+
+    @property
+    def is_tree(self) -> bool:
+        return self.topk > 1
 
     @classmethod
-    def from_env(cls) -> "PluginConfig":
-        method = os.environ.get(VERIFY_METHOD_ENV, DEFAULT_CHAIN_METHOD).strip().lower()
-        if method not in LOSSLESS_CHAIN_METHODS:
+    def from_env(cls, topk: int = 1) -> "PluginConfig":
+        """Read ``--hsd-verify-method`` / ``--hsd-tree-draft`` for a server with ``topk`` beams.
+
+        Raises ValueError naming the flags for a method the shape cannot run (a chain rule that
+        is not lossless; a tree method not paired with the tree draft)."""
+        validate = os.environ.get(VALIDATE_ENV, "0") == "1"
+        method = os.environ.get(VERIFY_METHOD_ENV, "").strip().lower()
+        draft = os.environ.get(TREE_DRAFT_ENV, "").strip().lower()
+        if topk <= 1:
+            if draft:
+                raise ValueError(f"--hsd-tree-draft ({TREE_DRAFT_ENV}) {draft!r} needs "
+                                 "--speculative-eagle-topk > 1 (a tree); remove it for chains")
+            method = method or DEFAULT_CHAIN_METHOD
+            if method not in LOSSLESS_CHAIN_METHODS:
+                raise ValueError(
+                    f"{VERIFY_METHOD_ENV}={method!r} is not a lossless chain verifier; use one "
+                    f"of {tuple(LOSSLESS_CHAIN_METHODS)} (--hsd-verify-method)")
+            return cls(verify_method=method, validate=validate)
+        draft = draft or DEFAULT_TREE_DRAFT
+        if draft not in TREE_DRAFTS:
+            raise ValueError(f"--hsd-tree-draft ({TREE_DRAFT_ENV}) must be one of "
+                             f"{tuple(TREE_DRAFTS)}, got {draft!r}")
+        allowed, default = TREE_DRAFTS[draft]
+        method = method or default
+        if method not in allowed:
             raise ValueError(
-                f"{VERIFY_METHOD_ENV}={method!r} is not a lossless chain verifier; use one of "
-                f"{tuple(LOSSLESS_CHAIN_METHODS)} (--hsd-verify-method)"
-            )
-        return cls(verify_method=method, validate=os.environ.get(VALIDATE_ENV, "0") == "1")
+                f"--hsd-verify-method {method!r} with --hsd-tree-draft {draft!r} "
+                f"(--speculative-eagle-topk {topk}): this tree draft is verified losslessly by "
+                f"{allowed} only")
+        return cls(verify_method=method, validate=validate, topk=topk, tree_draft=draft)
 
 
 EXIT_LAYER_ENV = "SGLANG_HSD_EXIT_LAYER"

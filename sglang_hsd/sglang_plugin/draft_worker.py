@@ -10,15 +10,22 @@ vocabulary (``draft_probs.scatter_draft_probs``) before verification.
 With exit sub-rounds (exit buffer N_i > 1) its ``draft_forward`` also records the hidden output of
 every draft entry it runs, for the continuation drafts of ``draft_continuation.py``.
 
+With sampled trees (topk > 1, ``--hsd-tree-draft sampled``) it owns the draft loop
+(``tree_draft.draft_sampled_tree``), keeps the round's ``DraftTree`` for verification in
+``hsd_tree``, and its draft extends record the next root's q (``tree_draft.RootQHook``).
+
 This module subclasses SGLang at import: only ``worker.py`` imports it, once SGLang builds the HSD
 worker (after ``register()`` checked every signature).
 """
 
 from __future__ import annotations
 
+import functools
+
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+from sglang_hsd.sglang_plugin.tree_draft import draft_sampled_tree
 
 
 class HSDDraftWorker(EagleDraftWorker):
@@ -26,7 +33,8 @@ class HSDDraftWorker(EagleDraftWorker):
 
     Instances are not constructed directly: ``HSDWorker`` re-classes the draft worker that
     ``EAGLEWorkerV2.__init__`` builds, so no SGLang constructor code is copied. ``hsd_continuation``
-    (a ``DraftContinuation``, set by ``HSDWorker`` for exit sub-rounds) turns on the recording.
+    (a ``DraftContinuation``, set by ``HSDWorker`` for exit sub-rounds) turns on the recording;
+    ``hsd_root_q`` (a ``RootQHook``, set by ``HSDWorker`` for sampled trees) the sampled tree loop.
     """
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
@@ -61,12 +69,29 @@ class HSDDraftWorker(EagleDraftWorker):
 
     def draft_forward(self, forward_batch):
         continuation = getattr(self, "hsd_continuation", None)
+        self.hsd_tree = None
+        if getattr(self, "hsd_root_q", None) is not None and not forward_batch.forward_mode.is_idle():
+            out, self.hsd_tree = draft_sampled_tree(self, forward_batch)
+            return out
         if continuation is None or forward_batch.forward_mode.is_idle():
             out = super().draft_forward(forward_batch)
         else:
             out = self._draft_forward_recorded(forward_batch, continuation)
         parents, scores_index, draft_tokens, draft_probs = out
         return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)
+
+    def _draft_extend_for_prefill(self, batch, *args, **kwargs):
+        hook = getattr(self, "hsd_root_q", None)
+        extend = functools.partial(super()._draft_extend_for_prefill, batch, *args, **kwargs)
+        return extend() if hook is None else hook.run(extend, lambda draft_input: draft_input)
+
+    def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
+        hook = getattr(self, "hsd_root_q", None)
+        extend = functools.partial(super()._draft_extend_for_decode, batch, batch_result, *args,
+                                   **kwargs)
+        if hook is None:
+            return extend()
+        return hook.run(extend, lambda _: batch_result.next_draft_input)
 
     def _draft_forward_recorded(self, forward_batch, continuation):
         """SGLang's ``draft_forward``, handing ``continuation`` the hidden output of every draft

@@ -10,8 +10,15 @@ What it does that matters for a topk=1 EAGLE-3 chain is repeated here.
 from __future__ import annotations
 
 import logging
+import os
 
-from sglang_hsd.sglang_plugin.config import DEFAULT_NUM_STEPS, DEFAULT_TOPK
+from sglang_hsd.sglang_plugin.config import (
+    DEFAULT_NUM_STEPS,
+    DEFAULT_TOPK,
+    EXIT_LAYER_ENV,
+    PLAN_ENV,
+    PluginConfig,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -21,12 +28,12 @@ class HSDServerArgsError(ValueError):
 
 
 def tree_verifier_available() -> bool:
-    """Whether a lossless tree verifier ships with this build (topk > 1). Not yet."""
+    """Whether draft trees (topk > 1) are served: the tree verifier and the tree drafter ship."""
     try:
         from sglang_hsd.verify import verify_tree  # noqa: F401
     except ImportError:
         return False
-    return False  # the tree verifier is not wired into the server path yet
+    return True
 
 
 def resolve_hsd_server_args(args) -> None:
@@ -54,9 +61,11 @@ def resolve_hsd_server_args(args) -> None:
         args.speculative_eagle_topk = DEFAULT_TOPK
     if args.speculative_eagle_topk == 1:
         args.speculative_num_draft_tokens = args.speculative_num_steps + 1
-    # Drafts must be *sampled* and carry their full q: this is SGLang's rejection-sampling
-    # plumbing (EagleDraftWorker samples via sample_draft_proposal and keeps draft_probs).
-    if not args.speculative_use_rejection_sampling:
+    # Chains: drafts must be *sampled* and carry their full q, which is SGLang's rejection-sampling
+    # plumbing (EagleDraftWorker samples via sample_draft_proposal and keeps draft_probs). Trees:
+    # that plumbing draws one child per beam (a chain), so the HSD draft worker draws the tree
+    # and carries q itself and SGLang's flag stays off.
+    if args.speculative_eagle_topk == 1 and not args.speculative_use_rejection_sampling:
         args.speculative_use_rejection_sampling = True
     validate_hsd_server_args(args)
 
@@ -65,12 +74,11 @@ def validate_hsd_server_args(args) -> None:
     """Refuse unsupported combinations with a message naming the option to change."""
     problems = []
     topk = args.speculative_eagle_topk
-    if topk not in (None, 1) and not tree_verifier_available():
-        problems.append(
-            f"--speculative-eagle-topk {topk}: HSD verifies chains only (no lossless tree "
-            "verifier is wired in yet); use --speculative-eagle-topk 1"
-        )
     steps = args.speculative_num_steps
+    if topk is not None and topk < 1:
+        problems.append(f"--speculative-eagle-topk {topk}: must be >= 1")
+    elif topk not in (None, 1):
+        problems += tree_problems(args)
     if steps is not None and steps < 1:
         problems.append(f"--speculative-num-steps {steps}: must be >= 1")
     if (topk in (None, 1) and steps is not None and args.speculative_num_draft_tokens
@@ -79,6 +87,10 @@ def validate_hsd_server_args(args) -> None:
             f"--speculative-num-draft-tokens {args.speculative_num_draft_tokens}: a chain of "
             f"{steps} steps verifies {steps + 1} tokens; drop the flag or set it to {steps + 1}"
         )
+    try:
+        PluginConfig.from_env(topk or 1)
+    except ValueError as err:
+        problems.append(str(err))
     if args.speculative_draft_model_path is None:
         problems.append("--speculative-draft-model-path: HSD needs an EAGLE-3 draft head")
     if (args.speculative_accept_threshold_single != 1.0
@@ -115,3 +127,82 @@ def validate_hsd_server_args(args) -> None:
             "--speculative-algorithm HSD cannot run with these options:\n  - "
             + "\n  - ".join(problems)
         )
+
+
+def tree_problems(args) -> list[str]:
+    """What a topk > 1 server cannot honour, one message per option (naming the flag)."""
+    topk, steps = args.speculative_eagle_topk, args.speculative_num_steps
+    tokens = args.speculative_num_draft_tokens
+    problems = []
+    if not tree_verifier_available():
+        problems.append(f"--speculative-eagle-topk {topk}: this build has no tree verifier; "
+                        "use --speculative-eagle-topk 1")
+    if tokens is None:
+        problems.append(f"--speculative-num-draft-tokens: required with --speculative-eagle-topk "
+                        f"{topk} (the tree's node budget N, root included)")
+    elif steps is not None and steps >= 1:
+        pool = topk + (steps - 1) * topk * topk
+        if tokens - 1 < topk:
+            problems.append(
+                f"--speculative-eagle-topk {topk} is larger than the node budget "
+                f"--speculative-num-draft-tokens {tokens} - 1; raise the budget to >= {topk + 1}")
+        if tokens > 1 + pool:
+            problems.append(
+                f"--speculative-num-draft-tokens {tokens}: {steps} steps of topk {topk} draft at "
+                f"most {pool} nodes; lower it to <= {pool + 1} or raise --speculative-num-steps")
+    if args.speculative_use_rejection_sampling:
+        problems.append("--speculative-use-rejection-sampling with --speculative-eagle-topk > 1: "
+                        "SGLang's plumbing draws chains; HSD draws the tree and carries q itself, "
+                        "remove the flag")
+    if os.environ.get(EXIT_LAYER_ENV, "").strip() or _plan_has_exit_level():
+        problems.append(f"--hsd-exit-layer (or an --hsd-plan exit level) with "
+                        f"--speculative-eagle-topk {topk}: the exit level verifies chains only "
+                        "(not built for trees); remove one of them")
+    problems += _sampled_tree_problems(args)
+    if args.device != "cpu" and not args.disable_overlap_schedule:  # CPU: turned off above
+        problems.append(f"--speculative-eagle-topk {topk}: the overlap scheduler is not supported "
+                        "with HSD trees; add --disable-overlap-schedule")
+    return problems
+
+
+def _plan_has_exit_level() -> bool:
+    plan = os.environ.get(PLAN_ENV, "").strip()
+    if not plan:
+        return False
+    from sglang_hsd.sglang_plugin.config import ExitLevelConfigError, exit_level_from_plan
+
+    try:
+        return exit_level_from_plan(plan)[0] is not None
+    except ExitLevelConfigError:
+        return False  # ExitLevelConfig.from_env reports the bad plan itself
+
+
+def _sampled_tree_problems(args) -> list[str]:
+    """What ``--hsd-tree-draft sampled`` (the default for trees) cannot honour."""
+    try:
+        config = PluginConfig.from_env(args.speculative_eagle_topk)
+    except ValueError:
+        return []  # reported by validate_hsd_server_args
+    if config.tree_draft != "sampled":
+        return []
+    problems = []
+    if args.device not in ("cpu", None) and not getattr(args, "disable_cuda_graph", False):
+        problems.append("--hsd-tree-draft sampled: the sampled tree loop runs eagerly (a captured "
+                        "draft graph would replay SGLang's top-k loop); add --disable-cuda-graph")
+    try:
+        from sglang_hsd.sglang_plugin.tree_draft import TREE_RULE
+        from sglang_hsd.verify.tree.expand import ExpandConfig
+        from sglang_hsd.verify.tree.level_draft import LEVEL_RULES
+    except ImportError:
+        return problems + ["--hsd-tree-draft sampled: this build has no level-synchronous tree "
+                           "drafter; use --hsd-tree-draft topk"]
+    steps, topk, tokens = (args.speculative_num_steps, args.speculative_eagle_topk,
+                           args.speculative_num_draft_tokens)
+    if steps and tokens and tokens >= 2:
+        capacity = LEVEL_RULES[TREE_RULE].capacity(ExpandConfig(steps, topk, tokens))
+        if tokens - 1 > capacity:
+            problems.append(
+                f"--speculative-num-draft-tokens {tokens}: the sampled tree drafter ({TREE_RULE!r}) "
+                f"keeps at most {capacity} nodes for --speculative-num-steps {steps} and "
+                f"--speculative-eagle-topk {topk}; lower it to <= {capacity + 1}")
+    return problems

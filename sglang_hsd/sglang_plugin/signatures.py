@@ -78,6 +78,16 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, hidden_states, lm_head, embedding_bias=None, *, out=None)",
     "sglang.srt.speculative.eagle_utils._seeded_verify_coins":
         "(*, sampling_seed, seq_lens, draft_token_num, device)",
+    # Draft trees (tree_draft.py, draft_worker.py).
+    "sglang.srt.speculative.eagle_worker_v2.renorm_draft_probs":
+        "(next_token_logits, sampling_info, use_rejection_sampling)",
+    "sglang.srt.speculative.eagle_utils.per_step_draft_out_cache_loc":
+        "(out_cache_loc, batch_size, topk, num_steps)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill":
+        "(self, batch, target_hidden_states, next_token_ids, mm_input_embeds=None, "
+        "kv_loc_plan=None)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode":
+        "(self, batch, batch_result, *, kv_loc_plan=None)",
 }
 
 

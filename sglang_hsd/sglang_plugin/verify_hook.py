@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
-from sglang_hsd.verify import ChainUniforms, verify_chain
+from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
 from sglang_hsd.verify.window_round import target_round
 
 if TYPE_CHECKING:
     from sglang_hsd.sglang_plugin.exit_level import ExitRound
+    from sglang_hsd.sglang_plugin.tree_draft import DraftTree
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +66,20 @@ class VerifyHookState:
     exit_round: ExitRound | None = None
     hsd_calls: int = 0
     fallback_calls: int = 0
+    tree: DraftTree | None = None
 
     @contextlib.contextmanager
-    def verify_call(self):
-        """The scope of one worker verify call: the exit round it leaves ends with it (also when
-        the call raises), so no later verify can see it."""
+    def verify_call(self, tree: DraftTree | None = None):
+        """The scope of one worker verify call: the exit round it leaves and the round's sampled
+        tree (``tree_draft.DraftTree``: q and links in verify order; None when the tree was not
+        sampled) end with it (also when the call raises), so no later verify can see them."""
         self.exit_round = None
+        self.tree = tree
         try:
             yield self
         finally:
             self.exit_round = None
+            self.tree = None
 
 
 def install_verify_hooks(state: VerifyHookState) -> None:
@@ -87,6 +92,8 @@ def install_verify_hooks(state: VerifyHookState) -> None:
         _sglang_original(eagle_utils.chain_speculative_sampling_triton), state)
     eagle_utils._verify_uses_greedy = make_verify_uses_greedy(
         _sglang_original(eagle_utils._verify_uses_greedy), state)
+    eagle_utils.tree_speculative_sampling_target_only = make_hsd_tree_sampling(
+        _sglang_original(eagle_utils.tree_speculative_sampling_target_only), state)
 
 
 def _sglang_original(fn):
@@ -195,10 +202,69 @@ def make_verify_uses_greedy(original, state: VerifyHookState):
     def verify_uses_greedy(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling):
         if state.exit_round is not None:
             return False  # the exit round's chain is verified by hsd_chain_sampling, greedy or not
-        if use_rejection_sampling and hsd_is_active():
+        if (use_rejection_sampling or state.config.is_tree) and hsd_is_active():
             return bool(is_all_greedy)
         return original(is_all_greedy=is_all_greedy, is_cpu=is_cpu, is_hip=is_hip,
                         is_xpu=is_xpu, use_rejection_sampling=use_rejection_sampling)
 
     verify_uses_greedy.__sglang_hsd_original__ = original
     return verify_uses_greedy
+
+
+def write_tree_result(predicts, accept_index, accept_token_num, retrive_index, result) -> None:
+    """Store a ``TreeVerifyResult`` in SGLang's verify outputs, as its tree kernels do.
+
+    Args:
+        predicts: int32 [bs * N]; ``predicts[retrive_index[b, n]]`` receives the token that follows
+            accepted node n (the next accepted draft, or the corrected / bonus token).
+        accept_index: int32 [bs, >= D + 1]; global node indices of the accepted path, -1 after.
+        accept_token_num: int32 [bs]; accepted draft tokens (bonus excluded).
+        retrive_index: int [bs, N]; global node index of each verify node.
+        result: ``TreeVerifyResult`` (accept_index in verify-node indices, num_accepted, tokens).
+    """
+    path = result.accept_index
+    width = min(path.shape[1], accept_index.shape[1])
+    accepted = path[:, :width] >= 0
+    global_index = retrive_index.to(torch.int64).gather(1, path[:, :width].clamp_min(0))
+    accept_index[:, :width] = torch.where(accepted, global_index, -1).to(accept_index.dtype)
+    accept_index[:, width:] = -1
+    predicts[global_index[accepted]] = result.tokens[:, :width][accepted].to(predicts.dtype)
+    accept_token_num.copy_(result.num_accepted.to(accept_token_num.dtype))
+
+
+def make_hsd_tree_sampling(original, state: VerifyHookState):
+    """Build the replacement for ``eagle_utils.tree_speculative_sampling_target_only`` (SGLang's
+    tree sampler, reached by a non-greedy tree batch): under HSD, ``verify_tree`` with the
+    configured tree method, SGLang's coins and the round's tree q; SGLang's kernel otherwise."""
+
+    @functools.wraps(original)
+    def hsd_tree_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                          retrive_next_token, retrive_next_sibling, uniform_samples,
+                          uniform_samples_for_final_sampling, target_probs, draft_probs,
+                          threshold_single=1.0, threshold_acc=1.0, deterministic=True):
+        if not hsd_is_active():
+            state.fallback_calls += 1
+            return original(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                            retrive_next_token, retrive_next_sibling, uniform_samples,
+                            uniform_samples_for_final_sampling, target_probs, draft_probs,
+                            threshold_single, threshold_acc, deterministic)
+        state.hsd_calls += 1
+        method, tree = state.config.verify_method, state.tree
+        if TREE_METHODS[method].reads_q and tree is None:
+            raise RuntimeError(f"HSD tree verify ({method!r}) without the round's sampled tree")
+        if state.hsd_calls == 1:
+            logger.info("sglang-hsd: verifying trees with verify_tree(method=%r)", method)
+        if tree is not None:  # the drafted links: SGLang's builder may attach unreachable filler
+            retrive_next_token, retrive_next_sibling = (tree.retrive_next_token,
+                                                        tree.retrive_next_sibling)
+        result = verify_tree(
+            candidates.to(torch.int64), retrive_next_token, retrive_next_sibling,
+            tree.draft_probs if tree is not None else None, target_probs, method=method,
+            uniforms=TreeUniforms(accept=uniform_samples.float(),
+                                  sample=uniform_samples_for_final_sampling.float()),
+            validate=state.config.validate, draft_mode="without-replacement",
+            max_depth=accept_index.shape[1] - 1)
+        write_tree_result(predicts, accept_index, accept_token_num, retrive_index, result)
+
+    hsd_tree_sampling.__sglang_hsd_original__ = original
+    return hsd_tree_sampling

@@ -41,8 +41,11 @@ def hsd_worker(server_args):
     SGLang calls the result with its four worker arguments (server_args, gpu_id, nccl_port,
     target_worker).
     """
-    plugin_config = PluginConfig.from_env()
-    exit_config = ExitLevelConfig.from_env(plugin_config.verify_method)
+    plugin_config = PluginConfig.from_env(server_args.speculative_eagle_topk or 1)
+    # The exit level verifies chains; trees refuse it (server_args), so its default rule is only
+    # inherited from a chain configuration.
+    exit_config = (ExitLevelConfig.from_env() if plugin_config.is_tree
+                   else ExitLevelConfig.from_env(plugin_config.verify_method))
     return functools.partial(HSDWorker, plugin_config=plugin_config, exit_config=exit_config)
 
 
@@ -78,6 +81,13 @@ class HSDWorker(EAGLEWorkerV2):
         if type(draft) is not EagleDraftWorker:
             raise RuntimeError(f"HSD: expected an EagleDraftWorker, got {type(draft).__name__}")
         draft.__class__ = HSDDraftWorker
+        if self.hsd_hooks.config.is_tree and self.hsd_hooks.config.tree_draft == "sampled":
+            from sglang.srt.speculative import eagle_worker_v2
+
+            from sglang_hsd.sglang_plugin.tree_draft import RootQHook
+
+            draft.hsd_root_q = RootQHook()
+            draft.hsd_root_q.install(eagle_worker_v2)
         if self.hsd_exit is not None and self.hsd_exit.buffer > 1:
             draft.hsd_continuation = DraftContinuation(draft, target_worker.model_config.vocab_size)
             self.hsd_exit.drafter = draft.hsd_continuation
@@ -87,8 +97,10 @@ class HSDWorker(EAGLEWorkerV2):
                 or pp_proxy_tensors is not None):
             # Grammar-constrained batches keep the two-level round: SGLang builds their
             # grammar tree from the drafts before the target forward.
-            return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors,
-                                  grammar_barrier=grammar_barrier)
+            tree = getattr(self._draft_worker, "hsd_tree", None)
+            with self.hsd_hooks.verify_call(tree=tree):
+                return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors,
+                                      grammar_barrier=grammar_barrier)
         return self._verify_with_exit_level(batch, grammar_barrier)
 
     def _verify_with_exit_level(self, batch, grammar_barrier):

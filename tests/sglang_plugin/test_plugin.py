@@ -75,7 +75,7 @@ def test_server_args_defaults_turn_on_sampled_chain_drafting(plugin_loaded):
 
 
 @pytest.mark.parametrize("overrides, says", [
-    (dict(speculative_num_steps=3, speculative_eagle_topk=4), "--speculative-eagle-topk 1"),
+    (dict(speculative_num_steps=3, speculative_eagle_topk=4), "--speculative-num-draft-tokens"),
     (dict(speculative_accept_threshold_single=0.5), "remove them"),
     (dict(speculative_use_block_verification=True), "--hsd-verify-method"),
     (dict(speculative_draft_model_path=None), "EAGLE-3 draft head"),

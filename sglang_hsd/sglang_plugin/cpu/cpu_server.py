@@ -31,9 +31,15 @@ def free_port() -> int:
 def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
                        draft_path: str | None = None, num_steps: int | None = None,
                        extra: list[str] | None = None,
-                       eagle3_rejection_sampling: bool = True) -> list[str]:
-    """``eagle3_rejection_sampling``: for ``EAGLE3``, sample drafts and carry q (SGLang refuses
-    this for a reduced draft vocabulary); False gives SGLang's argmax drafts."""
+                       eagle3_rejection_sampling: bool = True, topk: int | None = None,
+                       num_draft_tokens: int | None = None) -> list[str]:
+    """The CPU launch command.
+
+    ``eagle3_rejection_sampling``: for ``EAGLE3`` chains, sample drafts and carry q (SGLang
+    refuses this for a reduced draft vocabulary); False gives SGLang's argmax drafts.
+    ``topk`` / ``num_draft_tokens``: the tree shape (``--speculative-eagle-topk`` /
+    ``--speculative-num-draft-tokens``; defaults: a chain of ``num_steps`` + 1 tokens). Tree
+    flags of HSD (``--hsd-tree-draft``, ``--hsd-verify-method``) go in ``extra``."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
            "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
            "--max-total-tokens", "8192", "--attention-backend", "torch_native",
@@ -42,14 +48,15 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
         cmd += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft_path,
                 "--decode-attention-backend", "intel_amx", "--speculative-attention-mode",
                 "decode", "--speculative-draft-attention-backend", "intel_amx"]
-        if algorithm.upper() == "EAGLE3":
-            cmd += ["--speculative-eagle-topk", "1"]
-            if eagle3_rejection_sampling:  # sampled drafts with q for the built-in sampler too
-                cmd += ["--speculative-use-rejection-sampling"]
+        is_eagle3 = algorithm.upper() == "EAGLE3"
+        if is_eagle3 or topk:
+            cmd += ["--speculative-eagle-topk", str(topk or 1)]
+        if is_eagle3 and (topk or 1) == 1 and eagle3_rejection_sampling:
+            cmd += ["--speculative-use-rejection-sampling"]  # sampled chain drafts with q
         if num_steps:
             cmd += ["--speculative-num-steps", str(num_steps)]
-            if algorithm.upper() == "EAGLE3":
-                cmd += ["--speculative-num-draft-tokens", str(num_steps + 1)]
+        if num_draft_tokens or (is_eagle3 and num_steps):
+            cmd += ["--speculative-num-draft-tokens", str(num_draft_tokens or num_steps + 1)]
     return cmd + list(extra or [])
 
 

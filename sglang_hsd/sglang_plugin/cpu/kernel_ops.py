@@ -37,10 +37,11 @@ def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
         rows[tgt] = rows[src].clone()
 
 
-def _attend(q, keys, values, sm_scale, logit_cap, causal_offset=None):
+def _attend(q, keys, values, sm_scale, logit_cap, causal_offset=None, visible=None):
     """softmax(q k^T * scale) v for one request. q [Tq, Hq, D], keys/values [Tk, Hkv, D*].
 
-    ``causal_offset``: query i sees keys j <= causal_offset + i (None: sees all)."""
+    ``causal_offset``: query i sees keys j <= causal_offset + i (None: sees all).
+    ``visible``: bool [Tq, Tk], which keys each query sees (None: all)."""
     group = q.shape[1] // keys.shape[1]
     k = keys.float().repeat_interleave(group, dim=1)
     v = values.float().repeat_interleave(group, dim=1)
@@ -51,6 +52,8 @@ def _attend(q, keys, values, sm_scale, logit_cap, causal_offset=None):
         qi = torch.arange(q.shape[0]).unsqueeze(1)
         kj = torch.arange(keys.shape[0]).unsqueeze(0)
         scores = scores.masked_fill((kj > causal_offset + qi).unsqueeze(0), float("-inf"))
+    if visible is not None:
+        scores = scores.masked_fill(~visible.unsqueeze(0), float("-inf"))
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
 
 
@@ -90,12 +93,16 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
 
     Request b has ``seq_lens[b]`` tokens of which the last ``extend_seq_lens[b]`` are new (rows
     ``extend_start_loc[b]:`` of ``q_extend``/``k_extend``/``v_extend``); the prefix is read from
-    the cache through ``req_to_token``. New tokens attend causally. A tree mask (topk > 1 verify)
-    is not supported.
+    the cache through ``req_to_token``. Without a tree mask the new tokens attend causally.
+
+    ``tree_mask`` (target verify of a draft tree, SGLang's QLEN_ONLY mode): bool, request b's
+    ``L x L`` block (L = extend_seq_lens[b]) flattened after the blocks of requests < b; entry
+    [i, j] says whether new token i sees new token j (its ancestors and itself). The prefix is
+    always visible.
     """
     _check_plain_attention(is_cross, window_plus_one - 1, sinks, "extend_attention_cpu")
-    if tree_mask is not None and tree_mask.numel() > 0:
-        raise NotImplementedError("sglang-hsd's torch extend_attention_cpu has no tree mask")
+    masked = tree_mask is not None and tree_mask.numel() > 0
+    mask_begin = 0
     for b in range(seq_lens.shape[0]):
         start, length = int(extend_start_loc[b]), int(extend_seq_lens[b])
         prefix = int(seq_lens[b]) - length
@@ -103,21 +110,37 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         keys = torch.cat([k_buffer[slots].float() * k_scale, k_extend[start : start + length].float()])
         values = torch.cat([v_buffer[slots].float() * v_scale,
                             v_extend[start : start + length].float()])
+        visible = None
+        if masked:
+            block = tree_mask.reshape(-1)[mask_begin : mask_begin + length * length]
+            mask_begin += length * length
+            visible = torch.cat([torch.ones(length, prefix, dtype=torch.bool),
+                                 block.view(length, length).bool()], dim=1)
         out = _attend(q_extend[start : start + length], keys, values, sm_scale, logit_cap,
-                      causal_offset=prefix if is_causal else None)
+                      causal_offset=prefix if is_causal and not masked else None, visible=visible)
         o_extend[start : start + length] = out.to(o_extend.dtype)
 
 
 def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, topk, num_steps,
                                     pool_len):
-    """Torch version of ``sgl_kernel.build_draft_decode_metadata_cpu`` for topk = 1 chains.
+    """Torch version of ``sgl_kernel.build_draft_decode_metadata_cpu`` (the intel_amx multi-step
+    draft backend).
 
-    With one draft branch the draft tokens sit in the request's own ``req_to_token`` row right
-    after the prefix, so the expanded table is the batch's rows. Returns int [bs, pool_len].
+    Row b*topk + j of the result is the table draft beam j of request b attends through: the
+    request's prefix slots ``req_to_token[r, :seq_lens[b]]`` followed by beam j's ``num_steps``
+    draft slots, which ``assign_draft_cache_locs_contiguous_cpu`` reserved at
+    ``seq_lens[b] + j*num_steps``. Entries past ``seq_lens[b] + num_steps`` are undefined.
+    Returns int [bs*topk, pool_len] (``req_to_token``'s dtype).
     """
-    if topk != 1:
-        raise NotImplementedError("sglang-hsd's torch draft metadata supports topk = 1 only")
-    return req_to_token[req_pool_indices.long(), :pool_len].clone()
+    rows = req_to_token[req_pool_indices.long(), :pool_len].repeat_interleave(int(topk), dim=0)
+    if topk == 1:  # the beam's slots already follow the prefix in the request's own row
+        return rows.clone()
+    lens = seq_lens.long().repeat_interleave(int(topk))
+    beam = torch.arange(int(topk)).repeat(seq_lens.shape[0])
+    step = torch.arange(int(num_steps))
+    src = (lens + beam * int(num_steps)).unsqueeze(1) + step
+    dst = lens.unsqueeze(1) + step
+    return rows.scatter(1, dst, rows.gather(1, src))
 
 
 def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
@@ -173,18 +196,91 @@ def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_
     accept_out_cache_loc[: kept.numel()] = out_cache_loc[kept].to(accept_out_cache_loc.dtype)
 
 
+# SGLang's TreeMaskMode values (eagle_utils): full rows over prefix + draft, or draft-only rows.
+_FULL_MASK, _QLEN_ONLY = 0, 1
+
+
 def build_tree_kernel_efficient_cpu(parent_list, top_scores_index, seq_lens, tree_mask, positions,
                                     retrive_index, retrive_next_token, retrive_next_sibling, topk,
                                     spec_steps, num_verify_tokens, tree_mask_mode) -> None:
-    """``sgl_kernel.build_tree_kernel_efficient_cpu`` for topk = 1 (a chain: root + drafts).
+    """Torch version of ``sgl_kernel.build_tree_kernel_efficient_cpu`` (SGLang's
+    ``build_tree_kernel_efficient``): the verify tree of each request from the draft pool.
 
-    Node j of request b is global index b*N + j, its position seq_lens[b] + j, its next token
-    j + 1 and it has no siblings. The tree mask is a causal chain: the full mask (N x (prefix+N)
-    per request, flattened) or the draft-only N x N mask, whichever size ``tree_mask`` has.
+    Args:
+        parent_list: int64 [bs, topk*(spec_steps-1)+1]; entry t >= 1 is the pool index of the node
+            whose children fill pool block t (pool index // topk == t); entry 0 is the root's.
+        top_scores_index: int64 [bs, N-1], sorted pool indices of the kept nodes; verify node
+            n >= 1 is pool node ``top_scores_index[n-1]``, node 0 the root.
+        seq_lens: int64 [bs] prefix lengths.
+        tree_mask: bool, written: ``tree_mask_mode`` 0 (FULL_MASK: per request N rows of prefix +
+            N columns, prefix columns left as the caller filled them) or 1 (QLEN_ONLY: N x N per
+            request); row n sees the root, its ancestors and itself.
+        positions: int64 [bs*N] written: seq_lens[b] + depth of node n.
+        retrive_index / retrive_next_token / retrive_next_sibling: int64 [bs, N] written (the
+            latter two must come in filled with -1): global index b*N + n, first child, next
+            sibling; children are listed in increasing verify index.
+    A kept node whose parent was not kept is skipped, as the kernel does (it warns).
     """
-    if topk != 1:
-        raise NotImplementedError("sglang-hsd's torch tree builder supports topk = 1 only")
     bs, n = seq_lens.shape[0], int(num_verify_tokens)
+    if topk == 1:
+        return _build_chain(seq_lens, tree_mask, positions, retrive_index, retrive_next_token,
+                            retrive_next_sibling, n, int(tree_mask_mode))
+    retrive_index.copy_((torch.arange(bs).unsqueeze(1) * n + torch.arange(n)).to(retrive_index.dtype))
+    parents = _verify_parents(parent_list.long(), top_scores_index.long(), int(topk))
+    mask = torch.zeros(bs, n, n, dtype=torch.bool)
+    mask[:, :, 0] = True
+    for b in range(bs):
+        row = parents[b].tolist()
+        for node in range(n - 1, 0, -1):  # prepend, so the first child has the lowest index
+            parent = row[node]
+            if parent < 0:
+                continue
+            retrive_next_sibling[b, node] = retrive_next_token[b, parent]
+            retrive_next_token[b, parent] = node
+        for node in range(1, n):
+            cur = node
+            while cur > 0:
+                mask[b, node, cur] = True
+                cur = row[cur]
+    depth = mask[:, :, 1:].sum(-1)
+    positions.copy_((seq_lens.long().unsqueeze(1) + depth).reshape(-1).to(positions.dtype))
+    _write_mask(tree_mask, mask, seq_lens, int(tree_mask_mode))
+
+
+def _verify_parents(parent_list, top_scores_index, topk):
+    """int64 [bs, N]: verify index of each node's parent (0 = root; -1 for the root itself and
+    for a node whose parent pool node was not kept)."""
+    bs = top_scores_index.shape[0]
+    block = top_scores_index // topk
+    parent_pool = parent_list.gather(1, block)
+    # verify index of a pool node = 1 + its rank among the kept (sorted) pool indices
+    match = top_scores_index.unsqueeze(1) == parent_pool.unsqueeze(2)  # [bs, N-1 (child), N-1]
+    found = match.any(-1)
+    index = torch.where(found, match.long().argmax(-1) + 1, -1)
+    index = torch.where(block == 0, 0, index)
+    return torch.cat([torch.full((bs, 1), -1, dtype=torch.long), index], dim=1)
+
+
+def _write_mask(tree_mask, mask, seq_lens, mode):
+    """Write the [bs, N, N] ancestor mask in SGLang's layout for ``mode``."""
+    bs, n = mask.shape[:2]
+    if mode == _QLEN_ONLY:
+        tree_mask.view(-1)[: bs * n * n] = mask.reshape(-1).to(tree_mask.dtype)
+        return
+    if mode != _FULL_MASK:
+        raise NotImplementedError(f"sglang-hsd's torch tree builder: tree_mask_mode {mode}")
+    begin = 0
+    for b in range(bs):
+        prefix = int(seq_lens[b])
+        rows = tree_mask.view(-1)[begin : begin + n * (prefix + n)].view(n, prefix + n)
+        rows[:, prefix:] = mask[b].to(tree_mask.dtype)
+        begin += n * (prefix + n)
+
+
+def _build_chain(seq_lens, tree_mask, positions, retrive_index, retrive_next_token,
+                 retrive_next_sibling, n, mode):
+    """The topk = 1 tree: a chain root + drafts (node j: position seq_lens[b] + j, next j + 1)."""
+    bs = seq_lens.shape[0]
     slot = torch.arange(n)
     positions.copy_((seq_lens.long().unsqueeze(1) + slot).reshape(-1).to(positions.dtype))
     retrive_index.copy_((torch.arange(bs).unsqueeze(1) * n + slot).to(retrive_index.dtype))
@@ -192,21 +288,7 @@ def build_tree_kernel_efficient_cpu(parent_list, top_scores_index, seq_lens, tre
     retrive_next_token.copy_(nxt.to(retrive_next_token.dtype))
     retrive_next_sibling.fill_(-1)
     causal = slot.unsqueeze(0) <= slot.unsqueeze(1)  # [N, N]
-    if tree_mask.numel() == bs * n * n:
-        tree_mask.copy_(causal.expand(bs, n, n).reshape(tree_mask.shape).to(tree_mask.dtype))
-        return
-    total = int((seq_lens.long() * n + n * n).sum())
-    if tree_mask.numel() >= total:
-        begin = 0
-        for b in range(bs):
-            prefix = int(seq_lens[b])
-            rows = torch.cat([torch.ones(n, prefix, dtype=torch.bool), causal], dim=1)
-            tree_mask.view(-1)[begin : begin + rows.numel()] = rows.reshape(-1).to(tree_mask.dtype)
-            begin += rows.numel()
-        return
-    raise NotImplementedError(
-        f"sglang-hsd's torch tree builder: unexpected tree_mask size {tree_mask.numel()} "
-        f"(mode {tree_mask_mode})")
+    _write_mask(tree_mask, causal.expand(bs, n, n), seq_lens, mode)
 
 
 def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index,

@@ -140,21 +140,28 @@ def expand_round_law(world: TabularWorld, rule: str, shape: Shape, prefix: tuple
     return RoundLaw(emitted, expected)
 
 
-def expand_prefix_distribution(world: TabularWorld, rule: str, shape: Shape, length: int) -> dict:
-    """Exact law of the first ``length`` emitted tokens over repeated rounds from the empty prefix."""
-    if length - 1 + shape.depth > world.max_len:
-        raise ValueError(f"length {length} with depth {shape.depth} needs world.max_len >= {length - 1 + shape.depth}")
+def chain_rounds(round_law: Callable[[tuple], dict], world: TabularWorld, depth: int, length: int) -> dict:
+    """Exact law of the first ``length`` emitted tokens over repeated rounds from the empty prefix.
+
+    ``round_law(prefix)`` -> {emitted block: probability} of one round (drafts of depth <= ``depth``)."""
+    if length - 1 + depth > world.max_len:
+        raise ValueError(f"length {length} with depth {depth} needs world.max_len >= {length - 1 + depth}")
     done: dict[tuple[int, ...], float] = {}
     frontier = {(): 1.0}
     while frontier:
         next_frontier: dict[tuple[int, ...], float] = {}
         for prefix, mass in frontier.items():
-            for block, prob in expand_round_law(world, rule, shape, prefix).emitted.items():
+            for block, prob in round_law(prefix).items():
                 extended = (prefix + block)[:length]
                 bucket = done if len(extended) == length else next_frontier
                 bucket[extended] = bucket.get(extended, 0.0) + mass * prob
         frontier = next_frontier
     return done
+
+
+def expand_prefix_distribution(world: TabularWorld, rule: str, shape: Shape, length: int) -> dict:
+    """Exact law of the first ``length`` emitted tokens over repeated rounds from the empty prefix."""
+    return chain_rounds(lambda prefix: expand_round_law(world, rule, shape, prefix).emitted, world, shape.depth, length)
 
 
 def expand_prefix_tv(world: TabularWorld, rule: str, shape: Shape, length: int) -> float:

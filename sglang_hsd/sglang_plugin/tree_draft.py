@@ -1,0 +1,186 @@
+"""Sampled draft trees in SGLang's EAGLE draft loop (``--speculative-eagle-topk`` > 1,
+``--hsd-tree-draft sampled``).
+
+SGLang's tree loop takes the deterministic top-k of a plain softmax at every step and prunes the
+pool to the best path scores, which is lossy for sampled drafts; with its rejection-sampling
+flag on it drafts a chain instead. ``draft_sampled_tree`` keeps SGLang's loop shape (D - 1 draft
+forwards of k beams per request through the draft attention backend, the same per-step KV slots
+and positions) and lets ``sglang_hsd.verify.tree.level_draft.LevelDrafter`` choose the tokens:
+children drawn without replacement from the drafter's real q, greedy rows (top_k == 1) taking
+q's top-k. The tree comes back in SGLang's pool layout (its tree builder, attention mask and KV
+bookkeeping run unchanged) plus what verification needs (``DraftTree``).
+
+q is the drafter's distribution under the request's sampling parameters, computed by
+``sampling_probs``: the transform SGLang applies to the target in ``eagle_sample``
+(temperature, then top-k, then top-p renormalisation), on the draft vocabulary, then scattered to
+the target vocabulary (``draft_probs.scatter_draft_probs``). The root's q comes from the draft
+extend that follows every verify (and prefill); ``RootQHook`` keeps it on the draft input, which
+SGLang filters and merges with the batch.
+
+This module imports SGLang at import: only ``draft_worker.py`` imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.speculative import eagle_utils
+from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
+
+from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+
+# the expansion rule of the sampled tree drafter (LEVEL_RULES): see level_draft.py for why
+TREE_RULE = "spine"
+
+
+@dataclass
+class DraftTree:
+    """What verification of one sampled tree round needs beyond SGLang's verify input.
+
+    Fields:
+        draft_probs: float [bs, N, Vt], verify-node order: row n = q node n's children were drawn
+            from (target vocabulary), zeros for nodes never forwarded.
+        retrive_next_token / retrive_next_sibling: int64 [bs, N], the drafted tree's links in
+            verify order (rows whose q support ran out have unreachable filler nodes, which
+            SGLang's tree builder may still attach; verification walks these links instead).
+    """
+
+    draft_probs: torch.Tensor
+    retrive_next_token: torch.Tensor
+    retrive_next_sibling: torch.Tensor
+
+
+def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,
+                   greedy_plain: bool = False) -> torch.Tensor:
+    """The request's sampling distribution of ``logits``, as ``eagle_sample`` builds the
+    target's: softmax(logits / T), then top-k, then top-p renormalisation when the batch uses them.
+
+    Args:
+        logits: float [bs * repeats, V], rows of request b at b*repeats .. b*repeats + repeats - 1.
+        sampling_info: SGLang's ``SamplingBatchInfo`` (temperatures [bs, 1], top_ks, top_ps [bs]).
+        repeats: rows per request.
+        greedy_plain: greedy rows (top_k == 1) get softmax(logits) instead of their one-hot
+            transform. The drafter takes such rows' top-k deterministically; a one-hot q would
+            leave them a single child per node.
+    Returns:
+        float [bs * repeats, V].
+    """
+    def per_row(x):
+        return x if repeats == 1 else torch.repeat_interleave(x, repeats, dim=0)
+
+    probs = eagle_utils.sampling_softmax(logits, temperatures=per_row(sampling_info.temperatures))
+    if sampling_info.need_top_k_sampling:
+        probs = eagle_utils.top_k_renorm_prob(probs, per_row(sampling_info.top_ks))
+    if sampling_info.need_top_p_sampling:
+        probs = eagle_utils.top_p_renorm_prob(probs, per_row(sampling_info.top_ps))
+    if greedy_plain:
+        probs = torch.where(per_row(greedy_rows(sampling_info)).unsqueeze(-1),
+                            torch.softmax(logits.float(), dim=-1), probs)
+    return probs
+
+
+def greedy_rows(sampling_info) -> torch.Tensor:
+    """bool [bs]: rows that take the drafter's top-k (greedy requests: top_k == 1)."""
+    return sampling_info.top_ks.view(-1) <= 1
+
+
+class RootQHook:
+    """Keeps the root's q of the next round on the draft input.
+
+    The draft extend (``_draft_extend_for_prefill`` / ``_draft_extend_for_decode``) computes the
+    next root's draft distribution with the module-level ``renorm_draft_probs`` of
+    ``eagle_worker_v2``; ``install`` wraps that name so the call also records ``sampling_probs``
+    of the same logits, and ``run`` stores it as the draft input's ``draft_probs`` (draft
+    vocabulary), which SGLang filters and merges with the batch.
+    """
+
+    def __init__(self):
+        # None: outside a draft extend; False: inside one, nothing recorded yet; then the q
+        self.pending: torch.Tensor | bool | None = None
+
+    def install(self, module) -> None:
+        original = getattr(module.renorm_draft_probs, "__sglang_hsd_original__",
+                           module.renorm_draft_probs)
+
+        @functools.wraps(original)
+        def renorm_draft_probs(next_token_logits, sampling_info, use_rejection_sampling):
+            if self.pending is False:  # inside a hooked draft extend
+                self.pending = sampling_probs(next_token_logits.float(), sampling_info,
+                                              greedy_plain=True)
+            return original(next_token_logits, sampling_info, use_rejection_sampling)
+
+        renorm_draft_probs.__sglang_hsd_original__ = original
+        module.renorm_draft_probs = renorm_draft_probs
+
+    def run(self, extend, draft_input_of):
+        """Run a draft extend (``extend()``) and attach the recorded root q to the draft input
+        ``draft_input_of(result)`` it produced."""
+        self.pending = False
+        try:
+            result = extend()
+            q = self.pending
+        finally:
+            self.pending = None
+        draft_input = draft_input_of(result)
+        if draft_input is not None and isinstance(q, torch.Tensor):
+            draft_input.draft_probs = q
+        return result
+
+
+def draft_sampled_tree(worker, forward_batch):
+    """The draft loop of one round with sampled trees; replaces ``EagleDraftWorker.draft_forward``.
+
+    Args:
+        worker: the ``HSDDraftWorker`` (SGLang's draft worker: draft runner, attention backends,
+            topk, speculative_num_steps / num_draft_tokens, hot_token_id).
+        forward_batch: the draft ``ForwardBatch`` SGLang prepared (spec_info carries the root's
+            hidden states [bs, H] and q ``draft_probs`` [bs, Vd]).
+    Returns:
+        (parent_list, top_scores_index, draft_tokens (target ids), draft_probs [bs, N, Vt]) as
+        SGLang's ``draft_forward`` returns them, and the ``DraftTree`` of the round.
+    """
+    from sglang_hsd.verify.tree.expand import ExpandConfig
+    from sglang_hsd.verify.tree.level_draft import LevelDrafter
+
+    spec_info, info = forward_batch.spec_info, forward_batch.sampling_info
+    k, steps = worker.topk, worker.speculative_num_steps
+    root_q = spec_info.draft_probs
+    if root_q is None:
+        raise RuntimeError("HSD sampled trees: the draft input carries no root q (draft extend "
+                           "ran without RootQHook)")
+    cfg = ExpandConfig(depth=steps, topk=k, num_draft_tokens=worker.speculative_num_draft_tokens)
+    drafter = LevelDrafter(cfg, TREE_RULE, root_q.float(), greedy_rows(info), validate=False)
+    to_target = _target_ids(worker)
+    out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc,
+                                                 forward_batch.batch_size, k, steps)
+    hidden = spec_info.hidden_states
+    step = drafter.first()
+    for i in range(steps - 1):
+        forward_batch.input_ids = to_target(step.input_ids)
+        forward_batch.out_cache_loc = out_cache_loc[i]
+        spec_info.hidden_states = hidden[step.hidden_rows]
+        with forward_context(ForwardContext(attn_backend=worker.draft_attn_backend.attn_backends[i]),
+                             forward_batch=forward_batch):
+            logits_output = worker.draft_runner.forward(forward_batch).logits_output
+        forward_batch.positions.add_(1)
+        hidden = logits_output.hidden_states
+        q_rows = sampling_probs(logits_output.next_token_logits.float(), info, k, greedy_plain=True)
+        step = drafter.step(q_rows)
+    tree = drafter.finish()
+    vocab = worker.hsd_target_vocab_size
+    q = tree.draft_probs
+    if worker.hot_token_id is not None:
+        q = scatter_draft_probs(q, worker.hot_token_id, vocab)
+    draft_tree = DraftTree(q, tree.retrive_next_token, tree.retrive_next_sibling)
+    return (tree.parent_list, tree.top_scores_index, to_target(tree.draft_tokens), q), draft_tree
+
+
+def _target_ids(worker):
+    """Draft-vocabulary ids -> target ids (``hot_token_id``; identity without a reduced vocab)."""
+    hot = worker.hot_token_id
+    if hot is None:
+        return lambda ids: ids
+    return lambda ids: hot[ids]

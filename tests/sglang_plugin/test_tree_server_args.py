@@ -1,0 +1,134 @@
+"""Server arguments and flags of draft trees (--speculative-eagle-topk > 1): what is accepted,
+the verify-method / tree-draft pairs, and every refusal naming its flag (before models load)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_hsd.sglang_plugin.config import PluginConfig
+from tests.sglang_plugin.test_plugin import _args, plugin_loaded  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.sglang
+
+TREE = dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
+            disable_overlap_schedule=True)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("SGLANG_HSD_VERIFY_METHOD", "SGLANG_HSD_TREE_DRAFT", "SGLANG_HSD_EXIT_LAYER",
+                 "SGLANG_HSD_PLAN"):
+        monkeypatch.setenv(name, "")  # recorded, so flag actions writing os.environ are undone
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def _validate(**overrides):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    SpeculativeAlgorithm.from_string("HSD").validate_server_args(_args(**{**TREE, **overrides}))
+
+
+def test_tree_defaults_keep_sglang_rejection_sampling_off(plugin_loaded, clean_env):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    args = _args(**{**TREE, "disable_overlap_schedule": False})
+    SpeculativeAlgorithm.from_string("HSD").handle_server_args(args)
+    assert args.speculative_use_rejection_sampling is False  # the HSD worker carries q
+    assert (args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (2, 6)
+    assert args.disable_overlap_schedule is True  # CPU
+
+
+@pytest.mark.parametrize("topk, tokens, draft", [
+    (2, 3, "sampled"), (2, 7, "sampled"), (3, 4, "sampled"), (4, 13, "sampled"),
+    (2, 11, "topk"), (4, 21, "topk")])
+def test_tree_shapes_accepted(plugin_loaded, clean_env, topk, tokens, draft):
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
+    _validate(speculative_eagle_topk=topk, speculative_num_draft_tokens=tokens)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (dict(speculative_num_draft_tokens=None), "--speculative-num-draft-tokens: required"),
+    (dict(speculative_eagle_topk=4, speculative_num_draft_tokens=4), "larger than the node budget"),
+    (dict(speculative_num_draft_tokens=12), "lower it to <= 11"),
+    (dict(speculative_num_draft_tokens=8), "the sampled tree drafter ('spine') keeps at most 6"),
+    (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
+    (dict(disable_overlap_schedule=False, device="cuda"), "--disable-overlap-schedule"),
+    (dict(speculative_accept_threshold_acc=0.5), "thresholds make verification lossy"),
+    (dict(speculative_eagle_topk=0), "--speculative-eagle-topk 0: must be >= 1"),
+])
+def test_tree_refusals_name_the_flag(plugin_loaded, clean_env, overrides, says):
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
+
+    with pytest.raises(HSDServerArgsError) as err:
+        _validate(**overrides)
+    assert says in str(err.value)
+
+
+def test_exit_level_with_trees_is_refused_naming_both_flags(plugin_loaded, clean_env):
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
+
+    clean_env.setenv("SGLANG_HSD_EXIT_LAYER", "2")
+    with pytest.raises(HSDServerArgsError) as err:
+        _validate()
+    assert "--hsd-exit-layer" in str(err.value) and "--speculative-eagle-topk 2" in str(err.value)
+
+
+@pytest.mark.parametrize("draft, method, expected", [
+    (None, None, "hsd"), ("sampled", "rrs", "rrs"), ("topk", None, "target-only"),
+    ("topk", "target-only", "target-only"),
+])
+def test_tree_method_pairs(clean_env, draft, method, expected):
+    if draft:
+        clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
+    if method:
+        clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", method)
+    config = PluginConfig.from_env(topk=3)
+    assert (config.verify_method, config.tree_draft, config.is_tree) == (
+        expected, draft or "sampled", True)
+
+
+@pytest.mark.parametrize("draft, method", [
+    ("sampled", "target-only"), ("sampled", "tokenwise"), ("topk", "hsd"), ("topk", "rrs")])
+def test_unpaired_tree_methods_refused_naming_both_flags(clean_env, draft, method):
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
+    clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", method)
+    with pytest.raises(ValueError, match="--hsd-verify-method.*--hsd-tree-draft"):
+        PluginConfig.from_env(topk=2)
+
+
+def test_chain_refuses_tree_only_flags(clean_env):
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", "topk")
+    with pytest.raises(ValueError, match="--hsd-tree-draft"):
+        PluginConfig.from_env(topk=1)
+    clean_env.delenv("SGLANG_HSD_TREE_DRAFT")
+    clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", "rrs")
+    with pytest.raises(ValueError, match="--hsd-verify-method"):
+        PluginConfig.from_env(topk=1)
+
+
+def test_cli_tree_draft_flag(plugin_loaded, clean_env):
+    import argparse
+    import os
+
+    from sglang.srt.server_args import ServerArgs
+
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", "sampled")
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(["--model-path", "x", "--hsd-tree-draft", "topk",
+                       "--hsd-verify-method", "target-only"])
+    assert os.environ["SGLANG_HSD_TREE_DRAFT"] == "topk"
+    assert os.environ["SGLANG_HSD_VERIFY_METHOD"] == "target-only"
+
+
+@pytest.mark.parametrize("draft, method", [("topk", "target-only"), ("sampled", "rrs")])
+def test_tree_worker_factory_reads_the_tree_configuration(plugin_loaded, clean_env, draft, method):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
+    clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", method)
+    worker = SpeculativeAlgorithm.from_string("HSD").create_worker(_args(**TREE))
+    config = worker.keywords["plugin_config"]
+    assert (config.verify_method, config.tree_draft, config.topk) == (method, draft, 2)
+    assert not worker.keywords["exit_config"].enabled  # its chain rule is not the tree's

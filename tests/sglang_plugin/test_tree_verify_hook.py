@@ -1,0 +1,188 @@
+"""Tree verification inside SGLang's ``eagle_sample`` (topk > 1): the plugin's replacement of
+``tree_speculative_sampling_target_only`` runs ``verify_tree`` on SGLang's coins and writes
+predicts / accept_index / accept lengths as SGLang's tree kernels do (global node indices)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from sglang_hsd.sglang_plugin import verify_hook
+from sglang_hsd.sglang_plugin.config import PluginConfig
+from sglang_hsd.sglang_plugin.cpu.kernel_ops import build_tree_kernel_efficient_cpu
+from sglang_hsd.verify import TreeUniforms, verify_tree
+from tests.sglang_plugin.test_plugin import _fake_sglang_state, plugin_loaded  # noqa: F401
+
+pytestmark = pytest.mark.sglang
+
+# k = 2, 3 steps, N = 6 (see test_cpu_tree_ops.py): root -> {1, 2}; 1 -> 3; 2 -> 4; 3 -> 5
+PARENT_LIST, KEPT, N, VOCAB = [-1, 0, 1, 2, 4], [0, 1, 2, 4, 6], 6, 7
+
+
+def _install(monkeypatch, method, tree_draft):
+    from sglang.srt.speculative import eagle_utils
+
+    for name in ("chain_speculative_sampling_triton", "_verify_uses_greedy",
+                 "tree_speculative_sampling_target_only"):
+        monkeypatch.setattr(eagle_utils, name, getattr(eagle_utils, name))
+    state = verify_hook.VerifyHookState(PluginConfig(verify_method=method, topk=2,
+                                                     tree_draft=tree_draft))
+    verify_hook.install_verify_hooks(state)
+    return state
+
+
+def _tree_batch(bs, seed, all_greedy=False):
+    gen = torch.Generator().manual_seed(seed)
+    seq = torch.full((bs,), 5)
+    ri, nt, ns = torch.full((3, bs, N), -1, dtype=torch.long)
+    build_tree_kernel_efficient_cpu(torch.tensor([PARENT_LIST] * bs), torch.tensor([KEPT] * bs),
+                                    seq, torch.ones(bs * N * N, dtype=torch.bool),
+                                    torch.empty(bs * N, dtype=torch.long), ri, nt, ns, 2, 3, N, 1)
+    # siblings 1, 2 distinct; q rows context dependent
+    q = torch.softmax(torch.randn(bs, N, VOCAB, generator=gen) * 2, -1)
+    tokens = torch.stack([torch.randperm(VOCAB, generator=gen)[:N] for _ in range(bs)])
+    verify_input = types.SimpleNamespace(
+        draft_token=tokens.reshape(-1), draft_token_num=N, max_tree_depth=4, tree_topk=2,
+        draft_probs=q, retrieve_index=ri, retrieve_next_token=nt, retrieve_next_sibling=ns,
+        custom_mask=None, positions=None)
+    sampling_info = types.SimpleNamespace(
+        is_all_greedy=all_greedy, acc_additive_penalties=None, acc_scaling_penalties=None,
+        logit_bias=None, temperatures=torch.ones(bs, 1), need_top_k_sampling=False,
+        need_top_p_sampling=False, sampling_seed=None, has_watermark_candidates=False)
+    batch = types.SimpleNamespace(
+        device="cpu", seq_lens=seq, sampling_info=sampling_info, return_logprob=False,
+        forward_mode=types.SimpleNamespace(is_idle=lambda: False))
+    logits = types.SimpleNamespace(next_token_logits=torch.randn(bs * N, VOCAB, generator=gen))
+    return verify_input, batch, logits
+
+
+@pytest.mark.parametrize("method, tree_draft", [("target-only", "topk"), ("hsd", "sampled"),
+                                                ("rrs", "sampled")])
+def test_tree_batch_runs_verify_tree_on_sglang_coins(plugin_loaded, monkeypatch, method,
+                                                     tree_draft):
+    from sglang.srt.speculative import eagle_utils
+    from sglang_hsd.sglang_plugin.tree_draft import DraftTree
+
+    _fake_sglang_state(monkeypatch)
+    eagle_utils.get_spec().speculative_use_rejection_sampling = False  # trees
+    state = _install(monkeypatch, method, tree_draft)
+    bs = 5
+    verify_input, batch, logits = _tree_batch(bs, seed=3)
+    tree = None
+    if tree_draft == "sampled":
+        tree = DraftTree(verify_input.draft_probs, verify_input.retrieve_next_token,
+                         verify_input.retrieve_next_sibling)
+    target = torch.softmax(logits.next_token_logits, -1).reshape(bs, N, VOCAB)
+    torch.manual_seed(7)
+    with state.verify_call(tree=tree):
+        predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
+    assert state.hsd_calls == 1
+
+    torch.manual_seed(7)
+    uniforms = TreeUniforms(accept=torch.rand(bs, N), sample=torch.rand(bs))
+    candidates = verify_input.draft_token.reshape(bs, N)
+    direct = verify_tree(candidates, verify_input.retrieve_next_token,
+                         verify_input.retrieve_next_sibling,
+                         verify_input.draft_probs if tree is not None else None, target,
+                         method=method, uniforms=uniforms)
+    assert torch.equal(accept_lens.long(), direct.num_accepted + 1)
+    for b in range(bs):
+        n = int(direct.num_accepted[b])
+        path = direct.accept_index[b, : n + 1]
+        rows = accept_index[b, : n + 1].long()
+        assert torch.equal(rows, path + b * N)  # global node indices via retrive_index
+        assert torch.equal(predict[rows].long(), direct.tokens[b, : n + 1])
+        assert (accept_index[b, n + 1 :] == -1).all()
+
+
+def test_sampled_tree_verify_needs_the_rounds_tree(plugin_loaded, monkeypatch):
+    from sglang.srt.speculative import eagle_utils
+
+    _fake_sglang_state(monkeypatch)
+    eagle_utils.get_spec().speculative_use_rejection_sampling = False
+    _install(monkeypatch, "hsd", "sampled")
+    verify_input, batch, logits = _tree_batch(2, seed=4)
+    with pytest.raises(RuntimeError, match="sampled tree"):
+        eagle_utils.eagle_sample(verify_input, batch, logits)
+
+
+def test_all_greedy_tree_batch_keeps_sglang_argmax_walk(plugin_loaded, monkeypatch):
+    from sglang.srt.speculative import eagle_utils
+
+    _fake_sglang_state(monkeypatch)
+    eagle_utils.get_spec().speculative_use_rejection_sampling = False
+    state = _install(monkeypatch, "hsd", "sampled")
+    verify_input, batch, logits = _tree_batch(3, seed=5, all_greedy=True)
+    eagle_utils.eagle_sample(verify_input, batch, logits)
+    assert state.hsd_calls == 0
+
+
+def test_other_algorithms_keep_sglang_tree_sampler(plugin_loaded, monkeypatch):
+    _fake_sglang_state(monkeypatch, algorithm="EAGLE3")
+    state = _install(monkeypatch, "target-only", "topk")
+    calls = []
+    hook = verify_hook.make_hsd_tree_sampling(lambda *a: calls.append(a), state)
+    hook(*[None] * 11)
+    assert len(calls) == 1 and state.fallback_calls == 1 and state.hsd_calls == 0
+
+
+def test_drafter_q_uses_the_targets_sampling_transform(plugin_loaded, monkeypatch):
+    """``tree_draft.sampling_probs`` is the transform ``eagle_sample`` applies to the target
+    (temperature, top-k, top-p); greedy rows get the plain softmax for the drafter."""
+    from sglang.srt.speculative import eagle_utils
+    from sglang_hsd.sglang_plugin.tree_draft import DraftTree, sampling_probs
+
+    _fake_sglang_state(monkeypatch)
+    eagle_utils.get_spec().speculative_use_rejection_sampling = False
+    state = _install(monkeypatch, "hsd", "sampled")
+    bs = 4
+    verify_input, batch, logits = _tree_batch(bs, seed=6)
+    info = batch.sampling_info
+    info.temperatures = torch.tensor([[0.7], [1.0], [1.3], [1.0]])
+    info.top_ks, info.top_ps = torch.tensor([3, 1, 5, 7]), torch.tensor([1.0, 1.0, 0.8, 0.6])
+    info.need_top_k_sampling = info.need_top_p_sampling = True
+    seen = {}
+
+    def capture(*args, **kwargs):
+        seen["target"] = args[4]
+        return verify_tree(*args, **kwargs)
+
+    monkeypatch.setattr(verify_hook, "verify_tree", capture)
+    tree = DraftTree(verify_input.draft_probs, verify_input.retrieve_next_token,
+                     verify_input.retrieve_next_sibling)
+    raw = logits.next_token_logits.clone()
+    with state.verify_call(tree=tree):
+        eagle_utils.eagle_sample(verify_input, batch, logits)
+    ours = sampling_probs(raw, info, repeats=N).reshape(bs, N, VOCAB)
+    torch.testing.assert_close(ours, seen["target"])
+    assert ((ours > 0).sum(-1)[0] <= 3).all() and ((ours > 0).sum(-1)[1] == 1).all()
+    drafter_q = sampling_probs(raw, info, repeats=N, greedy_plain=True).reshape(bs, N, VOCAB)
+    torch.testing.assert_close(drafter_q[1], torch.softmax(raw.reshape(bs, N, VOCAB)[1], -1))
+    torch.testing.assert_close(drafter_q[[0, 2, 3]], ours[[0, 2, 3]])
+
+
+def test_root_q_hook_keeps_the_draft_extends_q_on_the_draft_input(plugin_loaded):
+    from sglang_hsd.sglang_plugin.tree_draft import RootQHook, sampling_probs
+
+    calls = []
+    module = types.SimpleNamespace(
+        renorm_draft_probs=lambda logits, info, flag: calls.append(flag) or logits.softmax(-1))
+    hook = RootQHook()
+    hook.install(module)
+    info = types.SimpleNamespace(temperatures=torch.tensor([[0.5], [1.0]]), need_top_k_sampling=True,
+                                 need_top_p_sampling=False, top_ks=torch.tensor([2, 1]))
+    logits = torch.randn(2, 9)
+    draft_input = types.SimpleNamespace(draft_probs=None)
+
+    def extend():
+        module.renorm_draft_probs(logits, info, False)
+        return draft_input
+
+    assert hook.run(extend, lambda result: result) is draft_input
+    torch.testing.assert_close(draft_input.draft_probs,
+                               sampling_probs(logits, info, greedy_plain=True))
+    assert calls == [False] and hook.pending is None
+    module.renorm_draft_probs(logits, info, False)  # outside a draft extend: nothing recorded
+    assert hook.pending is None
