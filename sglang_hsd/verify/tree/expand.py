@@ -17,6 +17,9 @@ links, so the result feeds ``verify_tree(method="hsd")`` directly.
 Rules (``EXPANSION_RULES``):
 * ``spine`` (the default, ``DEFAULT_RULE``): a sampled chain to depth D, then more children of the
   chain's nodes, shallowest first (the root up to k children, then depth 1, ...).
+* ``spine_wide``: the spine's chain, then depth by depth (shallowest first) the chain node's later
+  children, then the children of the chain node's siblings (the nodes a level-synchronous drafter
+  forwards on its spare beams, ``tree/level_draft.py``).
 * ``beam``: SGLang's beam with sampled children: per depth, the k best newest nodes by path q
   (product of q along the path) get k children each, best first.
 * ``best_first``: the node of highest path q gets children (up to k) next.
@@ -141,6 +144,20 @@ def spine_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
     return torch.where(eligible, -slot.to(state.scores.dtype).expand_as(state.scores), NEG_INF)
 
 
+def spine_wide_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
+    """A chain to depth D, then depth by depth: the chain node's later children, then the children
+    of its earlier later children (the chain's siblings one level up), in drafting order."""
+    slot = torch.arange(state.tokens.shape[1], device=state.tokens.device)
+    in_chain = state.num_nodes.unsqueeze(-1) <= cfg.depth
+    tip = slot == state.num_nodes.unsqueeze(-1) - 1
+    chain = slot < cfg.depth  # once the chain is done, slots 0..D-1 are its non-leaf nodes
+    sibling = (slot > cfg.depth) & (state.parents >= 0) & (state.parents < cfg.depth)
+    eligible = state.open_nodes(cfg) & torch.where(in_chain, tip, chain | sibling)
+    # Order: the depth of the child first, then the chain node, then siblings in drafting order.
+    key = (state.depths + 1) * (slot.numel() + 1) + torch.where(chain, 0, 1 + slot)
+    return torch.where(eligible, -key.to(state.scores.dtype), NEG_INF)
+
+
 @dataclass(frozen=True)
 class ExpansionRule:
     """One way to grow a budgeted tree.
@@ -169,6 +186,8 @@ EXPANSION_RULES: dict[str, ExpansionRule] = {
     rule.name: rule
     for rule in (
         ExpansionRule("spine", "sampled chain to depth D, then siblings of its nodes, shallowest first", spine_priority),
+        ExpansionRule("spine_wide", "sampled chain, then per depth the chain node's and its siblings' children",
+                      spine_wide_priority),
         ExpansionRule("beam", "per depth the k best newest nodes by path q get k sampled children", beam_priority),
         ExpansionRule("best_first", "the node of highest path q gets its k sampled children next", best_first_priority),
         ExpansionRule("pruned_beam", "sampled k-ary beam pruned to the N - 1 best by path q (lossy)",

@@ -52,7 +52,9 @@ import torch
 
 from sglang_hsd.verify.common import inverse_cdf_sample
 from sglang_hsd.verify.tree.expand import ExpandConfig, _links
-from sglang_hsd.verify.tree.level_rules import LevelState, beam_keep, beam_select, pruned_keep, pruned_select, spine_keep, spine_select
+from sglang_hsd.verify.tree.level_rules import (
+    LevelState, beam_keep, beam_select, pruned_keep, pruned_select, spine_keep, spine_select, spine_wide_keep, spine_wide_order,
+)
 
 
 @dataclass
@@ -128,6 +130,8 @@ LEVEL_RULES: dict[str, LevelRule] = {
     for rule in (
         LevelRule("spine", "beam 0 is the sampled chain; kept: the chain, then its nodes' later draws, shallowest first",
                   spine_select, spine_keep, lambda cfg: cfg.depth * cfg.topk),
+        LevelRule("spine_wide", "spine, then per depth the chain node's later draws and its siblings' draws",
+                  spine_select, spine_wide_keep, lambda cfg: spine_wide_order(cfg, "cpu").numel()),
         LevelRule("beam", "per level the k kept nodes of highest path q are forwarded; draws kept breadth-first",
                   beam_select, beam_keep, lambda cfg: cfg.pool),
         LevelRule("pruned", "SGLang's top-k beams and N - 1 best path scores on sampled children (lossy)",

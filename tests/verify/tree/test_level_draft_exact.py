@@ -22,7 +22,7 @@ LOSSLESS_TV = 1e-12
 LOSSY_TV = 1e-3
 LOSSLESS_RULES = [name for name, rule in LEVEL_RULES.items() if rule.lossless]
 # The sequential oracle rule (``oracles/expand_exact.py``) with the same law.
-SEQUENTIAL = {"spine": "spine", "beam": "beam", "pruned": "pruned_beam"}
+SEQUENTIAL = {"spine": "spine", "spine_wide": "spine_wide", "beam": "beam", "pruned": "pruned_beam"}
 CASES = [  # (D, k, N), emitted tokens compared, draft context
     ((2, 2, 4), 4, "path"),
     ((2, 3, 5), 3, "path"),
