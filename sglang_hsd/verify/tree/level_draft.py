@@ -23,11 +23,13 @@ and q rows drafted before them in a sequential drafting order, never on a node's
 draws, so the kept tree has the law that traversal verification assumes (see ``tree/expand.py``).
 
 Rules (``LEVEL_RULES``):
-* ``spine`` (``DEFAULT_LEVEL_RULE``): beam 0 of every forward is the sampled chain c_1 .. c_D (each
-  c_{d+1} is c_d's first draw), so its draft KV context is exact; kept: the chain (cut at N - 1),
-  then the chain nodes' later draws, shallowest first (the root's, then c_1's, ...). The other
-  beams forward c_d's later draws (compute whose children are never kept). Same law as
-  ``expand.py``'s ``spine``.
+* ``spine``: beam 0 of every forward is the sampled chain c_1 .. c_D (each c_{d+1} is c_d's first
+  draw), so its draft KV context is exact; kept: the chain (cut at N - 1), then the chain nodes'
+  later draws, shallowest first (the root's, then c_1's, ...). Beams b > 0 of forward d forward
+  c_d's later draws, whose children spine never keeps. Same law as ``expand.py``'s ``spine``.
+* ``spine_wide`` (``DEFAULT_LEVEL_RULE``): the same forwards; kept: the chain, then depth by depth
+  c_{d-1}'s later draws and then the draws of c_{d-2}'s later draws (the spare beams' children).
+  Same law as ``expand.py``'s ``spine_wide``.
 * ``beam``: level by level, the k kept nodes of the newest level with the highest path q (product
   of q along the path) are forwarded, best first; their draws are kept in (beam, draw) order while
   budget remains. Same law as ``expand.py``'s ``beam``.
@@ -37,10 +39,11 @@ Rules (``LEVEL_RULES``):
 
 Evidence: ``tests/verify/tree/test_level_draft_exact.py`` enumerates every outcome of this
 batched drafter (its uniforms split at every draw) and applies the exact law of ``hsd`` and ``rrs``
-on each tree, chained over rounds: TV < 1e-12 for spine and beam, TV > 1e-3 for pruned; it also
-checks that each rule's round law equals the sequential oracle's (``oracles/expand_exact.py``),
-whose exact expected-accepted table (docs/verification.md, "Level-synchronous sampled trees")
-picks spine as the default: it accepts the most per round at every (D, k, N) measured.
+on each tree, chained over rounds: TV < 1e-12 for spine, spine_wide and beam, TV > 1e-3 for
+pruned; it also checks that each rule's round law equals the sequential oracle's
+(``oracles/expand_exact.py``), whose exact expected-accepted table (docs/verification.md,
+"Level-synchronous sampled trees") picks spine_wide as the default: it accepts the most per round
+at every (D, k, N) measured (equal to spine when the budget ends before the siblings' draws).
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ LEVEL_RULES: dict[str, LevelRule] = {
                   pruned_select, pruned_keep, lambda cfg: cfg.pool, lossless=False),
     )
 }
-DEFAULT_LEVEL_RULE = "spine"
+DEFAULT_LEVEL_RULE = "spine_wide"
 
 
 class LevelDrafter:

@@ -79,3 +79,21 @@ def test_lossless_on_peaked_worlds(rule):
     world = perturbed_world(3, 3 - 1 + 3, seed=0, concentration=0.3, sigma=1.0)
     tvs = level_prefix_tv(world, rule, ExpandConfig(3, 2, 6), 3, methods=("hsd", "rrs"), context="slot")
     assert max(tvs.values()) < LOSSLESS_TV, tvs
+
+
+TABLE_SHAPES = [(3, 2, 7), (4, 2, 8), (5, 4, 8)]
+TABLE_WORLDS = [(1.0, 0.5), (1.0, 1.0), (0.3, 0.5), (0.3, 1.0)]  # as test_expand_exact.py's table
+
+
+def test_default_rule_accepts_the_most():
+    """Exact expected accepted drafts per round (V = 4, first round, mean over the worlds) of the
+    default and the spine, through their sequential twins (equal laws, tested above); the other
+    columns of docs/verification.md's table come from ``test_expand_exact.py``. Prints (pytest -s)."""
+    for shape in TABLE_SHAPES:
+        means = {}
+        for rule in ("spine", DEFAULT_LEVEL_RULE):
+            values = [expand_round_law(perturbed_world(4, shape[0], seed, c, s), SEQUENTIAL[rule], Shape(*shape)).expected_accepted
+                      for seed, (c, s) in enumerate(TABLE_WORLDS)]
+            means[rule] = sum(values) / len(values)
+        print(shape, {rule: round(value, 3) for rule, value in means.items()})
+        assert means[DEFAULT_LEVEL_RULE] >= means["spine"] - 1e-12
