@@ -53,6 +53,7 @@ import torch
 
 from sglang_hsd.verify.common import inverse_cdf_sample
 from sglang_hsd.verify.tree.draft import DraftTree, QFunction
+from sglang_hsd.verify.tree.layout import links_from_parents
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,7 @@ def _to_draft_tree(state: GrowState, keep: torch.Tensor, draw_probs, width: int)
     has_child = torch.zeros(batch, width + 1, dtype=torch.bool, device=device)
     has_child.scatter_(1, torch.where(parents >= 0, parents, width), True)
     q = compact(state.q, 0.0)
-    first_child, next_sibling = _links(parents)
+    first_child, next_sibling = links_from_parents(parents)
     return DraftTree(
         candidates=compact(state.tokens, 0),
         retrive_next_token=first_child,
@@ -362,15 +363,3 @@ def _to_draft_tree(state: GrowState, keep: torch.Tensor, draw_probs, width: int)
         draft_probs=torch.where(has_child[:, :width].unsqueeze(-1), q, 0.0),
         node_probs=compact(draw_probs, 1.0),
     )
-
-
-def _links(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """First child and next sibling (int64 [B, N], -1 none) from parents; children in index order."""
-    num = parents.shape[1]
-    slot = torch.arange(num, device=parents.device)
-    child_of = parents.unsqueeze(-2) == slot.view(1, -1, 1)  # [B, n, m]: m is a child of n
-    first = torch.where(child_of, slot, num).amin(-1)
-    same_parent = (parents.unsqueeze(-1) == parents.unsqueeze(-2)) & (parents.unsqueeze(-1) >= 0)
-    later = slot.view(1, 1, -1) > slot.view(1, -1, 1)
-    sibling = torch.where(same_parent & later, slot, num).amin(-1)
-    return torch.where(first < num, first, -1), torch.where(sibling < num, sibling, -1)

@@ -54,7 +54,8 @@ from typing import Callable
 import torch
 
 from sglang_hsd.verify.common import inverse_cdf_sample
-from sglang_hsd.verify.tree.expand import ExpandConfig, _links
+from sglang_hsd.verify.tree.expand import ExpandConfig
+from sglang_hsd.verify.tree.layout import links_from_parents
 from sglang_hsd.verify.tree.level_rules import (
     LevelState, beam_keep, beam_select, pruned_keep, pruned_select, spine_keep, spine_select, spine_wide_keep, spine_wide_order,
 )
@@ -311,7 +312,7 @@ def _to_tree(state: LevelState, keep: torch.Tensor, cfg: ExpandConfig) -> LevelT
     parent_col = torch.where(parent_pool < 0, 0, column.gather(1, parent_pool.clamp_min(0)))
     parents = torch.cat([torch.full((batch, 1), -1, device=device, dtype=torch.long),
                          torch.where(is_kept, parent_col, -1)], 1)
-    first_child, next_sibling = _links(parents)
+    first_child, next_sibling = links_from_parents(parents)
     # Forwarded node of each kept pool slot (active forwards only), for the q rows.
     fwd_of_slot = torch.full((batch, pool_size + 1), -1, dtype=torch.long, device=device)
     fwd_ids = torch.arange(state.fwd_pool.shape[1], device=device).expand(batch, -1)
