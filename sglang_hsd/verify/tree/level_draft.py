@@ -188,6 +188,8 @@ class LevelDrafter:
             raise ValueError(f"uniforms must be [B, 1 + k (D - 1), k] = [{batch}, {num_fwd}, {cfg.topk}], got {list(uniforms.shape)}")
         if validate:
             _check_q("root_q", root_q, torch.ones(batch, dtype=torch.bool, device=root_q.device))
+            if not uniforms.is_floating_point() or bool(((uniforms < 0) | (uniforms >= 1)).any()):
+                raise ValueError("uniforms must be floats in [0, 1)")
         self.uniforms = uniforms
         self.state = LevelState.empty(cfg, root_q, deterministic)
         self.forwards_done = -1  # -1: first() not called yet
@@ -215,8 +217,8 @@ class LevelDrafter:
         level = self.forwards_done
         if level < 0 or level >= cfg.depth - 1:
             raise ValueError(f"step() is called once per draft forward after first(): {cfg.depth - 1} times for depth {cfg.depth}")
-        if not isinstance(q_rows, torch.Tensor) or tuple(q_rows.shape) != (state.batch * cfg.topk, state.vocab):
-            raise ValueError(f"q_rows must be [B * k, V] = [{state.batch * cfg.topk}, {state.vocab}], got {list(getattr(q_rows, 'shape', []))}")
+        if not isinstance(q_rows, torch.Tensor) or not q_rows.is_floating_point() or tuple(q_rows.shape) != (state.batch * cfg.topk, state.vocab):
+            raise ValueError(f"q_rows must be a float tensor [B * k, V] = [{state.batch * cfg.topk}, {state.vocab}], got {list(getattr(q_rows, 'shape', []))}")
         fwd = torch.arange(1 + level * cfg.topk, 1 + (level + 1) * cfg.topk, device=q_rows.device)
         q = q_rows.view(state.batch, cfg.topk, -1).to(state.fwd_q.dtype)
         if self.validate:

@@ -136,6 +136,8 @@ def test_bad_input():
         LevelDrafter(cfg, "spine", q, det.long())
     with pytest.raises(ValueError, match="uniforms"):
         LevelDrafter(cfg, "spine", q, det, uniforms=torch.rand(2, 3, 2))
+    with pytest.raises(ValueError, match="uniforms"):
+        LevelDrafter(cfg, "spine", q, det, uniforms=torch.full((2, 5, 2), 1.0, dtype=torch.float64))
     drafter = LevelDrafter(cfg, DEFAULT_LEVEL_RULE, q, det)
     with pytest.raises(ValueError, match="step"):
         drafter.step(torch.full((4, 5), 0.2))
@@ -144,6 +146,8 @@ def test_bad_input():
     drafter.first()
     with pytest.raises(ValueError, match="q_rows"):
         drafter.step(torch.full((2, 5), 0.2))
+    with pytest.raises(ValueError, match="q_rows"):
+        drafter.step(torch.ones(4, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="q_rows"):
         drafter.step(torch.full((4, 5), float("nan")))
     drafter.step(torch.full((4, 5), 0.2))
