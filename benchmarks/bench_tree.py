@@ -20,7 +20,11 @@ Recorded worlds (exact): per context, the real p and q restricted to a tiny voca
 at every node up to depth - 1: tiny token i < V - 1 is the target's (i+1)-th most likely token at
 that node, token V - 1 lumps the rest (its mass 1 - sum of the others; its continuation uses the
 target's V-th most likely token). ``tree_exact`` then gives the exact expected accepted tokens of
-the three rules, as in ``tests/verify/tree/test_expected_accepted.py``.
+the three rules, as in ``tests/verify/tree/test_expected_accepted.py``, and, at the server's node
+budget N = ``--num-draft-tokens`` (root included), of the level-synchronous default rule
+(``tree/level_draft.py``'s ``spine_wide`` + hsd, through its sequential twin in
+``oracles/expand_exact.py``, which has the same law) against SGLang's stock tree at the same N
+(top-k beam pruned to the N - 1 best path scores, target-only).
 
     python benchmarks/bench_tree.py --target qwen2.5-coder-1.5b --drafter model:qwen2.5-coder-0.5b
     python benchmarks/bench_tree.py --target smollm2-135m --drafter exit:16 --name tree_smollm2
@@ -46,6 +50,8 @@ from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import TreeUniforms, sample_tree, topk_tree, tree_attention_mask, verify_tree
 from sglang_hsd.verify.oracles import tree_exact
 from sglang_hsd.verify.oracles.exact import TabularWorld, prefix_offset
+from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law
+from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE
 
 SAMPLED_METHODS = ("rrs", "hsd")
 # "hsd below stock" counts ignore differences this small: float32 target rows make a saturated
@@ -195,6 +201,13 @@ def world_exact(world: TabularWorld, topk: int, depth: int) -> dict[str, float]:
     }
 
 
+def world_budgeted(world: TabularWorld, topk: int, depth: int, num_draft_tokens: int) -> dict[str, float]:
+    """Exact expected accepted drafts at node budget N: level-synchronous default vs SGLang's stock."""
+    shape = Shape(depth, topk, num_draft_tokens)
+    return {"level_hsd": float(expand_round_law(world, DEFAULT_LEVEL_RULE, shape).expected_accepted),
+            "level_stock": float(expand_round_law(world, "stock", shape).expected_accepted)}
+
+
 def world_monte_carlo(world: TabularWorld, method: str, topk: int, depth: int, trees: int, generator) -> tuple[float, float]:
     """Accepted draft tokens of ``method`` on ``trees`` sampled trees of a tiny world: (mean, SE)."""
     def q_fn(paths: torch.Tensor) -> torch.Tensor:  # [B, M, d + 1], column 0 a dummy root token
@@ -278,6 +291,8 @@ def run_context(target, drafter, root_token: int, args, generator) -> dict:
             _, row["hsd_minus_rrs_se"] = mean_se([h - r for h, r in zip(per_tree["hsd"], per_tree["rrs"])])
             world = world_at(recorded, args.world_vocab, args.depth, temperature)
             row.update({f"world_{k}": v for k, v in world_exact(world, topk, args.depth).items()})
+            budgeted = world_budgeted(world, topk, args.depth, args.num_draft_tokens)
+            row.update({f"world_{k}": v for k, v in budgeted.items()})
             results[(topk, temperature)] = row
     return results, recorded
 
@@ -300,6 +315,8 @@ def summarize(rows: list[dict]) -> list[dict]:
             "world_stock": mean("world_stock"), "world_rrs": mean("world_rrs"), "world_hsd": mean("world_hsd"),
             "world_hsd_below_stock": sum(r["world_hsd"] < r["world_stock"] - TIE for r in sel),
             "world_hsd_below_rrs": sum(r["world_hsd"] < r["world_rrs"] - TIE for r in sel),
+            "world_level_hsd": mean("world_level_hsd"), "world_level_stock": mean("world_level_stock"),
+            "world_level_below_stock": sum(r["world_level_hsd"] < r["world_level_stock"] - TIE for r in sel),
         })
     return out
 
@@ -334,6 +351,13 @@ def format_tables(meta: dict, rows: list[dict], summary: list[dict]) -> str:
                      f"{s['world_rrs']:.3f} | {s['world_hsd']:.3f} | {s['world_hsd'] - s['world_stock']:+.3f} | "
                      f"{s['world_hsd'] - s['world_rrs']:+.3f} | {s['world_hsd_below_stock']} | "
                      f"{s['world_hsd_below_rrs']} |")
+    lines += ["", f"## Recorded tiny worlds at node budget N = {meta['num_draft_tokens']} (exact, depth <= "
+              f"{meta['depth']})", "", f"| topk | T | worlds | stock (pruned top-k) + target-only | {DEFAULT_LEVEL_RULE} + hsd | "
+              "difference | worlds below stock |", "|---" * 7 + "|"]
+    for s in summary:
+        lines.append(f"| {s['topk']} | {s['temperature']} | {s['contexts']} | {s['world_level_stock']:.3f} | "
+                     f"{s['world_level_hsd']:.3f} | {s['world_level_hsd'] - s['world_level_stock']:+.3f} | "
+                     f"{s['world_level_below_stock']} |")
     lines += ["", "## Per context", "",
               "| topk | T | context | set | prompt | pos | stock | rrs | hsd | hsd - stock | hsd - rrs | world stock | "
               "world rrs | world hsd |", "|---" * 14 + "|"]
@@ -372,6 +396,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trees", type=int, default=12, help="sampled trees per context and (topk, T)")
     parser.add_argument("--coins", type=int, default=8, help="verifier draws per sampled tree")
     parser.add_argument("--world-vocab", type=int, default=5)
+    parser.add_argument("--num-draft-tokens", type=int, default=8,
+                        help="node budget N (root included) of the budgeted rules on the recorded worlds")
     parser.add_argument("--keep-prob", type=float, default=1e-7,
                         help="sampled trees: lump tokens no row gives more than this (0 = verify full rows)")
     parser.add_argument("--check", action="store_true", help="consistency checks on the first context")
@@ -380,6 +406,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.positions) < 0 or any(k < 1 or k >= args.world_vocab for k in args.topk):
         raise ValueError("--positions must be >= 0 and every --topk in [1, --world-vocab)")
+    if any(not 2 <= args.num_draft_tokens <= 1 + k + (args.depth - 1) * k * k for k in args.topk):
+        raise ValueError("--num-draft-tokens must be in [2, 1 + k + (depth - 1) k^2] for every --topk")
     return args
 
 
@@ -391,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts)
     generator = torch.Generator().manual_seed(args.seed)
     meta = {"target": args.target, "drafter": label, "depth": args.depth, "trees": args.trees, "coins": args.coins,
+            "num_draft_tokens": args.num_draft_tokens,
             "keep_prob": args.keep_prob,
             "world_vocab": args.world_vocab, "positions": args.positions, "prompt_sets": args.prompt_sets,
             "continuation": "target, T = 1", "command": run.command}
@@ -424,7 +453,8 @@ def context_rows(rows: list[dict], item: dict, position: int, measured: dict) ->
                     "position": position, "topk": topk, "temperature": temperature, **row})
         print(f"ctx {context_id} {item['set']}#{item['prompt']}@{position} topk {topk} T {temperature}: "
               f"stock {row['stock']:.3f} rrs {row['rrs']:.3f} hsd {row['hsd']:.3f} +- {row['hsd_se']:.3f} | "
-              f"world stock {row['world_stock']:.3f} rrs {row['world_rrs']:.3f} hsd {row['world_hsd']:.3f}",
+              f"world stock {row['world_stock']:.3f} rrs {row['world_rrs']:.3f} hsd {row['world_hsd']:.3f} | "
+              f"budget stock {row['world_level_stock']:.3f} level {row['world_level_hsd']:.3f}",
               flush=True)
     return new
 

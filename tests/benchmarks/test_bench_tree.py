@@ -55,6 +55,16 @@ def test_stock_expectation_matches_target_only_sampling():
     assert _agrees((float(accepted.mean()), float(accepted.std()) / math.sqrt(draws)), expected)
 
 
+def test_budgeted_rules_on_a_world():
+    """The level-synchronous default and SGLang's stock tree at one node budget, exactly."""
+    world = exact.random_world(3, 2, seed=1)
+    values = bench_tree.world_budgeted(world, 2, 2, 4)
+    assert set(values) == {"level_hsd", "level_stock"}
+    assert all(0.0 <= v <= 2.0 for v in values.values())
+    with pytest.raises(ValueError, match="num-draft-tokens"):
+        bench_tree.parse_args(["--num-draft-tokens", "12", "--depth", "2", "--topk", "2"])
+
+
 def test_world_at_rows_are_distributions():
     vocab, depth = 4, 2
     logits = torch.randn(1 + vocab, 10)
@@ -114,11 +124,11 @@ def test_real_pipeline_on_one_context():
     target.set_context(len(ids), target_logits[-1])
     drafter.set_context(len(ids), drafter_logits[-1])
     args = type("Args", (), {"world_vocab": 4, "depth": 2, "topk": [2], "temperature": [1.0], "trees": 3, "coins": 2,
-                             "check_trees": 20000, "keep_prob": 1e-7})()
+                             "check_trees": 20000, "keep_prob": 1e-7, "num_draft_tokens": 4})()
     gen = torch.Generator().manual_seed(0)
     measured, recorded = bench_tree.run_context(target, drafter, ids[-1], args, gen)
     row = measured[(2, 1.0)]
-    for key in ("stock", "rrs", "hsd", "world_stock", "world_rrs", "world_hsd"):
+    for key in ("stock", "rrs", "hsd", "world_stock", "world_rrs", "world_hsd", "world_level_hsd", "world_level_stock"):
         assert 0.0 <= row[key] <= args.depth, (key, row[key])
     # The memoised tree-mask forward equals plain per-path forwards.
     checks = bench_tree.consistency_checks(target, ids, recorded, args, gen)
@@ -159,13 +169,16 @@ def test_results_files_hold_tables_and_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_tree, "RESULTS_DIR", tmp_path)
     row = {"stock": 1.0, "rrs": 1.2, "hsd": 1.3, "rrs_se": 0.1, "hsd_se": 0.1, "hsd_minus_rrs_se": 0.05,
-           "world_stock": 1.1, "world_rrs": 1.2, "world_hsd": 1.25, "lumped_mass": 0.0}
+           "world_stock": 1.1, "world_rrs": 1.2, "world_hsd": 1.25, "lumped_mass": 0.0,
+           "world_level_hsd": 1.5, "world_level_stock": 1.0}
     rows = [{"context": c, "set": "mtbench", "prompt": 0, "position": 8 * c, "topk": 2, "temperature": 1.0, **row}
             for c in range(2)]
-    meta = {"target": "t", "drafter": "exit:16", "world_vocab": 5, "command": "python benchmarks/bench_tree.py"}
+    meta = {"target": "t", "drafter": "exit:16", "world_vocab": 5, "depth": 3, "num_draft_tokens": 8,
+            "command": "python benchmarks/bench_tree.py"}
     run = common.start_run(bench_tree.__file__, ["--name", "x"])
     bench_tree.save_results("x", meta, rows, run)
     text = (tmp_path / "x.md").read_text()
     assert "| 2 | 1.0 | 2 | 1.000 | 1.200 | 1.300 | +0.300 +- 0.071 |" in text and "\n## Run\n" in text
+    assert "| 2 | 1.0 | 2 | 1.000 | 1.500 | +0.500 | 0 |" in text
     saved = json.loads((tmp_path / "x.json").read_text())
     assert saved["summary"][0]["contexts"] == 2 and saved["run"]["command"].endswith("--name x")

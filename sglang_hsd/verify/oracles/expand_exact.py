@@ -65,6 +65,17 @@ def spine_next(nodes, kids, caps, shape):
     return next((i for i in range(shape.depth) if kids[i] < caps[i]), None)
 
 
+def spine_wide_next(nodes, kids, caps, shape):
+    if len(nodes) <= shape.depth:
+        return spine_next(nodes, kids, caps, shape)
+    for depth in range(1, shape.depth + 1):  # depth of the child; chain nodes are 0 .. D
+        siblings = [i for i in range(shape.depth + 1, len(nodes)) if nodes[i].parent == depth - 2] if depth >= 2 else []
+        for i in [depth - 1] + siblings:
+            if kids[i] < caps[i]:
+                return i
+    return None
+
+
 @dataclass(frozen=True)
 class OracleRule:
     policy: Policy
@@ -75,6 +86,7 @@ class OracleRule:
 
 ORACLE_RULES = {
     "spine": OracleRule(spine_next),
+    "spine_wide": OracleRule(spine_wide_next),
     "beam": OracleRule(beam_next),
     "best_first": OracleRule(best_first_next),
     "pruned_beam": OracleRule(beam_next, prune=True),

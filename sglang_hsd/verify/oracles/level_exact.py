@@ -2,10 +2,10 @@
 
 Not a re-derivation: the batched ``LevelDrafter`` itself is run on every drafting outcome. Its
 draws are inverse-CDF on pre-drawn uniforms, one per pool slot; the outcomes are enumerated slot
-by slot (forwarded node f, draw j, in drafting order): a run of the drafter shows the distribution
-that slot draws from (q of node f without its earlier draws), and every batch row splits into one
-row per token of positive mass, its uniform in the middle of that token's CDF interval and its
-probability multiplied by the token's share. Deterministic rows and padding beams do not split.
+level by level: a run of the drafter shows the q rows of the level's forwarded nodes, and every
+batch row splits into one row per ordered sequence of the node's k draws (without replacement),
+each uniform in the middle of its token's CDF interval given the earlier draws, the row's
+probability multiplied by the draws' shares. Deterministic rows and padding beams do not split.
 A last run gives every outcome's tree (the pool layout's verify-layout links and q rows); equal
 trees are merged and each gets the verifier's exact law (``tree_exact``, ``drafting="fixed"``,
 with the tree's own q rows), which ``tests/verify/tree/test_exact.py`` ties to ``verify_tree``.
@@ -77,29 +77,32 @@ def table_q_fn(world: TabularWorld, prefix: tuple) -> QFn:
 def _run(world, prefix, rule, cfg, uniforms, deterministic, context) -> tuple[LevelDrafter, LevelTree]:
     rows = uniforms.shape[0]
     root_q = torch.as_tensor(world.q(tuple(prefix)), dtype=torch.float64).expand(rows, -1).clone()
-    drafter = LevelDrafter(cfg, rule, root_q, torch.full((rows,), deterministic), uniforms=uniforms)
+    drafter = LevelDrafter(cfg, rule, root_q, torch.full((rows,), deterministic), uniforms=uniforms, validate=False)
     tree = drive(drafter, table_q_fn(world, tuple(prefix)), torch.zeros(rows, dtype=torch.long), context)
     return drafter, tree
 
 
-def _split(drafter: LevelDrafter, uniforms, probs, f: int, j: int):
-    """Split every row on the token of pool slot (f, j): one row per token of positive mass."""
-    state, k = drafter.state, drafter.cfg.topk
-    remaining = state.fwd_q[:, f].double().clone()
+def _split_forward(state, uniforms, probs, source, f: int):
+    """Split every row on the k draws of forwarded node f: one row per ordered draw sequence.
+
+    ``source`` int64 [R]: the row of ``state`` (the last run) each current row continues."""
+    k = state.cfg.topk
+    remaining = state.fwd_q[source, f].double().clone()
     vocab = torch.arange(remaining.shape[1])
-    for earlier in range(f * k, f * k + j):  # the node's earlier draws are out of the urn
-        taken = state.pool_valid[:, earlier : earlier + 1] & (vocab == state.pool_tokens[:, earlier : earlier + 1])
-        remaining = torch.where(taken, 0.0, remaining)
-    total = remaining.sum(-1, keepdim=True)
-    splits = state.fwd_active[:, f] & (total.squeeze(-1) > 0) & ~state.deterministic
-    share = torch.where(total > 0, remaining / total.clamp_min(1e-300), 0.0)
-    middle = share.cumsum(-1) - share / 2
-    choice = torch.where(splits.unsqueeze(-1), share > 0, vocab == 0)  # [R, V]
-    row, token = choice.nonzero(as_tuple=True)
-    new_uniforms = uniforms[row].clone()
-    new_uniforms[:, f, j] = torch.where(splits[row], middle[row, token], new_uniforms[:, f, j])
-    new_probs = probs[row] * torch.where(splits[row], share[row, token], 1.0)
-    return new_uniforms, new_probs
+    may_split = state.fwd_active[source, f] & ~state.deterministic[source]
+    for j in range(k):
+        total = remaining.sum(-1, keepdim=True)
+        splits = may_split & (total.squeeze(-1) > 0)
+        share = torch.where(total > 0, remaining / total.clamp_min(1e-300), 0.0)
+        middle = share.cumsum(-1) - share / 2
+        choice = torch.where(splits.unsqueeze(-1), share > 0, vocab == 0)  # [R, V]
+        row, token = choice.nonzero(as_tuple=True)
+        uniforms, source, may_split = uniforms[row].clone(), source[row], may_split[row]
+        uniforms[:, f, j] = torch.where(splits[row], middle[row, token], uniforms[:, f, j])
+        probs = probs[row] * torch.where(splits[row], share[row, token], 1.0)
+        remaining = remaining[row].clone()
+        remaining[torch.arange(row.shape[0]), token] = torch.where(splits[row], 0.0, remaining[torch.arange(row.shape[0]), token])
+    return uniforms, probs, source
 
 
 def draft_law(world, prefix, rule: str, cfg: ExpandConfig, deterministic=False, context="path") -> list[tuple[float, LevelTree]]:
@@ -107,19 +110,22 @@ def draft_law(world, prefix, rule: str, cfg: ExpandConfig, deterministic=False, 
     num_fwd = 1 + cfg.topk * (cfg.depth - 1)
     uniforms = torch.full((1, num_fwd, cfg.topk), 0.5, dtype=torch.float64)
     probs = torch.ones(1, dtype=torch.float64)
-    for f in range(num_fwd):
-        for j in range(cfg.topk):
-            drafter, _ = _run(world, prefix, rule, cfg, uniforms, deterministic, context)
-            uniforms, probs = _split(drafter, uniforms, probs, f, j)
+    for level in range(cfg.depth):  # the q rows of a level's forwards are known after one run
+        drafter, _ = _run(world, prefix, rule, cfg, uniforms, deterministic, context)
+        source = torch.arange(probs.shape[0])
+        forwards = [0] if level == 0 else range(1 + (level - 1) * cfg.topk, 1 + level * cfg.topk)
+        for f in forwards:
+            uniforms, probs, source = _split_forward(drafter.state, uniforms, probs, source, f)
     _, tree = _run(world, prefix, rule, cfg, uniforms, deterministic, context)
-    merged: dict = {}
-    for r in range(probs.shape[0]):
-        has_children = tree.retrive_next_token[r] >= 0
-        key = (tree.candidates[r].numpy().tobytes(), tree.retrive_next_token[r].numpy().tobytes(),
-               tree.retrive_next_sibling[r].numpy().tobytes(), tree.draft_probs[r][has_children].numpy().tobytes())
-        prob, row = merged.get(key, (0.0, r))
-        merged[key] = (prob + float(probs[r]), row)
-    return [(prob, _row(tree, r)) for prob, r in merged.values()]
+    # Merge equal trees: same tokens, links and q rows of the nodes with children.
+    has_children = (tree.retrive_next_token >= 0).unsqueeze(-1)
+    key = torch.cat([tree.candidates.double(), tree.retrive_next_token.double(), tree.retrive_next_sibling.double(),
+                     torch.where(has_children, tree.draft_probs.double(), 0.0).flatten(1)], 1)
+    unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+    merged = torch.zeros(unique.shape[0], dtype=torch.float64).index_add_(0, inverse, probs)
+    first_row = torch.full((unique.shape[0],), probs.shape[0], dtype=torch.long).scatter_reduce_(
+        0, inverse, torch.arange(probs.shape[0]), "amin")
+    return [(float(merged[u]), _row(tree, int(first_row[u]))) for u in range(unique.shape[0])]
 
 
 def _row(tree: LevelTree, r: int) -> LevelTree:
@@ -160,11 +166,16 @@ def _verify_view(world, prefix: tuple, tree: LevelTree):
 VERIFIERS = {"hsd": traversal_outcomes, "rrs": rrs_outcomes}
 
 
-def level_round_law(world, rule: str, cfg: ExpandConfig, prefix=(), method="hsd", deterministic=False, context="path") -> RoundLaw:
-    """Exact law of one round: ``draft_law`` x the verifier's exact law on each tree (bonus included)."""
+def level_round_law(world, rule: str, cfg: ExpandConfig, prefix=(), method="hsd", deterministic=False, context="path",
+                    drafts: list | None = None) -> RoundLaw:
+    """Exact law of one round: ``draft_law`` x the verifier's exact law on each tree (bonus included).
+
+    ``drafts``: ``draft_law``'s output for this prefix, when already computed."""
+    if drafts is None:
+        drafts = draft_law(world, tuple(prefix), rule, cfg, deterministic, context)
     emitted: dict = {}
     expected = 0.0
-    for tree_prob, tree in draft_law(world, tuple(prefix), rule, cfg, deterministic, context):
+    for tree_prob, tree in drafts:
         tree_world, shape = _verify_view(world, tuple(prefix), tree)
         for (path, nxt), prob in VERIFIERS[method](tree_world, tuple(prefix), None, None, "fixed", shape=shape).items():
             emitted[path + (nxt,)] = emitted.get(path + (nxt,), 0.0) + tree_prob * prob
@@ -172,10 +183,18 @@ def level_round_law(world, rule: str, cfg: ExpandConfig, prefix=(), method="hsd"
     return RoundLaw(emitted, expected)
 
 
-def level_prefix_tv(world, rule, cfg: ExpandConfig, length: int, method="hsd", deterministic=False, context="path") -> float:
-    """TV between the emitted and the target law of the first ``length`` tokens (chained rounds)."""
-    def round_law(prefix):
-        return level_round_law(world, rule, cfg, prefix, method, deterministic, context).emitted
+def level_prefix_tv(world, rule, cfg: ExpandConfig, length: int, methods=("hsd",), deterministic=False,
+                    context="path") -> dict[str, float]:
+    """{method: TV between the emitted and the target law of the first ``length`` tokens} (chained
+    rounds; the drafting law of each prefix is enumerated once for all ``methods``)."""
+    drafts: dict = {}
 
-    emitted = chain_rounds(round_law, world, cfg.depth, length)
-    return total_variation(emitted, target_prefix_distribution(world, length))
+    def round_law(method):
+        def law(prefix):
+            if prefix not in drafts:
+                drafts[prefix] = draft_law(world, prefix, rule, cfg, deterministic, context)
+            return level_round_law(world, rule, cfg, prefix, method, drafts=drafts[prefix]).emitted
+        return law
+
+    target = target_prefix_distribution(world, length)
+    return {method: total_variation(chain_rounds(round_law(method), world, cfg.depth, length), target) for method in methods}

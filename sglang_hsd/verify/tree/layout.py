@@ -38,6 +38,18 @@ def depths_from_parents(parents: torch.Tensor) -> torch.Tensor:
     return depth
 
 
+def links_from_parents(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First child and next sibling (int64 [B, N], -1 none) from parents; children in index order."""
+    num = parents.shape[1]
+    slot = torch.arange(num, device=parents.device)
+    child_of = parents.unsqueeze(-2) == slot.view(1, -1, 1)  # [B, n, m]: m is a child of n
+    first = torch.where(child_of, slot, num).amin(-1)
+    same_parent = (parents.unsqueeze(-1) == parents.unsqueeze(-2)) & (parents.unsqueeze(-1) >= 0)
+    later = slot.view(1, 1, -1) > slot.view(1, -1, 1)
+    sibling = torch.where(same_parent & later, slot, num).amin(-1)
+    return torch.where(first < num, first, -1), torch.where(sibling < num, sibling, -1)
+
+
 def _scatter_links(links: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
     """out[b, links[b, n]] = n for every valid link; -1 elsewhere."""
     batch, num_nodes = links.shape

@@ -23,11 +23,13 @@ and q rows drafted before them in a sequential drafting order, never on a node's
 draws, so the kept tree has the law that traversal verification assumes (see ``tree/expand.py``).
 
 Rules (``LEVEL_RULES``):
-* ``spine`` (``DEFAULT_LEVEL_RULE``): beam 0 of every forward is the sampled chain c_1 .. c_D (each
-  c_{d+1} is c_d's first draw), so its draft KV context is exact; kept: the chain (cut at N - 1),
-  then the chain nodes' later draws, shallowest first (the root's, then c_1's, ...). The other
-  beams forward c_d's later draws (compute whose children are never kept). Same law as
-  ``expand.py``'s ``spine``.
+* ``spine``: beam 0 of every forward is the sampled chain c_1 .. c_D (each c_{d+1} is c_d's first
+  draw), so its draft KV context is exact; kept: the chain (cut at N - 1), then the chain nodes'
+  later draws, shallowest first (the root's, then c_1's, ...). Beams b > 0 of forward d forward
+  c_d's later draws, whose children spine never keeps. Same law as ``expand.py``'s ``spine``.
+* ``spine_wide`` (``DEFAULT_LEVEL_RULE``): the same forwards; kept: the chain, then depth by depth
+  c_{d-1}'s later draws and then the draws of c_{d-2}'s later draws (the spare beams' children).
+  Same law as ``expand.py``'s ``spine_wide``.
 * ``beam``: level by level, the k kept nodes of the newest level with the highest path q (product
   of q along the path) are forwarded, best first; their draws are kept in (beam, draw) order while
   budget remains. Same law as ``expand.py``'s ``beam``.
@@ -37,10 +39,11 @@ Rules (``LEVEL_RULES``):
 
 Evidence: ``tests/verify/tree/test_level_draft_exact.py`` enumerates every outcome of this
 batched drafter (its uniforms split at every draw) and applies the exact law of ``hsd`` and ``rrs``
-on each tree, chained over rounds: TV < 1e-12 for spine and beam, TV > 1e-3 for pruned; it also
-checks that each rule's round law equals the sequential oracle's (``oracles/expand_exact.py``),
-whose exact expected-accepted table (docs/verification.md, "Level-synchronous sampled trees")
-picks spine as the default: it accepts the most per round at every (D, k, N) measured.
+on each tree, chained over rounds: TV < 1e-12 for spine, spine_wide and beam, TV > 1e-3 for
+pruned; it also checks that each rule's round law equals the sequential oracle's
+(``oracles/expand_exact.py``), whose exact expected-accepted table (docs/verification.md,
+"Level-synchronous sampled trees") picks spine_wide as the default: it accepts the most per round
+at every (D, k, N) measured (equal to spine when the budget ends before the siblings' draws).
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ from typing import Callable
 import torch
 
 from sglang_hsd.verify.common import inverse_cdf_sample
-from sglang_hsd.verify.tree.expand import ExpandConfig, _links
-from sglang_hsd.verify.tree.level_rules import LevelState, beam_keep, beam_select, pruned_keep, pruned_select, spine_keep, spine_select
+from sglang_hsd.verify.tree.expand import ExpandConfig
+from sglang_hsd.verify.tree.layout import links_from_parents
+from sglang_hsd.verify.tree.level_rules import (
+    LevelState, beam_keep, beam_select, pruned_keep, pruned_select, spine_keep, spine_select, spine_wide_keep, spine_wide_order,
+)
 
 
 @dataclass
@@ -128,13 +134,15 @@ LEVEL_RULES: dict[str, LevelRule] = {
     for rule in (
         LevelRule("spine", "beam 0 is the sampled chain; kept: the chain, then its nodes' later draws, shallowest first",
                   spine_select, spine_keep, lambda cfg: cfg.depth * cfg.topk),
+        LevelRule("spine_wide", "spine, then per depth the chain node's later draws and its siblings' draws",
+                  spine_select, spine_wide_keep, lambda cfg: spine_wide_order(cfg, "cpu").numel()),
         LevelRule("beam", "per level the k kept nodes of highest path q are forwarded; draws kept breadth-first",
                   beam_select, beam_keep, lambda cfg: cfg.pool),
         LevelRule("pruned", "SGLang's top-k beams and N - 1 best path scores on sampled children (lossy)",
                   pruned_select, pruned_keep, lambda cfg: cfg.pool, lossless=False),
     )
 }
-DEFAULT_LEVEL_RULE = "spine"
+DEFAULT_LEVEL_RULE = "spine_wide"
 
 
 class LevelDrafter:
@@ -180,6 +188,8 @@ class LevelDrafter:
             raise ValueError(f"uniforms must be [B, 1 + k (D - 1), k] = [{batch}, {num_fwd}, {cfg.topk}], got {list(uniforms.shape)}")
         if validate:
             _check_q("root_q", root_q, torch.ones(batch, dtype=torch.bool, device=root_q.device))
+            if not uniforms.is_floating_point() or bool(((uniforms < 0) | (uniforms >= 1)).any()):
+                raise ValueError("uniforms must be floats in [0, 1)")
         self.uniforms = uniforms
         self.state = LevelState.empty(cfg, root_q, deterministic)
         self.forwards_done = -1  # -1: first() not called yet
@@ -207,8 +217,8 @@ class LevelDrafter:
         level = self.forwards_done
         if level < 0 or level >= cfg.depth - 1:
             raise ValueError(f"step() is called once per draft forward after first(): {cfg.depth - 1} times for depth {cfg.depth}")
-        if not isinstance(q_rows, torch.Tensor) or tuple(q_rows.shape) != (state.batch * cfg.topk, state.vocab):
-            raise ValueError(f"q_rows must be [B * k, V] = [{state.batch * cfg.topk}, {state.vocab}], got {list(getattr(q_rows, 'shape', []))}")
+        if not isinstance(q_rows, torch.Tensor) or not q_rows.is_floating_point() or tuple(q_rows.shape) != (state.batch * cfg.topk, state.vocab):
+            raise ValueError(f"q_rows must be a float tensor [B * k, V] = [{state.batch * cfg.topk}, {state.vocab}], got {list(getattr(q_rows, 'shape', []))}")
         fwd = torch.arange(1 + level * cfg.topk, 1 + (level + 1) * cfg.topk, device=q_rows.device)
         q = q_rows.view(state.batch, cfg.topk, -1).to(state.fwd_q.dtype)
         if self.validate:
@@ -304,7 +314,7 @@ def _to_tree(state: LevelState, keep: torch.Tensor, cfg: ExpandConfig) -> LevelT
     parent_col = torch.where(parent_pool < 0, 0, column.gather(1, parent_pool.clamp_min(0)))
     parents = torch.cat([torch.full((batch, 1), -1, device=device, dtype=torch.long),
                          torch.where(is_kept, parent_col, -1)], 1)
-    first_child, next_sibling = _links(parents)
+    first_child, next_sibling = links_from_parents(parents)
     # Forwarded node of each kept pool slot (active forwards only), for the q rows.
     fwd_of_slot = torch.full((batch, pool_size + 1), -1, dtype=torch.long, device=device)
     fwd_ids = torch.arange(state.fwd_pool.shape[1], device=device).expand(batch, -1)

@@ -95,6 +95,19 @@ def _spine_order(cfg: ExpandConfig, device) -> torch.Tensor:
     return torch.tensor(chain + extras, dtype=torch.long, device=device)
 
 
+def spine_wide_order(cfg: ExpandConfig, device) -> torch.Tensor:
+    """The chain, then per depth d: c_{d-1}'s later draws, then the draws of c_{d-2}'s later draws
+    (forwarded on the spare beams b >= 1 of forward d - 2)."""
+    k = cfg.topk
+    chain_fwd = [0] + [1 + (d - 1) * k for d in range(1, cfg.depth)]
+    order = [f * k for f in chain_fwd]
+    for depth in range(1, cfg.depth + 1):
+        order += [chain_fwd[depth - 1] * k + j for j in range(1, k)] if depth <= len(chain_fwd) else []
+        if depth >= 2:
+            order += [(1 + (depth - 2) * k + b) * k + j for b in range(1, k) for j in range(k)]
+    return torch.tensor(order, dtype=torch.long, device=device)
+
+
 def spine_select(state: LevelState, level: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Beam 0: the chain node c_{level+1} (its parent's first draw); beams j > 0: its later siblings."""
     k = state.cfg.topk
@@ -105,6 +118,13 @@ def spine_select(state: LevelState, level: int) -> tuple[torch.Tensor, torch.Ten
 
 def spine_keep(state: LevelState) -> torch.Tensor:
     order = _spine_order(state.cfg, state.pool_valid.device)
+    return _keep_in_order(state, order, state.pool_valid[:, order])
+
+
+def spine_wide_keep(state: LevelState) -> torch.Tensor:
+    """Eligible: drawn (the spare beams' forwards are active only for drawn siblings); a sibling's
+    draws come after it in the order, so the budget never keeps a child without its parent."""
+    order = spine_wide_order(state.cfg, state.pool_valid.device)
     return _keep_in_order(state, order, state.pool_valid[:, order])
 
 

@@ -136,6 +136,8 @@ def test_bad_input():
         LevelDrafter(cfg, "spine", q, det.long())
     with pytest.raises(ValueError, match="uniforms"):
         LevelDrafter(cfg, "spine", q, det, uniforms=torch.rand(2, 3, 2))
+    with pytest.raises(ValueError, match="uniforms"):
+        LevelDrafter(cfg, "spine", q, det, uniforms=torch.full((2, 5, 2), 1.0, dtype=torch.float64))
     drafter = LevelDrafter(cfg, DEFAULT_LEVEL_RULE, q, det)
     with pytest.raises(ValueError, match="step"):
         drafter.step(torch.full((4, 5), 0.2))
@@ -144,6 +146,8 @@ def test_bad_input():
     drafter.first()
     with pytest.raises(ValueError, match="q_rows"):
         drafter.step(torch.full((2, 5), 0.2))
+    with pytest.raises(ValueError, match="q_rows"):
+        drafter.step(torch.ones(4, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="q_rows"):
         drafter.step(torch.full((4, 5), float("nan")))
     drafter.step(torch.full((4, 5), 0.2))
@@ -160,3 +164,24 @@ def test_table_q_fn_reads_prefix_rows():
     rows = q_fn(paths)
     assert torch.allclose(rows[0, 0], torch.as_tensor(world.q((2, 1, 1, 2))))
     assert torch.allclose(rows[0, 1], torch.as_tensor(world.q((2, 1, 0, 0))))
+
+
+@pytest.mark.parametrize("rule", ["spine", "spine_wide"])
+def test_budget_below_depth_shortens_the_chain(rule):
+    cfg, _, tree = _draft(rule, (4, 2, 3))
+    assert (tree.top_scores_index == torch.tensor([0, 2])).all()  # c_1, c_2
+    assert (tree.parents == torch.tensor([-1, 0, 1])).all() and (tree.depths == torch.tensor([0, 1, 2])).all()
+
+
+@pytest.mark.parametrize("rule", sorted(LEVEL_RULES))
+def test_verify_layout_passes_verify_tree_checks(rule):
+    """The verify layout feeds ``verify_tree`` with its input checks on (distinct siblings, drafted
+    tokens with q mass, rows of nodes with children are distributions)."""
+    from sglang_hsd.verify.tree.api import verify_tree
+
+    cfg, _, tree = _draft(rule, (3, 2, 7), context="slot")
+    target = torch.softmax(torch.randn(*tree.draft_probs.shape, dtype=torch.float64), -1)
+    for method in ("hsd", "rrs"):
+        result = verify_tree(tree.candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs,
+                             target, method=method, generator=torch.Generator().manual_seed(0))
+        assert (result.num_accepted <= cfg.depth).all()
