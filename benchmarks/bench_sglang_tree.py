@@ -1,0 +1,304 @@
+"""Accepted tokens per target pass of draft trees, through SGLang's serving benchmark on CPU.
+
+For every tree shape (``--speculative-num-steps`` D, ``--speculative-eagle-topk`` k,
+``--speculative-num-draft-tokens`` N) and every configuration below, one CPU server
+(``sglang_hsd.sglang_plugin.cpu.cpu_server``) is started with the same target and EAGLE-3 head;
+SGLang's own client (``sglang.benchmark.serving``) then sends the same prompts at every
+temperature. Per request SGLang reports ``spec_accept_length`` (completion tokens / verify passes,
+bonus token included): the client here records it for every request (the client module is run
+unchanged, only its ``calculate_metrics`` is wrapped to keep the per-request values), and the
+tables give the mean with its standard error over requests.
+
+Configurations (same head, same (D, k, N) for every tree row):
+* ``stock-tree``  ``--hsd-tree-draft topk --hsd-verify-method target-only``: SGLang's stock tree
+                  semantics (deterministic top-k children, score pruning, target-only verify).
+* ``hsd-tree``    ``--hsd-tree-draft sampled --hsd-verify-method hsd``: sampled tree, traversal
+                  verification with the drafter's q.
+* ``rrs-tree``    ``--hsd-tree-draft sampled --hsd-verify-method rrs``: the same tree, recursive
+                  rejection sampling (the other lossless reference).
+* ``hsd-chain``   ``--speculative-eagle-topk 1`` with D steps (D + 1 verified tokens), hsd.
+
+    PYTHONPATH=. python benchmarks/bench_sglang_tree.py --model smollm2-135m \\
+        --shapes 5,4,8 4,2,8 --temperatures 0 0.7 1.0 --num-prompts 64 --output-len 64
+    PYTHONPATH=. python benchmarks/bench_sglang_tree.py --num-prompts 4 --output-len 8   # tiny smoke
+
+Results: ``benchmarks/results/<name>.{json,md,png}`` (default name ``sglang_tree_<model>``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.bench_sglang_serving import (
+    client_command, setup_models, write_sharegpt_file, _summary_block, _tail)
+from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run, write_results
+from sglang_hsd.sglang_plugin.cpu.cpu_server import (
+    cpu_server_command, free_port, running_server, server_env)
+
+PER_REQUEST_ENV = "SGLANG_HSD_BENCH_PER_REQUEST"
+# The client: SGLang's serving benchmark as ``python -m sglang.benchmark.serving`` would run it,
+# with ``calculate_metrics`` wrapped to write every request's accept length and output length.
+TREE_CLIENT = """
+import importlib.util, json, os, sys, types
+if importlib.util.find_spec("datasets") is None:
+    stub = types.ModuleType("datasets")
+    def load_dataset(*args, **kwargs):
+        raise RuntimeError("the 'datasets' package is not installed (import stub)")
+    stub.load_dataset = load_dataset
+    sys.modules["datasets"] = stub
+import sglang.benchmark.serving as serving
+original = serving.calculate_metrics
+def calculate_metrics(input_requests, outputs, *args, **kwargs):
+    rows = [{"success": o.success, "output_len": o.output_len,
+             "accept_length": o.spec_accept_length} for o in outputs]
+    with open(os.environ["%s"], "w") as handle:
+        json.dump(rows, handle)
+    return original(input_requests, outputs, *args, **kwargs)
+serving.calculate_metrics = calculate_metrics
+sys.argv[0] = "sglang.benchmark.serving"
+serving.cli_main()
+""" % PER_REQUEST_ENV
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """One server configuration. Fields: name; tree_draft / verify_method: the --hsd-* flags
+    (tree_draft None = a chain, topk 1); note: what the row measures."""
+
+    name: str
+    tree_draft: str | None
+    verify_method: str
+    note: str
+
+
+CONFIGS = {c.name: c for c in (
+    TreeConfig("stock-tree", "topk", "target-only",
+               "SGLang's stock tree semantics: deterministic top-k children, target-only verify"),
+    TreeConfig("hsd-tree", "sampled", "hsd",
+               "sampled tree (children without replacement from q), traversal verification"),
+    TreeConfig("rrs-tree", "sampled", "rrs",
+               "the same sampled tree, recursive rejection sampling"),
+    TreeConfig("hsd-chain", None, "hsd", "chain (topk 1) of D drafts, verify_chain(method='hsd')"),
+)}
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'D,k,N' -> (steps, topk, draft tokens)."""
+    try:
+        steps, topk, tokens = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--shapes: expected D,k,N (three integers), got {text!r}") from None
+    return steps, topk, tokens
+
+
+def server_flags(config: TreeConfig, shape: tuple[int, int, int]) -> list[str]:
+    steps, topk, tokens = shape
+    if config.tree_draft is None:
+        return ["--speculative-eagle-topk", "1", "--hsd-verify-method", config.verify_method]
+    return ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(tokens),
+            "--hsd-tree-draft", config.tree_draft, "--hsd-verify-method", config.verify_method]
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(n)); (nan, nan) if empty."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n == 1:
+        return mean, math.nan
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def run_client(url, setup, dataset, args, temperature, workdir: Path, tag: str) -> dict:
+    """One client run at ``temperature``: the client's result line plus per-request figures."""
+    args.temperature = temperature
+    output_file = workdir / f"client_{tag}.jsonl"
+    per_request = workdir / f"per_request_{tag}.json"
+    client = client_command(url, setup, dataset, args, output_file)
+    client[2] = TREE_CLIENT
+    env = {**server_env(), PER_REQUEST_ENV: str(per_request)}
+    log_path = workdir / f"client_{tag}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.run(client, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=args.client_timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"client exited {proc.returncode}: {_tail(log_path)}")
+    result = json.loads(output_file.read_text().strip().splitlines()[-1])
+    rows = json.loads(per_request.read_text())
+    accepted = [r["accept_length"] for r in rows if r["success"] and r["accept_length"]]
+    mean, se = mean_se(accepted)
+    return {"temperature": temperature, "completed": result.get("completed"),
+            "output_throughput": result.get("output_throughput"),
+            "server_accept_length": result.get("accept_length"),
+            "accept_length_mean": mean, "accept_length_se": se, "requests": len(accepted),
+            "per_request_accept_length": accepted,
+            "client_summary": _summary_block(log_path)}
+
+
+def run_server(config: TreeConfig, shape, setup, dataset, args, workdir: Path) -> list[dict]:
+    """Start one server for (config, shape) and run every temperature against it."""
+    tag = f"{config.name}_{'-'.join(map(str, shape))}"
+    cmd = cpu_server_command(str(setup.target), free_port(), "HSD", str(setup.head),
+                             num_steps=shape[0],
+                             extra=server_flags(config, shape) + ["--dtype", args.dtype])
+    base = {"config": config.name, "shape": list(shape), "note": config.note,
+            "server_command": " ".join(cmd[1:]).replace(str(workdir), "$WORK")}
+    records = []
+    try:
+        with running_server(cmd, server_env(), str(workdir / f"server_{tag}.log"),
+                            timeout=args.server_timeout) as url:
+            for temperature in args.temperatures:
+                print(f"[bench] {tag} T={temperature} ...", flush=True)
+                record = {**base, **run_client(url, setup, dataset, args, temperature, workdir,
+                                               f"{tag}_t{temperature:g}")}
+                records.append(record)
+                print(json.dumps({k: v for k, v in record.items() if k not in (
+                    "client_summary", "per_request_accept_length")}), flush=True)
+    except Exception as err:
+        records.append({**base, "error": f"{type(err).__name__}: {err}",
+                        "server_log_tail": _tail(workdir / f"server_{tag}.log")})
+    return records
+
+
+def _find(records: list[dict], name: str, shape, temperature: float) -> dict | None:
+    """The record of ``name`` at ``shape`` and ``temperature`` (a chain matches on depth D only;
+    a failed server's record matches every temperature)."""
+    for r in records:
+        same_shape = (r["shape"][0] == shape[0] if CONFIGS[name].tree_draft is None
+                      else r["shape"] == list(shape))
+        if r["config"] == name and same_shape and (r.get("temperature") == temperature
+                                                   or "error" in r):
+            return r
+    return None
+
+
+def _cell(record: dict | None) -> str:
+    if record is None:
+        return "n/a"
+    if "error" in record:
+        return "failed"
+    return f"{record['accept_length_mean']:.3f} ± {record['accept_length_se']:.3f}"
+
+
+def markdown_table(records: list[dict], meta: dict) -> str:
+    names = meta["configs"]
+    lines = ["| D,k,N | T | " + " | ".join(names) + " | hsd-tree / stock-tree |",
+             "|---|---|" + "---|" * (len(names) + 1)]
+    for shape in meta["shapes"]:
+        for temperature in meta["temperatures"]:
+            row = {name: _find(records, name, shape, temperature) for name in names}
+            ratio = "n/a"
+            hsd, stock = row.get("hsd-tree"), row.get("stock-tree")
+            if hsd and stock and "error" not in hsd and "error" not in stock:
+                ratio = f"{hsd['accept_length_mean'] / stock['accept_length_mean']:.3f}"
+            lines.append(f"| {','.join(map(str, shape))} | {temperature:g} | "
+                         + " | ".join(_cell(row.get(n)) for n in names) + f" | {ratio} |")
+    notes = [f"- `{n}`: {CONFIGS[n].note}" for n in names]
+    errors = [f"- {r['config']} {r['shape']}: {r['error']}" for r in records if "error" in r]
+    return "\n".join([
+        f"Accepted tokens per target pass (SGLang's per-request spec_accept_length, bonus token "
+        f"included; mean ± standard error over requests). {meta['model']}; {meta['num_prompts']} "
+        f"prompts ({meta['prompt_source']}) x {meta['output_len']} output tokens, max concurrency "
+        f"{meta['max_concurrency']}, SGLang {meta['sglang_version']} on CPU. Chains use D steps.",
+        "", *lines, "", *notes, *(["", "Errors:", *errors] if errors else []), ""])
+
+
+def plot(records: list[dict], meta: dict, path: Path, run) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes, names, temps = meta["shapes"], meta["configs"], meta["temperatures"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    width = 0.8 / len(names)
+    for ax, shape in zip(axes[0], shapes):
+        for i, name in enumerate(names):
+            rows = {t: r for t in temps
+                    if (r := _find(records, name, shape, t)) is not None and "error" not in r}
+            xs = [t for t in range(len(temps)) if temps[t] in rows]
+            ax.bar([x + i * width for x in xs], [rows[temps[x]]["accept_length_mean"] for x in xs],
+                   width, yerr=[rows[temps[x]]["accept_length_se"] for x in xs], label=name,
+                   capsize=3)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(temps))], [f"T={t:g}" for t in temps])
+        ax.set_title(f"D,k,N = {','.join(map(str, shape))}")
+        ax.set_ylabel("accepted tokens per target pass")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, metadata=png_metadata(run.as_dict()))
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    parser = benchmark_parser(__doc__.split("\n\n")[0], full_doc=False)
+    parser.add_argument("--configs", default="stock-tree,hsd-tree,hsd-chain",
+                        help=f"comma-separated, from {sorted(CONFIGS)}")
+    parser.add_argument("--shapes", nargs="+", default=["5,4,8", "4,2,8"],
+                        help="tree shapes D,k,N (steps, topk, draft tokens incl. the root)")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7, 1.0])
+    parser.add_argument("--model", default="tiny",
+                        help="'tiny' (random, built here) or a cached model, e.g. smollm2-135m")
+    parser.add_argument("--name", default=None, help="results stem (default sglang_tree_<model>)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--max-concurrency", type=int, default=8)
+    parser.add_argument("--server-timeout", type=float, default=600.0)
+    parser.add_argument("--client-timeout", type=float, default=7200.0)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    args.exit_layer = args.exit_heads = None  # setup_models reads them (no exit level here)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown}; choose from {sorted(CONFIGS)}")
+    shapes = [parse_shape(s) for s in args.shapes]
+    import sglang
+
+    run = start_run(__file__, argv)
+    with tempfile.TemporaryDirectory(prefix="hsd_tree_bench_") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        setup = setup_models(args, workdir)
+        dataset = workdir / "sharegpt_format.json"
+        config = json.loads((setup.target / "config.json").read_text())
+        meta = {"model": f"{setup.name} ({config['num_hidden_layers']} layers) + "
+                         f"{'random' if setup.name == 'tiny' else 'trained'} EAGLE-3 head",
+                "sglang_version": sglang.__version__, "cpu_count": os.cpu_count(),
+                "configs": names, "shapes": shapes, "temperatures": args.temperatures,
+                "num_prompts": args.num_prompts, "output_len": args.output_len,
+                "max_concurrency": args.max_concurrency,
+                "prompt_source": write_sharegpt_file(dataset), "command": run.command}
+        records = []
+        for shape in shapes:
+            for name in names:
+                if CONFIGS[name].tree_draft is None and any(
+                        r["config"] == name and r["shape"][0] == shape[0] for r in records):
+                    continue  # a chain depends on D only
+                records.extend(run_server(CONFIGS[name], shape, setup, dataset, args, workdir))
+    stem = args.out_dir / (args.name or f"sglang_tree_{args.model}")
+    table = markdown_table(records, meta)
+    write_results(stem, {"meta": meta, "results": records}, table, run)
+    plot(records, meta, stem.with_suffix(".png"), run)
+    print(table)
+    return 1 if any("error" in r for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The tree serving benchmark's bookkeeping: shapes, server flags, mean and standard error, the
+table's lookup of chains by depth (no server here)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.bench_sglang_tree import CONFIGS, markdown_table, mean_se, parse_shape, server_flags
+
+
+def test_parse_shape_and_flags():
+    assert parse_shape("5,4,8") == (5, 4, 8)
+    with pytest.raises(SystemExit, match="D,k,N"):
+        parse_shape("5,4")
+    flags = server_flags(CONFIGS["stock-tree"], (5, 4, 8))
+    assert flags == ["--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
+                     "--hsd-tree-draft", "topk", "--hsd-verify-method", "target-only"]
+    assert server_flags(CONFIGS["hsd-chain"], (5, 4, 8)) == [
+        "--speculative-eagle-topk", "1", "--hsd-verify-method", "hsd"]
+
+
+def test_mean_and_standard_error():
+    mean, se = mean_se([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and se == pytest.approx(math.sqrt((2.25 + 0.25 + 0.25 + 2.25) / 3 / 4))
+    assert math.isnan(mean_se([2.0])[1]) and math.isnan(mean_se([])[0])
+
+
+def test_table_ratio_chain_by_depth_and_failures():
+    def record(config, shape, temperature, mean):
+        return {"config": config, "shape": shape, "temperature": temperature,
+                "accept_length_mean": mean, "accept_length_se": 0.1}
+
+    records = [record("stock-tree", [5, 4, 8], 1.0, 1.5), record("hsd-tree", [5, 4, 8], 1.0, 1.8),
+               record("hsd-chain", [5, 4, 8], 1.0, 1.6),
+               {"config": "hsd-tree", "shape": [4, 2, 8], "error": "boom"}]
+    meta = {"configs": ["stock-tree", "hsd-tree", "hsd-chain"], "shapes": [(5, 4, 8), (4, 2, 8)],
+            "temperatures": [1.0], "model": "m", "num_prompts": 2, "prompt_source": "s",
+            "output_len": 4, "max_concurrency": 2, "sglang_version": "0.5.23"}
+    table = markdown_table(records, meta)
+    assert "| 5,4,8 | 1 | 1.500 ± 0.100 | 1.800 ± 0.100 | 1.600 ± 0.100 | 1.200 |" in table
+    assert "| 4,2,8 | 1 | n/a | failed | n/a | n/a |" in table
+    assert "hsd-tree [4, 2, 8]: boom" in table
