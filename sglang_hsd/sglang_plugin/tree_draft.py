@@ -31,9 +31,11 @@ from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE
 
-# the expansion rule of the sampled tree drafter (LEVEL_RULES): see level_draft.py for why
-TREE_RULE = "spine"
+# The expansion rule of the sampled tree drafter: the library's default (its docstring says why,
+# with the exact table that chose it); one home for the choice.
+TREE_RULE = DEFAULT_LEVEL_RULE
 
 
 @dataclass
