@@ -51,7 +51,6 @@ def test_tree_shapes_accepted(plugin_loaded, clean_env, topk, tokens, draft):
     (dict(speculative_num_draft_tokens=None), "--speculative-num-draft-tokens: required"),
     (dict(speculative_eagle_topk=4, speculative_num_draft_tokens=4), "larger than the node budget"),
     (dict(speculative_num_draft_tokens=12), "lower it to <= 11"),
-    (dict(speculative_num_draft_tokens=8), "the sampled tree drafter ('spine') keeps at most 6"),
     (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
     (dict(disable_overlap_schedule=False, device="cuda"), "--disable-overlap-schedule"),
     (dict(speculative_accept_threshold_acc=0.5), "thresholds make verification lossy"),
@@ -63,6 +62,17 @@ def test_tree_refusals_name_the_flag(plugin_loaded, clean_env, overrides, says):
     with pytest.raises(HSDServerArgsError) as err:
         _validate(**overrides)
     assert says in str(err.value)
+
+
+def test_budget_beyond_the_rules_capacity_is_refused(plugin_loaded, clean_env, monkeypatch):
+    """The default rule (spine_wide) can keep the whole pool; spine keeps at most D k nodes."""
+    from sglang_hsd.sglang_plugin import tree_draft
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
+
+    _validate(speculative_num_draft_tokens=8)  # (3, 2, 8) fits the default rule
+    monkeypatch.setattr(tree_draft, "TREE_RULE", "spine")
+    with pytest.raises(HSDServerArgsError, match=r"the sampled tree drafter \('spine'\) keeps at most 6"):
+        _validate(speculative_num_draft_tokens=8)
 
 
 def test_exit_level_with_trees_is_refused_naming_both_flags(plugin_loaded, clean_env):
