@@ -10,8 +10,15 @@ What it does that matters for a topk=1 EAGLE-3 chain is repeated here.
 from __future__ import annotations
 
 import logging
+import os
 
-from sglang_hsd.sglang_plugin.config import DEFAULT_NUM_STEPS, DEFAULT_TOPK
+from sglang_hsd.sglang_plugin.config import (
+    DEFAULT_NUM_STEPS,
+    DEFAULT_TOPK,
+    EXIT_LAYER_ENV,
+    PLAN_ENV,
+)
+from sglang_hsd.sglang_plugin.draft_kind import MODEL, check_same_vocabulary, resolve_draft_kind
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +87,10 @@ def validate_hsd_server_args(args) -> None:
             f"{steps} steps verifies {steps + 1} tokens; drop the flag or set it to {steps + 1}"
         )
     if args.speculative_draft_model_path is None:
-        problems.append("--speculative-draft-model-path: HSD needs an EAGLE-3 draft head")
+        problems.append("--speculative-draft-model-path: HSD needs a draft (an EAGLE-3 head or a "
+                        "small language model of the target's family)")
+    elif resolve_draft_kind(args.speculative_draft_model_path) == MODEL:
+        problems += draft_model_problems(args)
     if (args.speculative_accept_threshold_single != 1.0
             or args.speculative_accept_threshold_acc != 1.0):
         problems.append(
@@ -115,3 +125,25 @@ def validate_hsd_server_args(args) -> None:
             "--speculative-algorithm HSD cannot run with these options:\n  - "
             + "\n  - ".join(problems)
         )
+
+
+def draft_model_problems(args) -> list[str]:
+    """What a separate draft language model (``--hsd-draft-kind model``) cannot serve with.
+
+    The vocabulary check reads both checkpoints' configs and tokenizers (no weights), so a
+    mismatched pair is refused before any model loads (``DraftKindError`` names the flag).
+    """
+    check_same_vocabulary(args.model_path, args.speculative_draft_model_path)
+    problems = []
+    if os.environ.get(EXIT_LAYER_ENV, "").strip() or os.environ.get(PLAN_ENV, "").strip():
+        problems.append(
+            "--hsd-exit-layer / --hsd-plan with --hsd-draft-kind model (a draft language model "
+            "at --speculative-draft-model-path): the exit level is wired to the EAGLE-3 worker "
+            "only; drop the exit level or draft with an EAGLE-3 head")
+    if getattr(args, "speculative_token_map", None):
+        problems.append("--speculative-token-map with --hsd-draft-kind model: a draft language "
+                        "model drafts over the whole vocabulary; remove it")
+    if getattr(args, "enable_dp_attention", False):
+        problems.append("--enable-dp-attention with --hsd-draft-kind model: SGLang's standalone "
+                        "draft worker does not support DP attention; remove it")
+    return problems
