@@ -68,3 +68,14 @@ def build_tiny_llama(directory: str, vocab_size: int = 512, hidden_size: int = 6
     model = LlamaForCausalLM(config).float()
     model.save_pretrained(directory)
     return config
+
+
+def build_tiny_draft_pair(root: str, init_std: float = 0.1, **target_kwargs) -> tuple[str, str]:
+    """A tiny random target (``root/target``, 4 layers) and a smaller random draft language model
+    (``root/draft``, 1 layer, half the width) with the same tokenizer and vocabulary, for
+    ``--hsd-draft-kind model``. Returns (target folder, draft folder)."""
+    target, draft = os.path.join(root, "target"), os.path.join(root, "draft")
+    config = build_tiny_llama(target, init_std=init_std, **target_kwargs)
+    build_tiny_llama(draft, vocab_size=config.vocab_size, hidden_size=config.hidden_size // 2,
+                     num_layers=1, seed=1, init_std=init_std)
+    return target, draft
