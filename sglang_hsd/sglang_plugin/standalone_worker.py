@@ -23,7 +23,7 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, S
 
 from sglang_hsd.sglang_plugin.config import PluginConfig
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
-from sglang_hsd.sglang_plugin.worker import adopt_draft_worker, install_hsd_hooks
+from sglang_hsd.sglang_plugin.worker_setup import adopt_draft_worker, install_hsd_hooks
 
 
 class HSDStandaloneWorker(StandaloneWorkerV2):

@@ -30,7 +30,7 @@ from sglang_hsd.sglang_plugin.draft_worker import HSDDraftWorker
 from sglang_hsd.sglang_plugin.exit_head import ExitHead, load_exit_map
 from sglang_hsd.sglang_plugin.exit_level import ExitLevelTarget, ExitLevelVerifier
 from sglang_hsd.sglang_plugin.layer_range import check_layer_range_model
-from sglang_hsd.sglang_plugin.verify_hook import VerifyHookState, install_verify_hooks
+from sglang_hsd.sglang_plugin.worker_setup import adopt_draft_worker, install_hsd_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -53,33 +53,6 @@ def hsd_worker(server_args):
                 "wired to the EAGLE-3 worker only")
         return functools.partial(HSDStandaloneWorker, plugin_config=plugin_config)
     return functools.partial(HSDWorker, plugin_config=plugin_config, exit_config=exit_config)
-
-
-def install_hsd_hooks(plugin_config: PluginConfig) -> VerifyHookState:
-    """The verify hooks of this process, bound to a fresh ``VerifyHookState`` (one HSD worker
-    per scheduler process: the hooks read that worker's state)."""
-    state = VerifyHookState(plugin_config)
-    install_verify_hooks(state)
-    return state
-
-
-def adopt_draft_worker(worker, sglang_cls: type, hsd_cls: type):
-    """Re-class the draft worker SGLang's V2 worker ``__init__`` built (``worker._draft_worker``,
-    exactly a ``sglang_cls``) as ``hsd_cls``, so no SGLang constructor code is copied.
-
-    Returns the draft worker, or None on pipeline stages that have none.
-    """
-    draft = getattr(worker, "_draft_worker", "missing")
-    if draft == "missing":
-        raise RuntimeError(
-            f"HSD: {type(worker).__mro__[1].__name__} no longer keeps its draft worker in "
-            "`_draft_worker`; sglang-hsd supports sglang==0.5.23")
-    if draft is None:  # non-last pipeline stages have none
-        return None
-    if type(draft) is not sglang_cls:
-        raise RuntimeError(f"HSD: expected a {sglang_cls.__name__}, got {type(draft).__name__}")
-    draft.__class__ = hsd_cls
-    return draft
 
 
 class HSDWorker(EAGLEWorkerV2):
