@@ -1,6 +1,6 @@
 """End to end on CPU: ``--speculative-algorithm HSD --hsd-draft-kind model`` with a tiny random
-target (4 layers) and a tiny random draft language model (1 layer, same tokenizer) that keeps its
-own KV cache (SGLang's STANDALONE shape).
+target (4 layers) and a draft language model of the same family (the target's first layer, same
+tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 
 * greedy output equals the target's plain greedy decoding (transformers-free ``CausalLM``) token
   for token, for chains of K = 2, 3, 4 drafts and a concurrent batch of several requests;
