@@ -5,8 +5,9 @@ on 127.0.0.1 with the target and the draft language model, and SGLang's own serv
 (``python -m sglang.bench_serving --backend sglang --dataset-name sharegpt``) sends N prompts of
 each prompt set (HumanEval, MT-Bench, from ``sglang_hsd.assets``; written in ShareGPT format) with
 a fixed number of output tokens, for every temperature x max concurrency. Kept per run: output
-tok/s, request/s, median TPOT and the accept length the client reads from ``/server_info``.
-The server is always killed afterwards.
+tok/s, request/s, median TPOT and the accept length the client reads from ``/server_info``
+(SGLang's average over its last decode-log interval of 40 steps: ``n/a`` for runs shorter than
+that, e.g. the smoke test). The server is always killed afterwards.
 
 Configurations:
 * ``none``        no speculation (throughput reference);
