@@ -15,8 +15,8 @@ every draft entry it runs, for the continuation drafts of ``draft_continuation.p
 target's (refused otherwise before models load), so q already has the target's width; the shared
 ``TargetVocabDraft`` checks that on every round.
 
-This module subclasses SGLang at import: only ``worker.py`` imports it, once SGLang builds the HSD
-worker (after ``register()`` checked every signature).
+This module subclasses SGLang at import: only ``worker.py`` and ``standalone_worker.py`` import
+it, once SGLang builds the HSD worker (after ``register()`` checked every signature).
 """
 
 from __future__ import annotations
