@@ -22,6 +22,7 @@ from sglang_hsd.sglang_plugin.config import (
     VERIFY_METHOD_CHOICES,
     VERIFY_METHOD_ENV,
 )
+from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
 
 
@@ -56,6 +57,10 @@ HSD_FLAGS = (
     ("--hsd-plan", PLAN_ENV, {},
      "take the exit layer and its buffer from a `sglang-hsd plan` JSON (its one intermediate "
      "exit level)"),
+    ("--hsd-draft-kind", DRAFT_KIND_ENV, {"choices": DRAFT_KINDS},
+     "what --speculative-draft-model-path is: an EAGLE-3 head (eagle3), a separate language model "
+     "of the target's family with its own KV cache (model), or detected from its config (auto, "
+     "the default)"),
 )
 
 

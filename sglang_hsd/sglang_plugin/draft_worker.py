@@ -14,21 +14,65 @@ With sampled trees (topk > 1, ``--hsd-tree-draft sampled``) it owns the draft lo
 (``tree_draft.draft_sampled_tree``), keeps the round's ``DraftTree`` for verification in
 ``hsd_tree``, and its draft extends record the next root's q (``tree_draft.RootQHook``).
 
-This module subclasses SGLang at import: only ``worker.py`` imports it, once SGLang builds the HSD
-worker (after ``register()`` checked every signature).
+``HSDStandaloneDraftWorker`` is the same for a separate draft language model (SGLang's
+``StandaloneDraftWorker``, its own embeddings, LM head and KV cache): its vocabulary is the
+target's (refused otherwise before models load), so q already has the target's width; the shared
+``TargetVocabDraft`` checks that on every round.
+
+This module subclasses SGLang at import: only ``worker.py`` and ``standalone_worker.py`` import
+it, once SGLang builds the HSD worker (after ``register()`` checked every signature).
 """
 
 from __future__ import annotations
 
-import functools
-
+from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
 from sglang_hsd.sglang_plugin.tree_draft import draft_sampled_tree
 
 
-class HSDDraftWorker(EagleDraftWorker):
+class TargetVocabDraft(EagleDraftWorkerBase):
+    """Mixin for SGLang draft workers: every draft q handed to verification has the target
+    vocabulary's width (``hsd_target_vocab_size``, set in ``alloc_memory_pool``).
+
+    It derives from SGLang's ``EagleDraftWorkerBase`` so that the classes it is mixed into keep
+    the instance layout of SGLang's draft workers (``__class__`` re-assignment requires it).
+
+    ``_hsd_full_vocab`` maps q [bs, steps, Vd] to [bs, steps, Vt]: scattered through
+    ``hot_token_id`` for a reduced draft vocabulary, checked otherwise (a wrong width would make
+    the verifier compare different tokens).
+    """
+
+    hsd_target_vocab_size: int
+
+    def _hsd_full_vocab(self, draft_probs):
+        if draft_probs is None:
+            return draft_probs
+        if self.hot_token_id is not None:
+            draft_probs = scatter_draft_probs(draft_probs, self.hot_token_id,
+                                              self.hsd_target_vocab_size)
+        if draft_probs.shape[-1] != self.hsd_target_vocab_size:
+            raise RuntimeError(
+                f"HSD: draft q has width {draft_probs.shape[-1]}, the target vocabulary "
+                f"{self.hsd_target_vocab_size}; the draft does not share the target's vocabulary")
+        return draft_probs
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        runner = getattr(self, "cuda_graph_runner", None)
+        if runner is not None:  # the graph path returns q from the captured draft_forward
+            execute = runner.execute
+
+            def execute_full_vocab(forward_batch, *args, **kwargs):
+                out = execute(forward_batch, *args, **kwargs)
+                return (*out[:3], self._hsd_full_vocab(out[3]))
+
+            runner.execute = execute_full_vocab
+
+
+class HSDDraftWorker(TargetVocabDraft, EagleDraftWorker):
     """``EagleDraftWorker`` whose draft q always has the target vocabulary's width.
 
     Instances are not constructed directly: ``HSDWorker`` re-classes the draft worker that
@@ -61,11 +105,6 @@ class HSDDraftWorker(EagleDraftWorker):
                 f"HSD: draft vocabulary ({draft_vocab}) is larger than the target's "
                 f"({self.hsd_target_vocab_size}); the EAGLE-3 head does not match the target"
             )
-
-    def _hsd_full_vocab(self, draft_probs):
-        if draft_probs is None or self.hot_token_id is None:
-            return draft_probs
-        return scatter_draft_probs(draft_probs, self.hot_token_id, self.hsd_target_vocab_size)
 
     def draft_forward(self, forward_batch):
         continuation = getattr(self, "hsd_continuation", None)
@@ -114,14 +153,23 @@ class HSDDraftWorker(EagleDraftWorker):
         continuation.end_round(steps)
         return out
 
-    def init_cuda_graphs(self):
-        super().init_cuda_graphs()
-        runner = getattr(self, "cuda_graph_runner", None)
-        if runner is not None:  # the graph path returns q from the captured draft_forward
-            execute = runner.execute
 
-            def execute_full_vocab(forward_batch, *args, **kwargs):
-                out = execute(forward_batch, *args, **kwargs)
-                return (*out[:3], self._hsd_full_vocab(out[3]))
+class HSDStandaloneDraftWorker(TargetVocabDraft, StandaloneDraftWorker):
+    """SGLang's ``StandaloneDraftWorker`` (a separate draft language model with its own KV cache)
+    whose q is checked to have the target vocabulary's width.
 
-            runner.execute = execute_full_vocab
+    Re-classed by ``HSDStandaloneWorker`` from the instance ``StandaloneWorkerV2.__init__``
+    builds. Drafting, the draft KV cache and its rollback after verification are SGLang's: the
+    draft writes K steps into slots the V2 worker allocated for the round and re-runs the accepted
+    tokens in its draft-extend pass, whose slots overwrite the rejected ones.
+    """
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
+                          token_to_kv_pool_allocator=None):
+        super().alloc_memory_pool(memory_pool_config, req_to_token_pool,
+                                  token_to_kv_pool_allocator)
+        self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
+
+    def draft_forward(self, forward_batch):
+        parents, scores_index, draft_tokens, draft_probs = super().draft_forward(forward_batch)
+        return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)

@@ -77,6 +77,13 @@ def hsd_internal_state(scheduler) -> dict:
         "max_total_num_tokens": int(scheduler.max_total_num_tokens),
         "exit_layer": None if exit_level is None else exit_level.exit_layer,
     }
+    # The draft model's KV pool (its own cache for a draft language model) and whether its slots
+    # come from the target's allocator, as in SGLang's EAGLE and STANDALONE workers.
+    draft_runner = getattr(getattr(worker, "_draft_worker", None), "draft_runner", None)
+    draft_allocator = getattr(draft_runner, "token_to_kv_pool_allocator", None)
+    if draft_allocator is not None:
+        state["draft_kv_available_size"] = int(draft_allocator.available_size())
+        state["draft_kv_shares_allocator"] = draft_allocator is allocator
     if exit_level is not None:
         state["levels"] = exit_level.stats.as_dict()
         state["max_split_logit_diff"] = exit_level.max_split_logit_diff

@@ -19,6 +19,7 @@ from sglang_hsd.sglang_plugin.config import (
     PLAN_ENV,
     PluginConfig,
 )
+from sglang_hsd.sglang_plugin.draft_kind import MODEL, check_same_vocabulary, resolve_draft_kind
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,10 @@ def validate_hsd_server_args(args) -> None:
     except ValueError as err:
         problems.append(str(err))
     if args.speculative_draft_model_path is None:
-        problems.append("--speculative-draft-model-path: HSD needs an EAGLE-3 draft head")
+        problems.append("--speculative-draft-model-path: HSD needs a draft (an EAGLE-3 head or a "
+                        "small language model of the target's family)")
+    elif resolve_draft_kind(args.speculative_draft_model_path) == MODEL:
+        problems += draft_model_problems(args)
     if (args.speculative_accept_threshold_single != 1.0
             or args.speculative_accept_threshold_acc != 1.0):
         problems.append(
@@ -205,4 +209,30 @@ def _sampled_tree_problems(args) -> list[str]:
                 f"--speculative-num-draft-tokens {tokens}: the sampled tree drafter ({TREE_RULE!r}) "
                 f"keeps at most {capacity} nodes for --speculative-num-steps {steps} and "
                 f"--speculative-eagle-topk {topk}; lower it to <= {capacity + 1}")
+    return problems
+
+
+def draft_model_problems(args) -> list[str]:
+    """What a separate draft language model (``--hsd-draft-kind model``) cannot serve with.
+
+    The vocabulary check reads both checkpoints' configs and tokenizers (no weights), so a
+    mismatched pair is refused before any model loads (``DraftKindError`` names the flag).
+    """
+    check_same_vocabulary(args.model_path, args.speculative_draft_model_path)
+    problems = []
+    if args.speculative_eagle_topk not in (None, 1):
+        problems.append(
+            f"--speculative-eagle-topk {args.speculative_eagle_topk} with --hsd-draft-kind model: "
+            "draft trees are drafted by the EAGLE-3 worker only; use --speculative-eagle-topk 1")
+    if os.environ.get(EXIT_LAYER_ENV, "").strip() or os.environ.get(PLAN_ENV, "").strip():
+        problems.append(
+            "--hsd-exit-layer / --hsd-plan with --hsd-draft-kind model (a draft language model "
+            "at --speculative-draft-model-path): the exit level is wired to the EAGLE-3 worker "
+            "only; drop the exit level or draft with an EAGLE-3 head")
+    if getattr(args, "speculative_token_map", None):
+        problems.append("--speculative-token-map with --hsd-draft-kind model: a draft language "
+                        "model drafts over the whole vocabulary; remove it")
+    if getattr(args, "enable_dp_attention", False):
+        problems.append("--enable-dp-attention with --hsd-draft-kind model: SGLang's standalone "
+                        "draft worker does not support DP attention; remove it")
     return problems

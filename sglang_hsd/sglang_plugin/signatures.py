@@ -48,6 +48,10 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, forward_batch)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_cuda_graphs":
         "(self)",
+    "sglang.srt.speculative.standalone_worker_v2.StandaloneWorkerV2.__init__":
+        "(self, server_args, gpu_id, nccl_port, target_worker)",
+    "sglang.srt.speculative.standalone_worker_v2.StandaloneDraftWorker.alloc_memory_pool":
+        "(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None)",
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute":
         "(self, forward_batch)",
     "sglang.srt.speculative.spec_utils.sample_draft_proposal":

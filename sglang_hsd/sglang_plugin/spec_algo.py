@@ -13,6 +13,7 @@ from __future__ import annotations
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from sglang_hsd.sglang_plugin.draft_kind import EAGLE3, MODEL, current_draft_kind
 from sglang_hsd.sglang_plugin.server_args import resolve_hsd_server_args
 
 # Non-predicate methods of SpeculativeAlgorithm that SGLang calls on any algorithm object.
@@ -34,14 +35,22 @@ def create_hsd_worker(server_args):
 
 
 class HSDSpecAlgo(CustomSpecAlgo):
-    """``--speculative-algorithm HSD``: an EAGLE-3 family member (same draft head, same
-    scheduler branches) whose verification is ``sglang_hsd.verify.verify_chain``."""
+    """``--speculative-algorithm HSD``: verification by ``sglang_hsd.verify.verify_chain``.
+
+    With an EAGLE-3 head it is an EAGLE-3 family member (same draft head, same scheduler
+    branches); with a separate draft language model (``draft_kind.MODEL``) it answers as SGLang's
+    STANDALONE does (no hidden states carried, the draft keeps its own KV cache). The kind was
+    resolved with the server arguments (``draft_kind.current_draft_kind``).
+    """
 
     def is_eagle(self) -> bool:
-        return True
+        return current_draft_kind() == EAGLE3
 
     def is_eagle3(self) -> bool:
-        return True
+        return current_draft_kind() == EAGLE3
+
+    def is_standalone(self) -> bool:
+        return current_draft_kind() == MODEL
 
     def supports_grammar_overlap(self) -> bool:
         return True  # the EAGLE V2 verify path advances the grammar itself
@@ -53,7 +62,7 @@ class HSDSpecAlgo(CustomSpecAlgo):
         return True
 
     def carries_draft_hidden_states(self) -> bool:
-        return True
+        return self.is_eagle()
 
     def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True,
                           needs_confidence_relay=False):

@@ -25,11 +25,12 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWork
 
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, ExitLevelConfigError, PluginConfig
 from sglang_hsd.sglang_plugin.draft_continuation import DraftContinuation
+from sglang_hsd.sglang_plugin.draft_kind import MODEL, current_draft_kind
 from sglang_hsd.sglang_plugin.draft_worker import HSDDraftWorker
 from sglang_hsd.sglang_plugin.exit_head import ExitHead, load_exit_map
 from sglang_hsd.sglang_plugin.exit_level import ExitLevelTarget, ExitLevelVerifier
 from sglang_hsd.sglang_plugin.layer_range import check_layer_range_model
-from sglang_hsd.sglang_plugin.verify_hook import VerifyHookState, install_verify_hooks
+from sglang_hsd.sglang_plugin.worker_setup import adopt_draft_worker, install_hsd_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,14 @@ def hsd_worker(server_args):
     # inherited from a chain configuration.
     exit_config = (ExitLevelConfig.from_env() if plugin_config.is_tree
                    else ExitLevelConfig.from_env(plugin_config.verify_method))
+    if current_draft_kind() == MODEL:
+        from sglang_hsd.sglang_plugin.standalone_worker import HSDStandaloneWorker
+
+        if exit_config.enabled:
+            raise ExitLevelConfigError(
+                "--hsd-exit-layer / --hsd-plan with --hsd-draft-kind model: the exit level is "
+                "wired to the EAGLE-3 worker only")
+        return functools.partial(HSDStandaloneWorker, plugin_config=plugin_config)
     return functools.partial(HSDWorker, plugin_config=plugin_config, exit_config=exit_config)
 
 
@@ -60,27 +69,17 @@ class HSDWorker(EAGLEWorkerV2):
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker, *,
                  plugin_config: PluginConfig, exit_config: ExitLevelConfig):
-        # One HSD worker per scheduler process: the hooks read this worker's state.
-        self.hsd_hooks = VerifyHookState(plugin_config)
-        install_verify_hooks(self.hsd_hooks)
+        self.hsd_hooks = install_hsd_hooks(plugin_config)
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.hsd_exit = build_exit_verifier(target_worker, plugin_config, exit_config)
         self._adopt_draft_worker(target_worker)
 
     def _adopt_draft_worker(self, target_worker) -> None:
-        """Re-class the draft worker ``EAGLEWorkerV2.__init__`` built as ``HSDDraftWorker`` and,
-        with exit sub-rounds, give it the ``DraftContinuation`` the exit level drafts with."""
-        draft = getattr(self, "_draft_worker", "missing")
-        if draft == "missing":
-            raise RuntimeError(
-                "HSD: EAGLEWorkerV2 no longer keeps its draft worker in `_draft_worker`; "
-                "sglang-hsd supports sglang==0.5.23"
-            )
-        if draft is None:  # non-last pipeline stages have none
+        """Re-class the draft worker as ``HSDDraftWorker`` and, with exit sub-rounds, give it the
+        ``DraftContinuation`` the exit level drafts with."""
+        draft = adopt_draft_worker(self, EagleDraftWorker, HSDDraftWorker)
+        if draft is None:
             return
-        if type(draft) is not EagleDraftWorker:
-            raise RuntimeError(f"HSD: expected an EagleDraftWorker, got {type(draft).__name__}")
-        draft.__class__ = HSDDraftWorker
         if self.hsd_hooks.config.is_tree and self.hsd_hooks.config.tree_draft == "sampled":
             from sglang.srt.speculative import eagle_worker_v2
 

@@ -33,6 +33,16 @@ def plugin_loaded():
     return plugin
 
 
+@pytest.fixture(autouse=True)
+def eagle3_draft_kind(monkeypatch):
+    """These tests name a draft path that does not exist ("/head"): say it is an EAGLE-3 head
+    (setenv, so monkeypatch restores both variables, which the resolution writes directly)."""
+    from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV
+
+    monkeypatch.setenv(DRAFT_KIND_ENV, "eagle3")
+    monkeypatch.setenv(RESOLVED_DRAFT_KIND_ENV, "eagle3")
+
+
 def test_entry_point_registers_hsd_as_eagle3_family(plugin_loaded):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -78,7 +88,7 @@ def test_server_args_defaults_turn_on_sampled_chain_drafting(plugin_loaded):
     (dict(speculative_num_steps=3, speculative_eagle_topk=4), "--speculative-num-draft-tokens"),
     (dict(speculative_accept_threshold_single=0.5), "remove them"),
     (dict(speculative_use_block_verification=True), "--hsd-verify-method"),
-    (dict(speculative_draft_model_path=None), "EAGLE-3 draft head"),
+    (dict(speculative_draft_model_path=None), "an EAGLE-3 head or a small language model"),
 ])
 def test_server_args_refuse_unsupported_combinations(plugin_loaded, overrides, says):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm

@@ -60,6 +60,29 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
     return cmd + list(extra or [])
 
 
+def draft_model_server_command(model_path: str, port: int, draft_path: str,
+                               algorithm: str = "HSD", num_steps: int = 4,
+                               extra: list[str] | None = None,
+                               draft_kind: str | None = "model") -> list[str]:
+    """A CPU server drafting with a separate language model ``draft_path`` (same vocabulary as
+    ``model_path``, its own KV cache).
+
+    ``algorithm``: ``HSD`` (``--hsd-draft-kind model``: sampled drafts with their q, verified by
+    ``verify_chain``) or SGLang's own ``STANDALONE`` (argmax drafts; SGLang refuses rejection
+    sampling for it, and on CPU its verify takes the target's argmax for every batch, so it
+    serves greedy output only). ``draft_kind``: the ``--hsd-draft-kind`` given to HSD (None:
+    detected from the draft's config).
+    """
+    cmd = cpu_server_command(model_path, port, algorithm, draft_path, extra=None)
+    cmd += ["--speculative-num-steps", str(num_steps)]
+    if algorithm.upper() == "HSD":
+        cmd += ["--hsd-draft-kind", draft_kind] if draft_kind else []
+    else:
+        cmd += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
+                str(num_steps + 1)]
+    return cmd + list(extra or [])
+
+
 def server_env(verify_method: str | None = None) -> dict:
     """This process's environment plus what a CPU server needs: this checkout of sglang_hsd and
     the CPU shims' start-up hook (``BOOTSTRAP_DIR``) first on ``PYTHONPATH``."""

@@ -68,3 +68,30 @@ def build_tiny_llama(directory: str, vocab_size: int = 512, hidden_size: int = 6
     model = LlamaForCausalLM(config).float()
     model.save_pretrained(directory)
     return config
+
+
+def build_tiny_draft_pair(root: str, init_std: float = 0.3, draft_layers: int = 1,
+                          **target_kwargs) -> tuple[str, str]:
+    """A tiny random target (``root/target``, 4 layers) and a draft language model of the same
+    family (``root/draft``): the target's first ``draft_layers`` layers with its embeddings, final
+    norm and LM head, and the same tokenizer, for ``--hsd-draft-kind model``.
+
+    A truncated target drafts like a real small model of the family: its q is correlated with the
+    target's p (drafts get accepted) without being equal (at ``init_std`` 0.3 the next-token laws
+    are far enough apart that a test of the target's law rejects the draft's). Returns (target
+    folder, draft folder).
+    """
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    target, draft = os.path.join(root, "target"), os.path.join(root, "draft")
+    build_tiny_llama(target, init_std=init_std, **target_kwargs)
+    model = LlamaForCausalLM.from_pretrained(target)
+    model.model.layers = model.model.layers[:draft_layers]
+    model.config.num_hidden_layers = draft_layers
+    model.save_pretrained(draft)
+    for name in os.listdir(target):
+        if name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(target, name), draft)
+    return target, draft

@@ -1,0 +1,36 @@
+"""Steps every HSD speculative worker shares (``worker.HSDWorker`` on SGLang's EAGLE-3 V2 worker,
+``standalone_worker.HSDStandaloneWorker`` on its STANDALONE V2 worker): the verify hooks bound to the
+worker's state, and the draft worker SGLang built re-classed to the HSD subclass.
+"""
+
+from __future__ import annotations
+
+from sglang_hsd.sglang_plugin.config import PluginConfig
+from sglang_hsd.sglang_plugin.verify_hook import VerifyHookState, install_verify_hooks
+
+
+def install_hsd_hooks(plugin_config: PluginConfig) -> VerifyHookState:
+    """The verify hooks of this process, bound to a fresh ``VerifyHookState`` (one HSD worker
+    per scheduler process: the hooks read that worker's state)."""
+    state = VerifyHookState(plugin_config)
+    install_verify_hooks(state)
+    return state
+
+
+def adopt_draft_worker(worker, sglang_cls: type, hsd_cls: type):
+    """Re-class the draft worker SGLang's V2 worker ``__init__`` built (``worker._draft_worker``,
+    exactly a ``sglang_cls``) as ``hsd_cls``, so no SGLang constructor code is copied.
+
+    Returns the draft worker, or None on pipeline stages that have none.
+    """
+    draft = getattr(worker, "_draft_worker", "missing")
+    if draft == "missing":
+        raise RuntimeError(
+            f"HSD: {type(worker).__mro__[1].__name__} no longer keeps its draft worker in "
+            "`_draft_worker`; sglang-hsd supports sglang==0.5.23")
+    if draft is None:  # non-last pipeline stages have none
+        return None
+    if type(draft) is not sglang_cls:
+        raise RuntimeError(f"HSD: expected a {sglang_cls.__name__}, got {type(draft).__name__}")
+    draft.__class__ = hsd_cls
+    return draft

@@ -1,0 +1,181 @@
+"""``--hsd-draft-kind``: EAGLE-3 head or separate draft language model, detected from the draft's
+config; what SGLang's scheduler sees for each kind; the refusals before any model loads (another
+vocabulary or tokenizer, topk > 1, the exit level, a token map). Fast: no server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+
+import pytest
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.sglang
+
+from sglang_hsd.sglang_plugin.config import EXIT_LAYER_ENV, PLAN_ENV, PluginConfig  # noqa: E402
+from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
+    DRAFT_KIND_ENV,
+    EAGLE3,
+    MODEL,
+    RESOLVED_DRAFT_KIND_ENV,
+    DraftKindError,
+    check_same_vocabulary,
+    detect_draft_kind,
+    resolve_draft_kind,
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
+    # resolution and the flags write os.environ directly.
+    for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, PLAN_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from eagle_heads.eagle3 import build_random_eagle3_head
+    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_draft_pair
+
+    root = tmp_path_factory.mktemp("draft_kind")
+    target, draft = build_tiny_draft_pair(str(root))
+    from transformers import AutoConfig
+
+    build_random_eagle3_head(str(root / "eagle3"), AutoConfig.from_pretrained(target))
+    return types.SimpleNamespace(root=root, target=target, draft=draft,
+                                 head=str(root / "eagle3"))
+
+
+@pytest.fixture(scope="module")
+def hsd():
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    load_plugins()
+    return SpeculativeAlgorithm.from_string("HSD")
+
+
+def _args(target, draft, **overrides):
+    base = dict(
+        model_path=target, speculative_draft_model_path=draft, max_running_requests=None,
+        device="cpu", disable_overlap_schedule=False, enable_mixed_chunk=True,
+        speculative_num_steps=None, speculative_eagle_topk=None,
+        speculative_num_draft_tokens=None, speculative_use_rejection_sampling=False,
+        speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0,
+        speculative_use_block_verification=False, speculative_adaptive=False,
+        enable_multi_layer_eagle=False, enable_deterministic_inference=False,
+        enable_unified_memory=False, enable_watermark=False, pp_size=1,
+        disaggregation_mode="null", speculative_token_map=None, enable_dp_attention=False,
+    )
+    base.update(overrides)
+    return types.SimpleNamespace(**base)
+
+
+def test_draft_kind_detected_from_the_config(pair):
+    assert resolve_draft_kind(pair.head) == EAGLE3
+    assert resolve_draft_kind(pair.draft) == MODEL
+    assert detect_draft_kind({"architectures": ["Qwen2ForCausalLM"]}) == MODEL
+    assert detect_draft_kind({"architectures": ["LlamaForCausalLMEagle3"]}) == EAGLE3
+    assert detect_draft_kind({"architectures": ["LlamaForCausalLM"],
+                              "draft_vocab_size": 32000}) == EAGLE3
+
+
+def test_draft_kind_override_and_bad_values(pair, clean_env):
+    clean_env.setenv(DRAFT_KIND_ENV, "eagle3")
+    assert resolve_draft_kind(pair.draft) == EAGLE3  # the flag wins over the detection
+    clean_env.setenv(DRAFT_KIND_ENV, "tree")
+    with pytest.raises(DraftKindError, match="--hsd-draft-kind"):
+        resolve_draft_kind(pair.draft)
+    clean_env.setenv(DRAFT_KIND_ENV, "auto")
+    with pytest.raises(DraftKindError, match="--speculative-draft-model-path"):
+        resolve_draft_kind(str(pair.root / "missing"))
+
+
+def test_cli_flag_sets_draft_kind(hsd, clean_env):
+    import os
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(["--model-path", "x", "--hsd-draft-kind", "model"])
+    assert os.environ[DRAFT_KIND_ENV] == "model"
+    with pytest.raises(SystemExit):  # argparse choices
+        parser.parse_args(["--model-path", "x", "--hsd-draft-kind", "medusa"])
+
+
+def test_scheduler_sees_a_standalone_algorithm_for_a_draft_model(hsd, pair):
+    from sglang_hsd.sglang_plugin.standalone_worker import HSDStandaloneWorker
+    from sglang_hsd.sglang_plugin.worker import HSDWorker
+
+    args = _args(pair.target, pair.draft)
+    hsd.handle_server_args(args)
+    assert args.speculative_use_rejection_sampling  # drafts sampled from the draft's real q
+    assert (args.speculative_num_steps, args.speculative_eagle_topk) == (4, 1)
+    assert hsd.is_standalone() and not hsd.is_eagle() and not hsd.is_eagle3()
+    assert not hsd.carries_draft_hidden_states() and hsd.need_topk()
+    worker = hsd.create_worker(args)
+    assert worker.func is HSDStandaloneWorker and worker.keywords == {
+        "plugin_config": PluginConfig()}
+    hsd.handle_server_args(_args(pair.target, pair.head))  # an EAGLE-3 head: as before
+    assert hsd.is_eagle3() and not hsd.is_standalone()
+    assert hsd.create_worker(args).func is HSDWorker
+
+
+def _with_vocab(src, dst, vocab_size=None, rename_token=False):
+    """A copy of ``src``'s config and tokenizer with another vocab_size or one token renamed."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    if vocab_size is not None:
+        config = json.loads((dst / "config.json").read_text())
+        config["vocab_size"] = vocab_size
+        (dst / "config.json").write_text(json.dumps(config))
+    if rename_token:
+        tok = json.loads((dst / "tokenizer.json").read_text())
+        vocab = tok["model"]["vocab"]
+        token = next(t for t in vocab if vocab[t] == 300)
+        vocab["zz" + token] = vocab.pop(token)
+        (dst / "tokenizer.json").write_text(json.dumps(tok))
+    return str(dst)
+
+
+def test_refuses_another_vocabulary_size(pair, tmp_path):
+    other = _with_vocab(pair.root / "draft", tmp_path / "big", vocab_size=640)
+    with pytest.raises(DraftKindError) as err:
+        check_same_vocabulary(pair.target, other)
+    message = str(err.value)
+    assert "--speculative-draft-model-path" in message and "640" in message and "512" in message
+
+
+def test_refuses_another_tokenizer(pair, tmp_path):
+    other = _with_vocab(pair.root / "draft", tmp_path / "renamed", rename_token=True)
+    with pytest.raises(DraftKindError, match="another tokenizer"):
+        check_same_vocabulary(pair.target, other)
+    check_same_vocabulary(pair.target, pair.draft)  # same family: accepted
+
+
+@pytest.mark.parametrize("env, overrides, says", [
+    ({}, dict(speculative_num_steps=3, speculative_eagle_topk=2), "--speculative-eagle-topk 2"),
+    ({EXIT_LAYER_ENV: "2"}, {}, "--hsd-exit-layer / --hsd-plan with --hsd-draft-kind model"),
+    ({}, dict(speculative_token_map="map.pt"), "--speculative-token-map"),
+    ({}, dict(enable_dp_attention=True), "--enable-dp-attention"),
+])
+def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
+
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(HSDServerArgsError) as err:
+        hsd.validate_server_args(_args(pair.target, pair.draft, **overrides))
+    assert says in str(err.value)
+
+
+def test_server_args_refuse_a_mismatched_pair_before_models_load(hsd, pair, tmp_path):
+    other = _with_vocab(pair.root / "draft", tmp_path / "big", vocab_size=1024)
+    with pytest.raises(DraftKindError, match="1024"):
+        hsd.handle_server_args(_args(pair.target, other))

@@ -1,0 +1,170 @@
+"""End to end on CPU: ``--speculative-algorithm HSD --hsd-draft-kind model`` with a tiny random
+target (4 layers) and a draft language model of the same family (the target's first layer, same
+tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
+
+* greedy output equals the target's plain greedy decoding (transformers-free ``CausalLM``) token
+  for token, for chains of K = 2, 3, 4 drafts and a concurrent batch of several requests;
+* T = 1: the law of the first generated tokens is the target's. Each sampled sequence is mapped
+  through the target's sequential randomized PIT (u_t = F(x_t - 1 | prefix) + v * p(x_t | prefix),
+  v ~ U(0, 1)), which is i.i.d. uniform exactly when the tokens follow the target's joint law;
+  chi-square of the u's over 10 bins. The same test rejects sequences drawn from the draft's law;
+* load: mixed greedy / sampled / top-k / top-p requests, some aborted midway, no error, and the
+  free KV slots of the target's and the draft's pools back to their start.
+
+Each server takes ~1 minute to start on 2 cores.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from sglang_hsd.verify.oracles.stats import chi_square_p_value
+from tests.sglang_plugin.http_client import get_json, post_json
+
+pytest.importorskip("sglang")
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+PROMPTS = [[1, 40, 41, 42], [1, 77, 300, 12, 9], [1, 5], [1, 200, 201, 202, 203, 204]]
+MAX_NEW_TOKENS = 16
+STAT_PROMPT = [1, 40, 41, 42]
+STAT_SAMPLES = 240
+STAT_TOKENS = 4  # the prefill's token, then the first verify rounds' tokens
+PIT_BINS = 10
+
+
+def _generate(url, ids, max_new_tokens=MAX_NEW_TOKENS, **sampling):
+    params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}
+    params.update(sampling)
+    return post_json(url, "/generate", {"input_ids": ids, "sampling_params": params})
+
+
+def _hsd_state(url):
+    return get_json(url, "/server_info")["internal_states"][0]["hsd"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_draft_pair
+
+    root = tmp_path_factory.mktemp("draft_model_server")
+    target, draft = build_tiny_draft_pair(str(root))
+    return root, target, draft
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    from sglang_hsd.runtime.model import CausalLM
+    from sglang_hsd.runtime.testing import greedy_reference
+
+    model = CausalLM.from_pretrained(pair[1])
+    return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
+
+
+def _server(pair, num_steps):
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import (
+        draft_model_server_command, free_port, running_server, server_env)
+
+    root, target, draft = pair
+    cmd = draft_model_server_command(target, free_port(), draft, num_steps=num_steps, extra=[
+        "--dtype", "float32", "--disable-radix-cache"])
+    return running_server(cmd, server_env(), str(root / f"server_k{num_steps}.log"))
+
+
+@pytest.fixture(scope="module")
+def k3_url(pair):
+    with _server(pair, 3) as url:
+        yield url
+    with open(pair[0] / "server_k3.log") as f:
+        log = f.read()
+    assert "Traceback" not in log
+    assert "verifying chains with verify_chain(method='hsd')" in log
+
+
+def _check_greedy(url, reference):
+    with ThreadPoolExecutor(max_workers=8) as pool:  # one batch of several requests
+        outputs = list(pool.map(lambda ids: _generate(url, ids), PROMPTS * 2))
+    for ids, out, expected in zip(PROMPTS * 2, outputs, reference * 2):
+        assert out["output_ids"] == expected, ids
+        assert out["meta_info"]["spec_verify_ct"] >= 1
+
+
+@pytest.mark.parametrize("num_steps", [2, 3, 4])
+def test_draft_model_greedy_equals_target(pair, reference, num_steps, request):
+    if num_steps == 3:
+        _check_greedy(request.getfixturevalue("k3_url"), reference)
+        return
+    with _server(pair, num_steps) as url:
+        _check_greedy(url, reference)
+
+
+def _target_pit(model_dir, sequences, seed=0):
+    """Sequential randomized PIT of ``sequences`` [N, P + T] (prompt then T sampled tokens) under
+    the causal LM in ``model_dir`` at T = 1: u [N, T], i.i.d. U(0, 1) under its joint law."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    prompt_len = len(STAT_PROMPT)
+    with torch.inference_mode():
+        logits = model(sequences).logits[:, prompt_len - 1:-1].double()
+    probs = torch.softmax(logits, -1)
+    tokens = sequences[:, prompt_len:].unsqueeze(-1)
+    below = (probs.cumsum(-1) - probs).gather(-1, tokens).squeeze(-1)
+    v = torch.rand(below.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return below + v * probs.gather(-1, tokens).squeeze(-1)
+
+
+def _pit_p_value(u):
+    counts = torch.histc(u.flatten().float(), bins=PIT_BINS, min=0.0, max=1.0)
+    return chi_square_p_value(counts, torch.full((PIT_BINS,), 1.0 / PIT_BINS))
+
+
+def _draft_law_samples(draft_dir, count, seed=1):
+    """``count`` sequences whose tokens follow the draft model's law (the plausible wrong law)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(draft_dir, torch_dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    seqs = torch.tensor([STAT_PROMPT] * count)
+    with torch.inference_mode():
+        for _ in range(STAT_TOKENS):
+            probs = torch.softmax(model(seqs).logits[:, -1].double(), -1)
+            seqs = torch.cat([seqs, torch.multinomial(probs, 1, generator=gen)], 1)
+    return seqs
+
+
+@pytest.mark.statistical
+def test_draft_model_sampled_law_is_the_targets(pair, k3_url):
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outs = list(pool.map(lambda _: _generate(k3_url, STAT_PROMPT, STAT_TOKENS,
+                                                 temperature=1.0), range(STAT_SAMPLES)))
+    sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
+    assert sequences.shape == (STAT_SAMPLES, len(STAT_PROMPT) + STAT_TOKENS)
+    accept = sum(o["meta_info"]["spec_accept_length"] for o in outs) / STAT_SAMPLES
+    p_server = _pit_p_value(_target_pit(pair[1], sequences))
+    # The same test on the draft's own law (what a sampler that skipped verification would emit).
+    p_wrong = _pit_p_value(_target_pit(pair[1], _draft_law_samples(pair[2], STAT_SAMPLES)))
+    print(f"\nT=1: PIT chi-square p={p_server:.3g} (draft's law: p={p_wrong:.3g}), mean accept "
+          f"length {accept:.2f}")
+    assert p_server > 1e-3
+    assert p_wrong < 1e-3
+    assert accept > 1.0  # drafts were accepted, so verification (not only the bonus) ran
+
+
+def test_draft_model_load_with_aborts_returns_kv(pair, k3_url):
+    from benchmarks.bench_sglang_load import make_jobs, run_job, wait_idle
+
+    vocab = 512
+    start = _hsd_state(k3_url)
+    assert start["draft_kv_available_size"] == start["kv_available_size"]
+    jobs = make_jobs(16, seed=3, vocab=vocab)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda job: run_job(k3_url, job, vocab), jobs))
+    assert all(r["valid"] for r in results), results
+    assert any(r["kind"] == "aborted" for r in results), results
+    wait_idle(k3_url, start["kv_available_size"])
+    end = _hsd_state(k3_url)
+    assert end["kv_available_size"] == start["kv_available_size"], (start, end)
+    assert end["draft_kv_available_size"] == start["draft_kv_available_size"], (start, end)
