@@ -25,6 +25,8 @@ it, once SGLang builds the HSD worker (after ``register()`` checked every signat
 
 from __future__ import annotations
 
+import functools
+
 from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_hsd.sglang_plugin.config import PluginConfig
-from tests.sglang_plugin.test_plugin import _args, plugin_loaded  # noqa: F401 (fixture)
+from tests.sglang_plugin.test_plugin import _args, eagle3_draft_kind, plugin_loaded  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.sglang
 
