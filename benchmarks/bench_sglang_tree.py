@@ -125,6 +125,8 @@ def run_client(url, setup, dataset, args, temperature, workdir: Path, tag: str) 
     per_request = workdir / f"per_request_{tag}.json"
     client = client_command(url, setup, dataset, args, output_file)
     client[2] = TREE_CLIENT
+    if "--sharegpt-context-len" in client:  # real models: keep prompts short enough
+        client[client.index("--sharegpt-context-len") + 1] = str(args.context_len)
     env = {**server_env(), PER_REQUEST_ENV: str(per_request)}
     log_path = workdir / f"client_{tag}.log"
     with open(log_path, "w") as log:
@@ -253,6 +255,9 @@ def parse_args(argv=None):
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--max-concurrency", type=int, default=8)
+    parser.add_argument("--context-len", type=int, default=1024,
+                        help="real models: ShareGPT prompts longer than this minus the output "
+                             "length are skipped by SGLang's client (attention on CPU is slow)")
     parser.add_argument("--server-timeout", type=float, default=600.0)
     parser.add_argument("--client-timeout", type=float, default=7200.0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
