@@ -7,7 +7,8 @@ each prompt set (HumanEval, MT-Bench, from ``sglang_hsd.assets``; written in Sha
 a fixed number of output tokens, for every temperature x max concurrency. Kept per run: output
 tok/s, request/s, median TPOT and the accept length the client reads from ``/server_info``
 (SGLang's average over its last decode-log interval of 40 steps: ``n/a`` for runs shorter than
-that, e.g. the smoke test). The server is always killed afterwards.
+that, e.g. the smoke test) and, per request, SGLang's ``spec_accept_length`` (mean ± standard
+error over requests, ``benchmarks/serving_client.py``). The server is always killed afterwards.
 
 Configurations:
 * ``none``        no speculation (throughput reference);
@@ -38,8 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_sglang_serving import BENCH_CLIENT, KEPT_METRICS
+from benchmarks.bench_sglang_serving import KEPT_METRICS
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
+from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
 from sglang_hsd.sglang_plugin.cpu.cpu_server import (
     cpu_server_command, draft_model_server_command, free_port, running_server, server_env)
 
@@ -86,7 +88,7 @@ def write_prompt_file(path: Path, prompt_set: str, count: int, tiny: bool) -> st
 def client_command(url: str, target: Path, dataset: Path, args, temperature: float,
                    concurrency: int, output_file: Path) -> list[str]:
     return [
-        sys.executable, "-c", BENCH_CLIENT, "--backend", "sglang", "--base-url", url,
+        sys.executable, "-c", PER_REQUEST_CLIENT, "--backend", "sglang", "--base-url", url,
         "--model", str(target), "--tokenizer", str(target), "--dataset-name", "sharegpt",
         "--dataset-path", str(dataset), "--sharegpt-output-len", str(args.output_len),
         "--sharegpt-context-len", "4096", "--num-prompts", str(args.num_prompts),
@@ -123,16 +125,19 @@ def run_client(url, config, shown, target, dataset, prompt_set, temperature, con
     record = {"config": config, "prompt_set": prompt_set, "temperature": temperature,
               "concurrency": concurrency, "server_command": shown}
     started = time.monotonic()
+    per_request = workdir / f"{stem}.per_request.json"
     with open(log_path, "w") as log:
         proc = subprocess.run(client_command(url, target, dataset, args, temperature,
                                              concurrency, output_file),
-                              env=server_env(), stdout=log, stderr=subprocess.STDOUT,
-                              timeout=args.client_timeout)
+                              env={**server_env(), PER_REQUEST_ENV: str(per_request)},
+                              stdout=log, stderr=subprocess.STDOUT, timeout=args.client_timeout)
     if proc.returncode != 0 or not output_file.is_file():
         record["error"] = f"client exited {proc.returncode}; see {log_path}"
         return record
     result = json.loads(output_file.read_text().strip().splitlines()[-1])
     record.update({k: result.get(k) for k in KEPT_METRICS})
+    accepted = read_per_request(per_request)
+    record["accept_length_mean"], record["accept_length_se"] = mean_se(accepted)
     record["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(record), flush=True)
     return record
@@ -142,19 +147,27 @@ def _fmt(value, digits=2):
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _accept_cell(record: dict) -> str:
+    mean, se = record.get("accept_length_mean"), record.get("accept_length_se")
+    if mean is None or mean != mean:  # no speculation, or no request reported one
+        return "n/a"
+    return f"{mean:.2f} ± {se:.2f}" if se == se else f"{mean:.2f}"
+
+
 def markdown_table(records: list[dict], meta: dict) -> str:
     lines = ["| config | prompts | T | concurrency | completed | output tok/s | median TPOT ms | "
-             "accept length |", "|---|---|---|---|---|---|---|---|"]
+             "accept length (server) | accept length per request |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "error" in r:
             lines.append(f"| {r['config']} | {r.get('prompt_set', '')} | "
                          f"{r.get('temperature', '')} | {r.get('concurrency', '')} | failed: "
-                         f"{r['error']} | | | |")
+                         f"{r['error']} | | | | |")
             continue
         lines.append(f"| {r['config']} | {r['prompt_set']} | {r['temperature']:g} | "
                      f"{r['concurrency']} | {r['completed']}/{meta['num_prompts']} | "
                      f"{_fmt(r['output_throughput'])} | {_fmt(r['median_tpot_ms'], 1)} | "
-                     f"{_fmt(r['accept_length'])} |")
+                     f"{_fmt(r['accept_length'])} | {_accept_cell(r)} |")
     notes = [f"- `{name}`: {CONFIGS[name]}" for name in meta["configs"]]
     return "\n".join([
         f"SGLang {meta['sglang_version']} on CPU ({meta['cpu_count']} cores): target "

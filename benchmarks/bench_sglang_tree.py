@@ -6,8 +6,8 @@ For every tree shape (``--speculative-num-steps`` D, ``--speculative-eagle-topk`
 SGLang's own client (``sglang.benchmark.serving``) then sends the same prompts at every
 temperature. Per request SGLang reports ``spec_accept_length`` (completion tokens / verify passes,
 bonus token included): the client here records it for every request (the client module is run
-unchanged, only its ``calculate_metrics`` is wrapped to keep the per-request values), and the
-tables give the mean with its standard error over requests.
+unchanged: ``benchmarks/serving_client.py``), and the tables give the mean with its standard
+error over requests.
 
 Configurations (same head, same (D, k, N) for every tree row):
 * ``stock-tree``  ``--hsd-tree-draft topk --hsd-verify-method target-only``: SGLang's stock tree
@@ -28,7 +28,6 @@ Results: ``benchmarks/results/<name>.{json,md,png}`` (default name ``sglang_tree
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -39,32 +38,10 @@ from pathlib import Path
 from benchmarks.bench_sglang_serving import (
     client_command, setup_models, write_sharegpt_file, _summary_block, _tail)
 from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run, write_results
+from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
 from sglang_hsd.sglang_plugin.cpu.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
 
-PER_REQUEST_ENV = "SGLANG_HSD_BENCH_PER_REQUEST"
-# The client: SGLang's serving benchmark as ``python -m sglang.benchmark.serving`` would run it,
-# with ``calculate_metrics`` wrapped to write every request's accept length and output length.
-TREE_CLIENT = """
-import importlib.util, json, os, sys, types
-if importlib.util.find_spec("datasets") is None:
-    stub = types.ModuleType("datasets")
-    def load_dataset(*args, **kwargs):
-        raise RuntimeError("the 'datasets' package is not installed (import stub)")
-    stub.load_dataset = load_dataset
-    sys.modules["datasets"] = stub
-import sglang.benchmark.serving as serving
-original = serving.calculate_metrics
-def calculate_metrics(input_requests, outputs, *args, **kwargs):
-    rows = [{"success": o.success, "output_len": o.output_len,
-             "accept_length": o.spec_accept_length} for o in outputs]
-    with open(os.environ["%s"], "w") as handle:
-        json.dump(rows, handle)
-    return original(input_requests, outputs, *args, **kwargs)
-serving.calculate_metrics = calculate_metrics
-sys.argv[0] = "sglang.benchmark.serving"
-serving.cli_main()
-""" % PER_REQUEST_ENV
 
 
 @dataclass(frozen=True)
@@ -106,25 +83,13 @@ def server_flags(config: TreeConfig, shape: tuple[int, int, int]) -> list[str]:
             "--hsd-tree-draft", config.tree_draft, "--hsd-verify-method", config.verify_method]
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and its standard error (sample standard deviation / sqrt(n)); (nan, nan) if empty."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(values) / n
-    if n == 1:
-        return mean, math.nan
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
 def run_client(url, setup, dataset, args, temperature, workdir: Path, tag: str) -> dict:
     """One client run at ``temperature``: the client's result line plus per-request figures."""
     args.temperature = temperature
     output_file = workdir / f"client_{tag}.jsonl"
     per_request = workdir / f"per_request_{tag}.json"
     client = client_command(url, setup, dataset, args, output_file)
-    client[2] = TREE_CLIENT
+    client[2] = PER_REQUEST_CLIENT
     if "--sharegpt-context-len" in client:  # real models: keep prompts short enough
         client[client.index("--sharegpt-context-len") + 1] = str(args.context_len)
     env = {**server_env(), PER_REQUEST_ENV: str(per_request)}
@@ -135,8 +100,7 @@ def run_client(url, setup, dataset, args, temperature, workdir: Path, tag: str) 
     if proc.returncode != 0:
         raise RuntimeError(f"client exited {proc.returncode}: {_tail(log_path)}")
     result = json.loads(output_file.read_text().strip().splitlines()[-1])
-    rows = json.loads(per_request.read_text())
-    accepted = [r["accept_length"] for r in rows if r["success"] and r["accept_length"]]
+    accepted = read_per_request(per_request)
     mean, se = mean_se(accepted)
     return {"temperature": temperature, "completed": result.get("completed"),
             "output_throughput": result.get("output_throughput"),

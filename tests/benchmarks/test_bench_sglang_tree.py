@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from benchmarks.bench_sglang_tree import CONFIGS, markdown_table, mean_se, parse_shape, server_flags
+from benchmarks.bench_sglang_tree import CONFIGS, markdown_table, parse_shape, server_flags
+from benchmarks.serving_client import mean_se, read_per_request
 
 
 def test_parse_shape_and_flags():
@@ -25,6 +26,14 @@ def test_mean_and_standard_error():
     mean, se = mean_se([1.0, 2.0, 3.0, 4.0])
     assert mean == 2.5 and se == pytest.approx(math.sqrt((2.25 + 0.25 + 0.25 + 2.25) / 3 / 4))
     assert math.isnan(mean_se([2.0])[1]) and math.isnan(mean_se([])[0])
+
+
+def test_per_request_file_keeps_successful_requests_with_an_accept_length(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('[{"success": true, "output_len": 8, "accept_length": 2.5},'
+                    ' {"success": false, "output_len": 0, "accept_length": 0.0},'
+                    ' {"success": true, "output_len": 8, "accept_length": 0.0}]')
+    assert read_per_request(path) == [2.5]
 
 
 def test_table_ratio_chain_by_depth_and_failures():
