@@ -111,7 +111,10 @@ class HSDDraftWorker(TargetVocabDraft, EagleDraftWorker):
     def draft_forward(self, forward_batch):
         continuation = getattr(self, "hsd_continuation", None)
         self.hsd_tree = None
-        if getattr(self, "hsd_root_q", None) is not None and not forward_batch.forward_mode.is_idle():
+        # All-greedy batches keep SGLang's deterministic top-k tree (and its argmax verification):
+        # sampling law plays no part there, and its score pruning suits argmax acceptance.
+        if (getattr(self, "hsd_root_q", None) is not None and not forward_batch.forward_mode.is_idle()
+                and not forward_batch.sampling_info.is_all_greedy):
             out, self.hsd_tree = draft_sampled_tree(self, forward_batch)
             return out
         if continuation is None or forward_batch.forward_mode.is_idle():
