@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
+from benchmarks.serving_client import DATASETS_STUB
 from sglang_hsd.runtime.loading import prompt_set_texts
 from sglang_hsd.sglang_plugin.cpu.cpu_server import (
     cpu_server_command, free_port, running_server, server_env)
@@ -65,14 +66,8 @@ from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
 
 # The client, run as ``python -c BENCH_CLIENT <args>``: stub ``datasets`` if absent, then run
 # SGLang's module as __main__ (exactly ``python -m sglang.benchmark.serving <args>``).
-BENCH_CLIENT = """
-import importlib.util, runpy, sys, types
-if importlib.util.find_spec("datasets") is None:
-    stub = types.ModuleType("datasets")
-    def load_dataset(*args, **kwargs):
-        raise RuntimeError("the 'datasets' package is not installed (import stub)")
-    stub.load_dataset = load_dataset
-    sys.modules["datasets"] = stub
+BENCH_CLIENT = DATASETS_STUB + """
+import runpy
 sys.argv[0] = "sglang.benchmark.serving"
 runpy.run_module("sglang.benchmark.serving", run_name="__main__", alter_sys=True)
 """

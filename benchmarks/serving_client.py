@@ -19,15 +19,19 @@ import math
 from pathlib import Path
 
 PER_REQUEST_ENV = "SGLANG_HSD_BENCH_PER_REQUEST"
-# ``datasets`` (imported by SGLang's benchmark package for MMMU only) is stubbed when absent.
-PER_REQUEST_CLIENT = """
-import importlib.util, json, os, sys, types
+# ``datasets`` (imported by SGLang's benchmark package for MMMU only) is stubbed when absent;
+# every client script starts with this.
+DATASETS_STUB = """
+import importlib.util, sys, types
 if importlib.util.find_spec("datasets") is None:
     stub = types.ModuleType("datasets")
     def load_dataset(*args, **kwargs):
         raise RuntimeError("the 'datasets' package is not installed (import stub)")
     stub.load_dataset = load_dataset
     sys.modules["datasets"] = stub
+"""
+PER_REQUEST_CLIENT = DATASETS_STUB + """
+import json, os
 import sglang.benchmark.serving as serving
 original = serving.calculate_metrics
 def calculate_metrics(input_requests, outputs, *args, **kwargs):

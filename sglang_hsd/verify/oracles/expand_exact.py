@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from sglang_hsd.verify.oracles.exact import RoundLaw, TabularWorld, prefix_offset, target_prefix_distribution, total_variation
-from sglang_hsd.verify.oracles.tree_exact import _sibling_draws, target_only_outcomes, traversal_outcomes
+from sglang_hsd.verify.oracles.tree_exact import _sibling_draws, chain_rounds, target_only_outcomes, traversal_outcomes
 
 
 class _Node(NamedTuple):
@@ -150,25 +150,6 @@ def expand_round_law(world: TabularWorld, rule: str, shape: Shape, prefix: tuple
             emitted[path + (nxt,)] = emitted.get(path + (nxt,), 0.0) + tree_prob * prob
             expected += tree_prob * prob * len(path)
     return RoundLaw(emitted, expected)
-
-
-def chain_rounds(round_law: Callable[[tuple], dict], world: TabularWorld, depth: int, length: int) -> dict:
-    """Exact law of the first ``length`` emitted tokens over repeated rounds from the empty prefix.
-
-    ``round_law(prefix)`` -> {emitted block: probability} of one round (drafts of depth <= ``depth``)."""
-    if length - 1 + depth > world.max_len:
-        raise ValueError(f"length {length} with depth {depth} needs world.max_len >= {length - 1 + depth}")
-    done: dict[tuple[int, ...], float] = {}
-    frontier = {(): 1.0}
-    while frontier:
-        next_frontier: dict[tuple[int, ...], float] = {}
-        for prefix, mass in frontier.items():
-            for block, prob in round_law(prefix).items():
-                extended = (prefix + block)[:length]
-                bucket = done if len(extended) == length else next_frontier
-                bucket[extended] = bucket.get(extended, 0.0) + mass * prob
-        frontier = next_frontier
-    return done
 
 
 def expand_prefix_distribution(world: TabularWorld, rule: str, shape: Shape, length: int) -> dict:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from sglang_hsd.verify.oracles.exact import RoundLaw, TabularWorld, prefix_offset, target_prefix_distribution, total_variation
-from sglang_hsd.verify.oracles.expand_exact import chain_rounds
+from sglang_hsd.verify.oracles.tree_exact import chain_rounds
 from sglang_hsd.verify.oracles.tree_exact import rrs_outcomes, traversal_outcomes
 from sglang_hsd.verify.tree.expand import ExpandConfig
 from sglang_hsd.verify.tree.level_draft import LevelDrafter, LevelTree

@@ -232,8 +232,10 @@ def tree_round_law(world: TabularWorld, method: str, topk: int, depth: int, pref
     return RoundLaw(emitted, expected)
 
 
-def tree_prefix_distribution(world, method, topk, depth, length, drafting="without-replacement", outcomes_fn=None):
-    """Exact distribution of the first ``length`` tokens emitted by repeated tree rounds."""
+def chain_rounds(round_law: Callable[[tuple], dict], world: TabularWorld, depth: int, length: int) -> dict:
+    """Exact law of the first ``length`` emitted tokens over repeated rounds from the empty prefix.
+
+    ``round_law(prefix)`` -> {emitted block: probability} of one round (drafts of depth <= ``depth``)."""
     if length - 1 + depth > world.max_len:
         raise ValueError(f"length {length} with depth {depth} needs world.max_len >= {length - 1 + depth}")
     done: dict[tuple[int, ...], float] = {}
@@ -241,13 +243,19 @@ def tree_prefix_distribution(world, method, topk, depth, length, drafting="witho
     while frontier:
         next_frontier: dict[tuple[int, ...], float] = {}
         for prefix, mass in frontier.items():
-            law = tree_round_law(world, method, topk, depth, prefix, drafting, outcomes_fn)
-            for block, prob in law.emitted.items():
+            for block, prob in round_law(prefix).items():
                 extended = (prefix + block)[:length]
                 bucket = done if len(extended) == length else next_frontier
                 bucket[extended] = bucket.get(extended, 0.0) + mass * prob
         frontier = next_frontier
     return done
+
+
+def tree_prefix_distribution(world, method, topk, depth, length, drafting="without-replacement", outcomes_fn=None):
+    """Exact distribution of the first ``length`` tokens emitted by repeated tree rounds."""
+    return chain_rounds(
+        lambda prefix: tree_round_law(world, method, topk, depth, prefix, drafting, outcomes_fn).emitted,
+        world, depth, length)
 
 
 def tree_prefix_tv(world, method, topk, depth, length, drafting="without-replacement", outcomes_fn=None) -> float:
