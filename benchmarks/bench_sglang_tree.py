@@ -16,10 +16,18 @@ Configurations (same head, same (D, k, N) for every tree row):
                   verification with the drafter's q.
 * ``rrs-tree``    ``--hsd-tree-draft sampled --hsd-verify-method rrs``: the same tree, recursive
                   rejection sampling (the other lossless reference).
+* ``hsd-tree-sharp`` ``hsd-tree`` with ``--hsd-draft-temperature-scale S`` (``--sharp-scale``,
+                  default 0.5): children drawn from (and verified with) q at temperature T * S.
 * ``hsd-chain``   ``--speculative-eagle-topk 1`` with D steps (D + 1 verified tokens), hsd.
 
+Below the table, every sampled configuration is paired with ``stock-tree`` prompt by prompt (the
+client sends the same prompts in the same order): mean difference ± standard error, the prompts
+it wins, and the means over the thirds of prompts ranked by the stock tree's accept length (where
+a sampled tree loses, it is where the head's top token is usually right).
+
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --model smollm2-135m \\
-        --shapes 5,4,8 4,2,8 --temperatures 0 0.7 1.0 --num-prompts 64 --output-len 64
+        --shapes 5,4,8 4,2,8 --temperatures 0 0.7 1.0 --num-prompts 64 --output-len 64 \
+        --configs stock-tree,hsd-tree,hsd-tree-sharp,hsd-chain
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --num-prompts 4 --output-len 8   # tiny smoke
 
 Results: ``benchmarks/results/<name>.{json,md,png}`` (default name ``sglang_tree_<model>``).
@@ -29,10 +37,11 @@ from __future__ import annotations
 
 import json
 import os
+import math
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.bench_sglang_serving import (
@@ -47,12 +56,14 @@ from sglang_hsd.sglang_plugin.cpu.cpu_server import (
 @dataclass(frozen=True)
 class TreeConfig:
     """One server configuration. Fields: name; tree_draft / verify_method: the --hsd-* flags
-    (tree_draft None = a chain, topk 1); note: what the row measures."""
+    (tree_draft None = a chain, topk 1); note: what the row measures; draft_temperature_scale:
+    --hsd-draft-temperature-scale (sampled trees)."""
 
     name: str
     tree_draft: str | None
     verify_method: str
     note: str
+    draft_temperature_scale: float = 1.0
 
 
 CONFIGS = {c.name: c for c in (
@@ -62,6 +73,9 @@ CONFIGS = {c.name: c for c in (
                "sampled tree (children without replacement from q), traversal verification"),
     TreeConfig("rrs-tree", "sampled", "rrs",
                "the same sampled tree, recursive rejection sampling"),
+    TreeConfig("hsd-tree-sharp", "sampled", "hsd",
+               "hsd-tree drafting from q at temperature T * S (--hsd-draft-temperature-scale S)",
+               draft_temperature_scale=0.5),
     TreeConfig("hsd-chain", None, "hsd", "chain (topk 1) of D drafts, verify_chain(method='hsd')"),
 )}
 
@@ -79,8 +93,11 @@ def server_flags(config: TreeConfig, shape: tuple[int, int, int]) -> list[str]:
     steps, topk, tokens = shape
     if config.tree_draft is None:
         return ["--speculative-eagle-topk", "1", "--hsd-verify-method", config.verify_method]
-    return ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(tokens),
-            "--hsd-tree-draft", config.tree_draft, "--hsd-verify-method", config.verify_method]
+    flags = ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(tokens),
+             "--hsd-tree-draft", config.tree_draft, "--hsd-verify-method", config.verify_method]
+    if config.draft_temperature_scale != 1.0:
+        flags += ["--hsd-draft-temperature-scale", f"{config.draft_temperature_scale:g}"]
+    return flags
 
 
 def run_client(url, setup, dataset, args, temperature, workdir: Path, tag: str) -> dict:
@@ -117,6 +134,7 @@ def run_server(config: TreeConfig, shape, setup, dataset, args, workdir: Path) -
                              num_steps=shape[0],
                              extra=server_flags(config, shape) + ["--dtype", args.dtype])
     base = {"config": config.name, "shape": list(shape), "note": config.note,
+            "draft_temperature_scale": config.draft_temperature_scale,
             "server_command": " ".join(cmd[1:]).replace(str(workdir), "$WORK")}
     records = []
     try:
@@ -168,14 +186,48 @@ def markdown_table(records: list[dict], meta: dict) -> str:
                 ratio = f"{hsd['accept_length_mean'] / stock['accept_length_mean']:.3f}"
             lines.append(f"| {','.join(map(str, shape))} | {temperature:g} | "
                          + " | ".join(_cell(row.get(n)) for n in names) + f" | {ratio} |")
-    notes = [f"- `{n}`: {CONFIGS[n].note}" for n in names]
+    notes = [f"- `{n}`: {meta['config_notes'][n]}" for n in names]
     errors = [f"- {r['config']} {r['shape']}: {r['error']}" for r in records if "error" in r]
+    paired = paired_lines(records, meta)
     return "\n".join([
         f"Accepted tokens per target pass (SGLang's per-request spec_accept_length, bonus token "
         f"included; mean ± standard error over requests). {meta['model']}; {meta['num_prompts']} "
         f"prompts ({meta['prompt_source']}) x {meta['output_len']} output tokens, max concurrency "
         f"{meta['max_concurrency']}, SGLang {meta['sglang_version']} on CPU. Chains use D steps.",
-        "", *lines, "", *notes, *(["", "Errors:", *errors] if errors else []), ""])
+        "", *lines, "", *notes, *paired, *(["", "Errors:", *errors] if errors else []), ""])
+
+
+def paired_lines(records: list[dict], meta: dict) -> list[str]:
+    """Per-prompt comparison of every sampled tree configuration with ``stock-tree`` (T > 0)."""
+    names = [n for n in meta["configs"] if CONFIGS[n].tree_draft == "sampled"]
+    if "stock-tree" not in meta["configs"] or not names:
+        return []
+    lines = ["", "Per prompt against `stock-tree` (paired; thirds ranked by stock-tree's accept "
+             "length, low / middle / high: stock -> this configuration):", "",
+             "| D,k,N | T | config | mean difference | prompts won | low third | middle third "
+             "| high third |", "|---|---|---|---|---|---|---|---|"]
+    for shape in meta["shapes"]:
+        for temperature in [t for t in meta["temperatures"] if t > 0]:
+            stock = _find(records, "stock-tree", shape, temperature)
+            for name in names:
+                other = _find(records, name, shape, temperature)
+                if not stock or not other or "error" in stock or "error" in other:
+                    continue
+                a, b = stock.get("per_request_accept_length"), other.get("per_request_accept_length")
+                if not a or not b:
+                    continue
+                if len(a) != len(b) or len(a) < 3:  # unpaired (failed requests) or too few
+                    continue
+                diff_mean, diff_se = mean_se([y - x for x, y in zip(a, b)])
+                won = sum(y > x for x, y in zip(a, b))
+                ranked = sorted(range(len(a)), key=lambda i: a[i])
+                thirds = [ranked[i * len(a) // 3:(i + 1) * len(a) // 3] for i in range(3)]
+                cells = [f"{sum(a[i] for i in t) / len(t):.3f} -> {sum(b[i] for i in t) / len(t):.3f}"
+                         for t in thirds]
+                se = "" if math.isnan(diff_se) else f" ± {diff_se:.3f}"
+                lines.append(f"| {','.join(map(str, shape))} | {temperature:g} | {name} | "
+                             f"{diff_mean:+.3f}{se} | {won}/{len(a)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(records: list[dict], meta: dict, path: Path, run) -> None:
@@ -208,6 +260,8 @@ def parse_args(argv=None):
     parser = benchmark_parser(__doc__.split("\n\n")[0], full_doc=False)
     parser.add_argument("--configs", default="stock-tree,hsd-tree,hsd-chain",
                         help=f"comma-separated, from {sorted(CONFIGS)}")
+    parser.add_argument("--sharp-scale", type=float, default=0.5,
+                        help="S of hsd-tree-sharp (--hsd-draft-temperature-scale)")
     parser.add_argument("--shapes", nargs="+", default=["5,4,8", "4,2,8"],
                         help="tree shapes D,k,N (steps, topk, draft tokens incl. the root)")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7, 1.0])
@@ -238,6 +292,13 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"--configs: unknown {unknown}; choose from {sorted(CONFIGS)}")
     shapes = [parse_shape(s) for s in args.shapes]
+    if not args.sharp_scale > 0:
+        raise SystemExit(f"--sharp-scale: expected a positive number, got {args.sharp_scale}")
+    configs = {n: CONFIGS[n] for n in names}
+    if "hsd-tree-sharp" in configs:
+        configs["hsd-tree-sharp"] = replace(configs["hsd-tree-sharp"],
+                                            draft_temperature_scale=args.sharp_scale,
+                                            note=f"{CONFIGS['hsd-tree-sharp'].note}, S = {args.sharp_scale:g}")
     import sglang
 
     run = start_run(__file__, argv)
@@ -251,6 +312,7 @@ def main(argv=None) -> int:
                          f"{'random' if setup.name == 'tiny' else 'trained'} EAGLE-3 head",
                 "sglang_version": sglang.__version__, "cpu_count": os.cpu_count(),
                 "configs": names, "shapes": shapes, "temperatures": args.temperatures,
+                "config_notes": {n: c.note for n, c in configs.items()},
                 "num_prompts": args.num_prompts, "output_len": args.output_len,
                 "max_concurrency": args.max_concurrency,
                 "prompt_source": write_sharegpt_file(dataset), "command": run.command}
@@ -260,7 +322,7 @@ def main(argv=None) -> int:
                 if CONFIGS[name].tree_draft is None and any(
                         r["config"] == name and r["shape"][0] == shape[0] for r in records):
                     continue  # a chain depends on D only
-                records.extend(run_server(CONFIGS[name], shape, setup, dataset, args, workdir))
+                records.extend(run_server(configs[name], shape, setup, dataset, args, workdir))
     stem = args.out_dir / (args.name or f"sglang_tree_{args.model}")
     table = markdown_table(records, meta)
     write_results(stem, {"meta": meta, "results": records}, table, run)

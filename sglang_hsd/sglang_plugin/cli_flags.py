@@ -12,6 +12,7 @@ import argparse
 import os
 
 from sglang_hsd.sglang_plugin.config import (
+    DRAFT_TEMPERATURE_SCALE_ENV,
     EXIT_BUFFER_ENV,
     EXIT_HEADS_ENV,
     EXIT_LAYER_ENV,
@@ -42,6 +43,10 @@ HSD_FLAGS = (
     ("--hsd-tree-draft", TREE_DRAFT_ENV, {"choices": tuple(TREE_DRAFTS)},
      "how trees (--speculative-eagle-topk > 1) are drafted: sampled (children drawn without "
      "replacement from the drafter's q; default) or topk (SGLang's deterministic top-k)"),
+    ("--hsd-draft-temperature-scale", DRAFT_TEMPERATURE_SCALE_ENV, {"type": float},
+     "S > 0: sampled trees draw children from the drafter's q at temperature T * S (T: the "
+     "request's) and verify with that q, so the output law is unchanged; S < 1 sharpens a "
+     "drafter flatter than the target (default 1)"),
     ("--hsd-exit-layer", EXIT_LAYER_ENV, {"type": int},
      "add an early-exit verifier level: the target's first L layers plus an exit head verify "
      "the EAGLE-3 drafts, the remaining layers run only for the positions it accepted"),

@@ -35,6 +35,7 @@ TREE_DRAFT_ENV = "SGLANG_HSD_TREE_DRAFT"
 # the nodes as one-hot (SGLang's own tree sampler).
 TREE_DRAFTS = {"sampled": (("hsd", "rrs"), "hsd"), "topk": (("target-only",), "target-only")}
 DEFAULT_TREE_DRAFT = "sampled"
+DRAFT_TEMPERATURE_SCALE_ENV = "SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"
 # what --hsd-verify-method accepts at all: the chain rules and the tree rules above
 VERIFY_METHOD_CHOICES = tuple(LOSSLESS_CHAIN_METHODS) + tuple(
     sorted({m for methods, _ in TREE_DRAFTS.values() for m in methods} - set(LOSSLESS_CHAIN_METHODS)))
@@ -48,12 +49,18 @@ class PluginConfig:
         validate: check verifier inputs on every step (slow; for debugging).
         topk: --speculative-eagle-topk (1 = chains).
         tree_draft: how trees are drafted (a key of ``TREE_DRAFTS``); unused for chains.
+        draft_temperature_scale: S > 0; sampled trees draw children from (and verify with) the
+            drafter's distribution at temperature T * S instead of the request's T. Any S keeps
+            the output law (the verifier reads the q the children were drawn from); S < 1
+            sharpens a drafter flatter than the target (docs/verification.md, "Draft
+            temperature").
     """
 
     verify_method: str = DEFAULT_CHAIN_METHOD
     validate: bool = False
     topk: int = 1
     tree_draft: str = DEFAULT_TREE_DRAFT
+    draft_temperature_scale: float = 1.0
 
     @property
     def is_tree(self) -> bool:
@@ -68,6 +75,12 @@ class PluginConfig:
         validate = os.environ.get(VALIDATE_ENV, "0") == "1"
         method = os.environ.get(VERIFY_METHOD_ENV, "").strip().lower()
         draft = os.environ.get(TREE_DRAFT_ENV, "").strip().lower()
+        scale = _draft_temperature_scale(os.environ.get(DRAFT_TEMPERATURE_SCALE_ENV, ""))
+        if scale != 1.0 and (topk <= 1 or (draft or DEFAULT_TREE_DRAFT) != "sampled"):
+            raise ValueError(
+                f"--hsd-draft-temperature-scale ({DRAFT_TEMPERATURE_SCALE_ENV}) {scale:g} applies "
+                f"to sampled trees only (--speculative-eagle-topk > 1, --hsd-tree-draft sampled); "
+                f"got --speculative-eagle-topk {topk}" + (f", --hsd-tree-draft {draft}" if draft else ""))
         if topk <= 1:
             if draft:
                 raise ValueError(f"--hsd-tree-draft ({TREE_DRAFT_ENV}) {draft!r} needs "
@@ -89,7 +102,22 @@ class PluginConfig:
                 f"--hsd-verify-method {method!r} with --hsd-tree-draft {draft!r} "
                 f"(--speculative-eagle-topk {topk}): this tree draft is verified losslessly by "
                 f"{allowed} only")
-        return cls(verify_method=method, validate=validate, topk=topk, tree_draft=draft)
+        return cls(verify_method=method, validate=validate, topk=topk, tree_draft=draft,
+                   draft_temperature_scale=scale)
+
+
+def _draft_temperature_scale(text: str) -> float:
+    """``--hsd-draft-temperature-scale``: a positive finite float (empty: 1)."""
+    if not text.strip():
+        return 1.0
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = float("nan")
+    if not (scale > 0 and scale != float("inf")):
+        raise ValueError(f"--hsd-draft-temperature-scale ({DRAFT_TEMPERATURE_SCALE_ENV}) must be "
+                         f"a positive finite number, got {text!r}")
+    return scale
 
 
 EXIT_LAYER_ENV = "SGLANG_HSD_EXIT_LAYER"

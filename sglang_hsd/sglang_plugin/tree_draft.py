@@ -13,9 +13,10 @@ bookkeeping run unchanged) plus what verification needs (``DraftTree``).
 q is the drafter's distribution under the request's sampling parameters, computed by
 ``sampling_probs``: the transform SGLang applies to the target in ``eagle_sample``
 (temperature, then top-k, then top-p renormalisation), on the draft vocabulary, then scattered to
-the target vocabulary (``draft_probs.scatter_draft_probs``). The root's q comes from the draft
-extend that follows every verify (and prefill); ``RootQHook`` keeps it on the draft input, which
-SGLang filters and merges with the batch.
+the target vocabulary (``draft_probs.scatter_draft_probs``); ``--hsd-draft-temperature-scale`` S
+runs that transform at temperature T * S (the verifier reads the same q). The root's q comes from
+the draft extend that follows every verify (and prefill); ``RootQHook`` keeps it on the draft
+input, which SGLang filters and merges with the batch.
 
 This module imports SGLang at import: only ``draft_worker.py`` imports it.
 """
@@ -56,7 +57,7 @@ class DraftTree:
 
 
 def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,
-                   greedy_plain: bool = False) -> torch.Tensor:
+                   greedy_plain: bool = False, temperature_scale: float = 1.0) -> torch.Tensor:
     """The request's sampling distribution of ``logits``, as ``eagle_sample`` builds the
     target's: softmax(logits / T), then top-k, then top-p renormalisation when the batch uses them.
 
@@ -67,13 +68,18 @@ def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,
         greedy_plain: greedy rows (top_k == 1) get softmax(logits) instead of their one-hot
             transform. The drafter takes such rows' top-k deterministically; a one-hot q would
             leave them a single child per node.
+        temperature_scale: S; the transform runs at temperature T * S
+            (``--hsd-draft-temperature-scale``, the drafter's level only).
     Returns:
         float [bs * repeats, V].
     """
     def per_row(x):
         return x if repeats == 1 else torch.repeat_interleave(x, repeats, dim=0)
 
-    probs = eagle_utils.sampling_softmax(logits, temperatures=per_row(sampling_info.temperatures))
+    temperatures = sampling_info.temperatures
+    if temperature_scale != 1.0:
+        temperatures = temperatures * temperature_scale
+    probs = eagle_utils.sampling_softmax(logits, temperatures=per_row(temperatures))
     if sampling_info.need_top_k_sampling:
         probs = eagle_utils.top_k_renorm_prob(probs, per_row(sampling_info.top_ks))
     if sampling_info.need_top_p_sampling:
@@ -99,9 +105,12 @@ class RootQHook:
     vocabulary), which SGLang filters and merges with the batch.
     """
 
-    def __init__(self):
+    def __init__(self, temperature_scale: float = 1.0):
         # None: outside a draft extend; False: inside one, nothing recorded yet; then the q
         self.pending: torch.Tensor | bool | None = None
+        # the drafter's temperature scale S (``PluginConfig.draft_temperature_scale``): every q
+        # of the sampled tree, the root's here and the forwards' in ``draft_sampled_tree``
+        self.temperature_scale = temperature_scale
 
     def install(self, module) -> None:
         original = getattr(module.renorm_draft_probs, "__sglang_hsd_original__",
@@ -111,7 +120,8 @@ class RootQHook:
         def renorm_draft_probs(next_token_logits, sampling_info, use_rejection_sampling):
             if self.pending is False:  # inside a hooked draft extend
                 self.pending = sampling_probs(next_token_logits.float(), sampling_info,
-                                              greedy_plain=True)
+                                              greedy_plain=True,
+                                              temperature_scale=self.temperature_scale)
             return original(next_token_logits, sampling_info, use_rejection_sampling)
 
         renorm_draft_probs.__sglang_hsd_original__ = original
@@ -169,7 +179,8 @@ def draft_sampled_tree(worker, forward_batch):
             logits_output = worker.draft_runner.forward(forward_batch).logits_output
         forward_batch.positions.add_(1)
         hidden = logits_output.hidden_states
-        q_rows = sampling_probs(logits_output.next_token_logits.float(), info, k, greedy_plain=True)
+        q_rows = sampling_probs(logits_output.next_token_logits.float(), info, k, greedy_plain=True,
+                                temperature_scale=worker.hsd_root_q.temperature_scale)
         step = drafter.step(q_rows)
     tree = drafter.finish()
     vocab = worker.hsd_target_vocab_size

@@ -20,6 +20,9 @@ def test_parse_shape_and_flags():
                      "--hsd-tree-draft", "topk", "--hsd-verify-method", "target-only"]
     assert server_flags(CONFIGS["hsd-chain"], (5, 4, 8)) == [
         "--speculative-eagle-topk", "1", "--hsd-verify-method", "hsd"]
+    assert server_flags(CONFIGS["hsd-tree-sharp"], (5, 4, 8))[-2:] == [
+        "--hsd-draft-temperature-scale", "0.5"]
+    assert "--hsd-draft-temperature-scale" not in server_flags(CONFIGS["hsd-tree"], (5, 4, 8))
 
 
 def test_mean_and_standard_error():
@@ -46,8 +49,29 @@ def test_table_ratio_chain_by_depth_and_failures():
                {"config": "hsd-tree", "shape": [4, 2, 8], "error": "boom"}]
     meta = {"configs": ["stock-tree", "hsd-tree", "hsd-chain"], "shapes": [(5, 4, 8), (4, 2, 8)],
             "temperatures": [1.0], "model": "m", "num_prompts": 2, "prompt_source": "s",
-            "output_len": 4, "max_concurrency": 2, "sglang_version": "0.5.23"}
+            "output_len": 4, "max_concurrency": 2, "sglang_version": "0.5.23",
+            "config_notes": {n: CONFIGS[n].note for n in CONFIGS}}
     table = markdown_table(records, meta)
     assert "| 5,4,8 | 1 | 1.500 ± 0.100 | 1.800 ± 0.100 | 1.600 ± 0.100 | 1.200 |" in table
     assert "| 4,2,8 | 1 | n/a | failed | n/a | n/a |" in table
     assert "hsd-tree [4, 2, 8]: boom" in table
+
+
+def test_paired_per_prompt_lines():
+    """Sampled configurations are paired with stock-tree prompt by prompt, thirds ranked by stock."""
+    stock = [1.0, 1.2, 1.4, 1.6, 1.8, 2.0]
+    hsd = [1.5, 1.5, 1.6, 1.6, 1.7, 1.7]
+
+    def record(config, values):
+        return {"config": config, "shape": [5, 4, 8], "temperature": 0.7, "accept_length_mean": 1.5,
+                "accept_length_se": 0.1, "per_request_accept_length": values}
+
+    meta = {"configs": ["stock-tree", "hsd-tree"], "shapes": [(5, 4, 8)], "temperatures": [0.7, 0.0],
+            "model": "m", "num_prompts": 6, "prompt_source": "s", "output_len": 4,
+            "max_concurrency": 2, "sglang_version": "0.5.23",
+            "config_notes": {n: CONFIGS[n].note for n in CONFIGS}}
+    table = markdown_table([record("stock-tree", stock), record("hsd-tree", hsd)], meta)
+    diff = mean_se([b - a for a, b in zip(stock, hsd)])
+    assert (f"| 5,4,8 | 0.7 | hsd-tree | {diff[0]:+.3f} ± {diff[1]:.3f} | 3/6 | 1.100 -> 1.500 | "
+            f"1.500 -> 1.600 | 1.900 -> 1.700 |") in table
+    assert "| 5,4,8 | 0 | hsd-tree |" not in table  # greedy rows are not paired

@@ -17,7 +17,7 @@ TREE = dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_d
 @pytest.fixture
 def clean_env(monkeypatch):
     for name in ("SGLANG_HSD_VERIFY_METHOD", "SGLANG_HSD_TREE_DRAFT", "SGLANG_HSD_EXIT_LAYER",
-                 "SGLANG_HSD_PLAN"):
+                 "SGLANG_HSD_PLAN", "SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"):
         monkeypatch.setenv(name, "")  # recorded, so flag actions writing os.environ are undone
         monkeypatch.delenv(name)
     return monkeypatch
@@ -142,3 +142,41 @@ def test_tree_worker_factory_reads_the_tree_configuration(plugin_loaded, clean_e
     config = worker.keywords["plugin_config"]
     assert (config.verify_method, config.tree_draft, config.topk) == (method, draft, 2)
     assert not worker.keywords["exit_config"].enabled  # its chain rule is not the tree's
+
+
+def test_draft_temperature_scale(plugin_loaded, clean_env):
+    """--hsd-draft-temperature-scale: parsed for sampled trees, refused (naming the flags) where
+    it cannot apply and for values that are not positive finite numbers, before models load."""
+    clean_env.setenv("SGLANG_HSD_DRAFT_TEMPERATURE_SCALE", "0.5")
+    assert PluginConfig.from_env(topk=2).draft_temperature_scale == 0.5
+    _validate()
+    for topk, draft in ((1, None), (2, "topk")):
+        if draft:
+            clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
+            clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", "target-only")
+        with pytest.raises(ValueError, match="--hsd-draft-temperature-scale.*sampled trees only"):
+            PluginConfig.from_env(topk=topk)
+    with pytest.raises(ValueError, match="--hsd-draft-temperature-scale"):
+        _validate(speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    clean_env.delenv("SGLANG_HSD_TREE_DRAFT")
+    clean_env.delenv("SGLANG_HSD_VERIFY_METHOD")
+    for bad in ("0", "-1", "inf", "nan", "sharp"):
+        clean_env.setenv("SGLANG_HSD_DRAFT_TEMPERATURE_SCALE", bad)
+        with pytest.raises(ValueError, match="--hsd-draft-temperature-scale.*positive finite"):
+            PluginConfig.from_env(topk=2)
+    clean_env.setenv("SGLANG_HSD_DRAFT_TEMPERATURE_SCALE", "1")
+    assert PluginConfig.from_env(topk=1).draft_temperature_scale == 1.0
+
+
+def test_cli_draft_temperature_scale_flag(plugin_loaded, clean_env):
+    import argparse
+    import os
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(["--model-path", "x", "--hsd-draft-temperature-scale", "0.25"])
+    assert float(os.environ["SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"]) == 0.25
+    with pytest.raises(SystemExit):  # argparse: not a number
+        parser.parse_args(["--model-path", "x", "--hsd-draft-temperature-scale", "sharp"])

@@ -4,7 +4,8 @@ its random EAGLE-3 head (half the vocabulary, so q goes through the d2t scatter)
 * greedy output equals the target's greedy output for topk 2, 3, 4 (sampled trees) and for
   SGLang's stock top-k trees under ``target-only``, alone and inside a mixed batch;
 * at T = 1 (top_k = 2) the joint law of the first three tokens equals the target's (chi-square;
-  the first comes from the prefill, the next from the first tree rounds);
+  the first comes from the prefill, the next from the first tree rounds), also with the drafter
+  sampling at half the request's temperature (``--hsd-draft-temperature-scale 0.5``);
 * 32 concurrent mixed requests (greedy, T > 0, top-k / top-p, a quarter aborted mid-stream): no
   error, every completed response valid, the KV pool's free slots back to their start.
 """
@@ -41,14 +42,15 @@ def tiny_models(tmp_path_factory):
     return root
 
 
-def _tree_server(tiny_models, topk, num_tokens, tree_draft="sampled", log="tree.log"):
+def _tree_server(tiny_models, topk, num_tokens, tree_draft="sampled", log="tree.log", flags=()):
     from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         cpu_server_command, free_port, running_server, server_env)
 
     cmd = cpu_server_command(
         str(tiny_models / "target"), free_port(), "HSD", str(tiny_models / "eagle3"),
         num_steps=STEPS, topk=topk, num_draft_tokens=num_tokens,
-        extra=["--hsd-tree-draft", tree_draft, "--dtype", "float32", "--disable-radix-cache"])
+        extra=["--hsd-tree-draft", tree_draft, "--dtype", "float32", "--disable-radix-cache",
+               *flags])
     return running_server(cmd, server_env(), str(tiny_models / log), timeout=600)
 
 
@@ -120,10 +122,14 @@ def _target_law(target_dir, prompt, top_k, length):
 
 
 @pytest.mark.statistical
-def test_tree_server_first_tokens_follow_the_target_law(tiny_models):
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_tree_server_first_tokens_follow_the_target_law(tiny_models, scale):
+    """T = 1, top-k 2: the first tokens' joint law is the target's, also when the drafter samples
+    at half the request's temperature (--hsd-draft-temperature-scale 0.5)."""
     prompt, top_k, length, samples = PROMPTS[0], 2, 3, 240
     outcomes, probs = _target_law(str(tiny_models / "target"), prompt, top_k, length)
-    with _tree_server(tiny_models, 2, 6, log="tree_law.log") as url:
+    flags = ("--hsd-draft-temperature-scale", str(scale))
+    with _tree_server(tiny_models, 2, 6, log="tree_law.log", flags=flags) as url:
         with ThreadPoolExecutor(max_workers=8) as pool:
             outs = list(pool.map(lambda _: _generate(url, prompt, length, temperature=1.0,
                                                      top_k=top_k), range(samples)))

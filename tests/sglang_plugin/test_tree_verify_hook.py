@@ -186,3 +186,33 @@ def test_root_q_hook_keeps_the_draft_extends_q_on_the_draft_input(plugin_loaded)
     assert calls == [False] and hook.pending is None
     module.renorm_draft_probs(logits, info, False)  # outside a draft extend: nothing recorded
     assert hook.pending is None
+
+
+def test_draft_temperature_scale_sharpens_every_sampled_row(plugin_loaded):
+    """``temperature_scale`` S: the transform at temperature T * S (top-k / top-p after it), for
+    the root's q (``RootQHook``) as for the forwards' rows; greedy rows keep the plain softmax."""
+    from sglang_hsd.sglang_plugin.tree_draft import RootQHook, sampling_probs
+
+    info = types.SimpleNamespace(temperatures=torch.tensor([[0.7], [1.0]]), need_top_k_sampling=True,
+                                 need_top_p_sampling=False, top_ks=torch.tensor([4, 1]))
+    logits = torch.randn(2, 9, generator=torch.Generator().manual_seed(0))
+    sharp = sampling_probs(logits, info, greedy_plain=True, temperature_scale=0.5)
+    scaled = types.SimpleNamespace(**{**vars(info), "temperatures": info.temperatures * 0.5})
+    torch.testing.assert_close(sharp[0], sampling_probs(logits, scaled)[0])
+    expected = torch.softmax(logits[0] / 0.35, -1)
+    expected = torch.where(expected >= expected.topk(4).values[-1], expected, 0)
+    torch.testing.assert_close(sharp[0], expected / expected.sum())
+    torch.testing.assert_close(sharp[1], torch.softmax(logits[1], -1))
+    assert sharp[0].max() > sampling_probs(logits, info)[0].max()  # sharper than at T
+
+    module = types.SimpleNamespace(renorm_draft_probs=lambda logits, info, flag: logits.softmax(-1))
+    hook = RootQHook(temperature_scale=0.5)
+    hook.install(module)
+    draft_input = types.SimpleNamespace(draft_probs=None)
+
+    def extend():
+        module.renorm_draft_probs(logits, info, False)
+        return draft_input
+
+    hook.run(extend, lambda result: result)
+    torch.testing.assert_close(draft_input.draft_probs, sharp)

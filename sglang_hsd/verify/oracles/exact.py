@@ -96,6 +96,16 @@ def random_world(
     return TabularWorld(vocab_size, max_len, target, q / q.sum(-1, keepdims=True))
 
 
+def tempered_draft(world: TabularWorld, scale: float) -> TabularWorld:
+    """``world`` with every q row at ``scale`` times its temperature: q^(1/scale), renormalised
+    (softmax(l / (T S)) from softmax(l / T)); S < 1 sharpens, S > 1 flattens. p is unchanged."""
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    logq = np.log(np.where(world.draft > 0, world.draft, 1.0)) / scale
+    q = np.where(world.draft > 0, np.exp(logq - logq.max(-1, keepdims=True)), 0.0)
+    return TabularWorld(world.vocab_size, world.max_len, world.target, q / q.sum(-1, keepdims=True))
+
+
 def context_free_world(target: list[float], draft: list[float], max_len: int = 6) -> TabularWorld:
     """The same p and q after every prefix (the toy examples of the papers)."""
     vocab = len(target)

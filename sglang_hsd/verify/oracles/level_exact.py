@@ -145,14 +145,16 @@ class _TreeWorld:
         return self.rows.get(ctx, np.zeros(self.vocab_size))
 
 
-def _verify_view(world, prefix: tuple, tree: LevelTree):
-    """(``_TreeWorld``, nested shape) of a one-row tree, read from its verify-layout links."""
+def _verify_view(world, prefix: tuple, tree: LevelTree, reported_q=None):
+    """(``_TreeWorld``, nested shape) of a one-row tree, read from its verify-layout links.
+
+    ``reported_q``: a world whose q rows the verifier is given instead of the tree's own rows."""
     first, sibling = tree.retrive_next_token[0].tolist(), tree.retrive_next_sibling[0].tolist()
     tokens, probs = tree.candidates[0].tolist(), tree.draft_probs[0].double().numpy()
     rows = {}
 
     def shape_of(node: int, ctx: tuple) -> tuple:
-        rows[ctx] = probs[node]
+        rows[ctx] = probs[node] if reported_q is None else reported_q.q(ctx)
         children, child = [], first[node]
         while child >= 0:
             children.append((tokens[child], shape_of(child, ctx + (tokens[child],))))
@@ -167,16 +169,18 @@ VERIFIERS = {"hsd": traversal_outcomes, "rrs": rrs_outcomes}
 
 
 def level_round_law(world, rule: str, cfg: ExpandConfig, prefix=(), method="hsd", deterministic=False, context="path",
-                    drafts: list | None = None) -> RoundLaw:
+                    drafts: list | None = None, reported_q=None) -> RoundLaw:
     """Exact law of one round: ``draft_law`` x the verifier's exact law on each tree (bonus included).
 
-    ``drafts``: ``draft_law``'s output for this prefix, when already computed."""
+    ``drafts``: ``draft_law``'s output for this prefix, when already computed. ``reported_q``: a
+    world whose q the verifier reads instead of the rows the children were drawn from (a wrong
+    variant: a drafter that reports another q than it sampled)."""
     if drafts is None:
         drafts = draft_law(world, tuple(prefix), rule, cfg, deterministic, context)
     emitted: dict = {}
     expected = 0.0
     for tree_prob, tree in drafts:
-        tree_world, shape = _verify_view(world, tuple(prefix), tree)
+        tree_world, shape = _verify_view(world, tuple(prefix), tree, reported_q)
         for (path, nxt), prob in VERIFIERS[method](tree_world, tuple(prefix), None, None, "fixed", shape=shape).items():
             emitted[path + (nxt,)] = emitted.get(path + (nxt,), 0.0) + tree_prob * prob
             expected += tree_prob * prob * len(path)
@@ -184,16 +188,18 @@ def level_round_law(world, rule: str, cfg: ExpandConfig, prefix=(), method="hsd"
 
 
 def level_prefix_tv(world, rule, cfg: ExpandConfig, length: int, methods=("hsd",), deterministic=False,
-                    context="path") -> dict[str, float]:
+                    context="path", reported_q=None) -> dict[str, float]:
     """{method: TV between the emitted and the target law of the first ``length`` tokens} (chained
-    rounds; the drafting law of each prefix is enumerated once for all ``methods``)."""
+    rounds; the drafting law of each prefix is enumerated once for all ``methods``; ``reported_q``
+    as in ``level_round_law``)."""
     drafts: dict = {}
 
     def round_law(method):
         def law(prefix):
             if prefix not in drafts:
                 drafts[prefix] = draft_law(world, prefix, rule, cfg, deterministic, context)
-            return level_round_law(world, rule, cfg, prefix, method, drafts=drafts[prefix]).emitted
+            return level_round_law(world, rule, cfg, prefix, method, drafts=drafts[prefix],
+                                   reported_q=reported_q).emitted
         return law
 
     target = target_prefix_distribution(world, length)

@@ -97,3 +97,27 @@ def test_default_rule_accepts_the_most():
             means[rule] = sum(values) / len(values)
         print(shape, {rule: round(value, 3) for rule, value in means.items()})
         assert means[DEFAULT_LEVEL_RULE] >= means["spine"] - 1e-12
+
+
+@pytest.mark.parametrize("scale", [0.5, 2.0])
+def test_tempered_draft_is_lossless_and_reporting_the_untempered_q_is_not(scale):
+    """``--hsd-draft-temperature-scale`` S: children drawn from q at temperature T * S and verified
+    with those rows keep the target's law; the plausible slip of verifying them with q at T
+    (the rows the request's own temperature gives) does not."""
+    world = exact.random_world(3, 2 + 3, seed=4)
+    tempered = exact.tempered_draft(world, scale)
+    cfg = ExpandConfig(3, 2, 6)
+    tvs = level_prefix_tv(tempered, DEFAULT_LEVEL_RULE, cfg, 3, methods=("hsd", "rrs"))
+    assert max(tvs.values()) < LOSSLESS_TV, tvs
+    wrong = level_prefix_tv(tempered, DEFAULT_LEVEL_RULE, cfg, 3, methods=("hsd", "rrs"), reported_q=world)
+    assert min(wrong.values()) > LOSSY_TV, wrong
+
+
+def test_sharper_draft_accepts_more_from_a_flat_drafter():
+    """A drafter flatter than the target (a noisy copy of p at twice the target's temperature):
+    drafting at half its temperature accepts more tokens per round (2.46 -> 2.65 here)."""
+    flat = exact.tempered_draft(perturbed_world(3, 2 + 3, seed=0, concentration=0.3, sigma=0.5), 2.0)
+    cfg = ExpandConfig(3, 2, 6)
+    accepted = {s: level_round_law(exact.tempered_draft(flat, s), DEFAULT_LEVEL_RULE, cfg, (1,)).expected_accepted
+                for s in (1.0, 0.5)}
+    assert accepted[0.5] > accepted[1.0] + 0.1, accepted
