@@ -20,27 +20,8 @@ pytestmark = pytest.mark.sglang
 from sglang_hsd.sglang_plugin import verify_hook  # noqa: E402
 from sglang_hsd.sglang_plugin.config import PluginConfig  # noqa: E402
 from sglang_hsd.verify import ChainUniforms, verify_chain  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def plugin_loaded():
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()  # the installed entry point imports sglang_hsd.sglang_plugin:register
-    import sglang_hsd.sglang_plugin as plugin
-
-    assert plugin._REGISTERED, "the sglang.srt.plugins entry point did not run register()"
-    return plugin
-
-
-@pytest.fixture(autouse=True)
-def eagle3_draft_kind(monkeypatch):
-    """These tests name a draft path that does not exist ("/head"): say it is an EAGLE-3 head
-    (setenv, so monkeypatch restores both variables, which the resolution writes directly)."""
-    from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV
-
-    monkeypatch.setenv(DRAFT_KIND_ENV, "eagle3")
-    monkeypatch.setenv(RESOLVED_DRAFT_KIND_ENV, "eagle3")
+from tests.sglang_plugin.plugin_fixtures import (  # noqa: E402,F401 (fixtures)
+    args_namespace, eagle3_draft_kind, fake_sglang_state, plugin_loaded)
 
 
 def test_entry_point_registers_hsd_as_eagle3_family(plugin_loaded):
@@ -58,25 +39,10 @@ def test_entry_point_registers_hsd_as_eagle3_family(plugin_loaded):
     assert SpeculativeAlgorithm.from_string("HSD") is algo
 
 
-def _args(**overrides):
-    base = dict(
-        max_running_requests=None, device="cpu", disable_overlap_schedule=False,
-        enable_mixed_chunk=True, speculative_num_steps=None, speculative_eagle_topk=None,
-        speculative_num_draft_tokens=None, speculative_use_rejection_sampling=False,
-        speculative_draft_model_path="/head", speculative_accept_threshold_single=1.0,
-        speculative_accept_threshold_acc=1.0, speculative_use_block_verification=False,
-        speculative_adaptive=False, enable_multi_layer_eagle=False,
-        enable_deterministic_inference=False, enable_unified_memory=False,
-        enable_watermark=False, pp_size=1, disaggregation_mode="null",
-    )
-    base.update(overrides)
-    return types.SimpleNamespace(**base)
-
-
 def test_server_args_defaults_turn_on_sampled_chain_drafting(plugin_loaded):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    args = _args()
+    args = args_namespace()
     SpeculativeAlgorithm.from_string("HSD").handle_server_args(args)
     assert (args.speculative_num_steps, args.speculative_eagle_topk,
             args.speculative_num_draft_tokens) == (4, 1, 5)
@@ -97,7 +63,7 @@ def test_server_args_refuse_unsupported_combinations(plugin_loaded, overrides, s
 
     algo = SpeculativeAlgorithm.from_string("HSD")
     with pytest.raises(HSDServerArgsError, match="HSD") as err:
-        algo.validate_server_args(_args(**overrides))
+        algo.validate_server_args(args_namespace(**overrides))
     assert says in str(err.value)
 
 
@@ -126,14 +92,14 @@ def test_worker_factory_reads_the_configuration_once(plugin_loaded, monkeypatch)
     algo = SpeculativeAlgorithm.from_string("HSD")
     monkeypatch.setenv("SGLANG_HSD_VERIFY_METHOD", "tokenwise")
     monkeypatch.setenv("SGLANG_HSD_EXIT_METHOD", "hsd")
-    worker = algo.create_worker(_args())
+    worker = algo.create_worker(args_namespace())
     assert worker.func is HSDWorker
     assert worker.keywords["plugin_config"] == PluginConfig(verify_method="tokenwise")
     assert worker.keywords["exit_config"].method == "hsd"
     assert not worker.keywords["exit_config"].enabled
     monkeypatch.setenv("SGLANG_HSD_VERIFY_METHOD", "hsd-paper")  # lossy: refused before any model
     with pytest.raises(ValueError, match="SGLANG_HSD_VERIFY_METHOD"):
-        algo.create_worker(_args())
+        algo.create_worker(args_namespace())
 
 
 def test_plugin_refuses_drifted_signature(plugin_loaded, monkeypatch):
@@ -158,24 +124,6 @@ def test_plugin_refuses_drifted_signature(plugin_loaded, monkeypatch):
 
 
 # --- SGLang's own verify entry point (eagle_utils.eagle_sample) on CPU tensors --------------
-
-def _fake_sglang_state(monkeypatch, algorithm="HSD"):
-    from sglang.srt import runtime_context
-    from sglang.srt.layers import dp_attention
-    from sglang.srt.speculative import eagle_utils
-
-    spec = types.SimpleNamespace(
-        speculative_algorithm=algorithm, speculative_use_rejection_sampling=True,
-        speculative_use_block_verification=False, speculative_accept_threshold_single=1.0,
-        speculative_accept_threshold_acc=1.0,
-    )
-    parallel = types.SimpleNamespace(tp_group=types.SimpleNamespace(world_size=1),
-                                     attn_tp_group=types.SimpleNamespace(world_size=1))
-    monkeypatch.setattr(eagle_utils, "get_spec", lambda: spec)
-    monkeypatch.setattr(runtime_context, "get_spec", lambda: spec)
-    monkeypatch.setattr(runtime_context, "get_parallel", lambda: parallel)
-    monkeypatch.setattr(dp_attention, "is_dp_attention_enabled", lambda: False)
-
 
 def _install_hooks(monkeypatch, method="hsd"):
     """Hooks bound to a fresh ``VerifyHookState``, as an ``HSDWorker`` installs them; SGLang's
@@ -220,7 +168,7 @@ def _chain_batch(bs, num_steps, vocab, all_greedy, seed):
 def test_eagle_sample_runs_our_verifier(plugin_loaded, monkeypatch, method):
     from sglang.srt.speculative import eagle_utils
 
-    _fake_sglang_state(monkeypatch)
+    fake_sglang_state(monkeypatch)
     state = _install_hooks(monkeypatch, method)
     bs, steps, vocab = 6, 3, 11
     verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=False, seed=1)
@@ -248,7 +196,7 @@ def test_eagle_sample_runs_our_verifier(plugin_loaded, monkeypatch, method):
 def test_all_greedy_batch_takes_sglang_argmax_path(plugin_loaded, monkeypatch):
     from sglang.srt.speculative import eagle_utils
 
-    _fake_sglang_state(monkeypatch)
+    fake_sglang_state(monkeypatch)
     state = _install_hooks(monkeypatch)
     bs, steps, vocab = 4, 3, 9
     verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=True, seed=2)
@@ -265,7 +213,7 @@ def test_all_greedy_batch_takes_sglang_argmax_path(plugin_loaded, monkeypatch):
 def test_other_algorithms_keep_sglang_sampler(plugin_loaded, monkeypatch):
     from sglang.srt.speculative import eagle_utils
 
-    _fake_sglang_state(monkeypatch, algorithm="EAGLE3")
+    fake_sglang_state(monkeypatch, algorithm="EAGLE3")
     _install_hooks(monkeypatch)
     assert verify_hook.hsd_is_active() is False
     assert eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False,
@@ -280,7 +228,7 @@ def test_exit_round_reaches_the_sampler_of_its_own_verify_call_only(plugin_loade
 
     from sglang_hsd.sglang_plugin.exit_level import ExitRound
 
-    _fake_sglang_state(monkeypatch)
+    fake_sglang_state(monkeypatch)
     state = _install_hooks(monkeypatch)
     bs, steps, vocab = 3, 3, 7
     verify_input, batch, logits = _chain_batch(bs, steps, vocab, all_greedy=True, seed=3)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sglang_hsd.sglang_plugin.config import PluginConfig
-from tests.sglang_plugin.test_plugin import _args, eagle3_draft_kind, plugin_loaded  # noqa: F401 (fixtures)
+from tests.sglang_plugin.plugin_fixtures import (  # noqa: F401 (fixtures)
+    args_namespace, eagle3_draft_kind, plugin_loaded)
 
 pytestmark = pytest.mark.sglang
 
@@ -26,13 +27,13 @@ def clean_env(monkeypatch):
 def _validate(**overrides):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    SpeculativeAlgorithm.from_string("HSD").validate_server_args(_args(**{**TREE, **overrides}))
+    SpeculativeAlgorithm.from_string("HSD").validate_server_args(args_namespace(**{**TREE, **overrides}))
 
 
 def test_tree_defaults_keep_sglang_rejection_sampling_off(plugin_loaded, clean_env):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    args = _args(**{**TREE, "disable_overlap_schedule": False})
+    args = args_namespace(**{**TREE, "disable_overlap_schedule": False})
     SpeculativeAlgorithm.from_string("HSD").handle_server_args(args)
     assert args.speculative_use_rejection_sampling is False  # the HSD worker carries q
     assert (args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (2, 6)
@@ -138,7 +139,7 @@ def test_tree_worker_factory_reads_the_tree_configuration(plugin_loaded, clean_e
 
     clean_env.setenv("SGLANG_HSD_TREE_DRAFT", draft)
     clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", method)
-    worker = SpeculativeAlgorithm.from_string("HSD").create_worker(_args(**TREE))
+    worker = SpeculativeAlgorithm.from_string("HSD").create_worker(args_namespace(**TREE))
     config = worker.keywords["plugin_config"]
     assert (config.verify_method, config.tree_draft, config.topk) == (method, draft, 2)
     assert not worker.keywords["exit_config"].enabled  # its chain rule is not the tree's

@@ -13,7 +13,7 @@ from sglang_hsd.sglang_plugin import verify_hook
 from sglang_hsd.sglang_plugin.config import PluginConfig
 from sglang_hsd.sglang_plugin.cpu.kernel_ops import build_tree_kernel_efficient_cpu
 from sglang_hsd.verify import TreeUniforms, verify_tree
-from tests.sglang_plugin.test_plugin import _fake_sglang_state, plugin_loaded  # noqa: F401
+from tests.sglang_plugin.plugin_fixtures import fake_sglang_state, plugin_loaded  # noqa: F401
 
 pytestmark = pytest.mark.sglang
 
@@ -65,7 +65,7 @@ def test_tree_batch_runs_verify_tree_on_sglang_coins(plugin_loaded, monkeypatch,
     from sglang.srt.speculative import eagle_utils
     from sglang_hsd.sglang_plugin.tree_draft import DraftTree
 
-    _fake_sglang_state(monkeypatch)
+    fake_sglang_state(monkeypatch)
     eagle_utils.get_spec().speculative_use_rejection_sampling = False  # trees
     state = _install(monkeypatch, method, tree_draft)
     bs = 5
@@ -100,7 +100,7 @@ def test_tree_batch_runs_verify_tree_on_sglang_coins(plugin_loaded, monkeypatch,
 def test_sampled_tree_verify_needs_the_rounds_tree(plugin_loaded, monkeypatch):
     from sglang.srt.speculative import eagle_utils
 
-    _fake_sglang_state(monkeypatch)
+    fake_sglang_state(monkeypatch)
     eagle_utils.get_spec().speculative_use_rejection_sampling = False
     _install(monkeypatch, "hsd", "sampled")
     verify_input, batch, logits = _tree_batch(2, seed=4)
@@ -111,7 +111,7 @@ def test_sampled_tree_verify_needs_the_rounds_tree(plugin_loaded, monkeypatch):
 def test_all_greedy_tree_batch_keeps_sglang_argmax_walk(plugin_loaded, monkeypatch):
     from sglang.srt.speculative import eagle_utils
 
-    _fake_sglang_state(monkeypatch)
+    fake_sglang_state(monkeypatch)
     eagle_utils.get_spec().speculative_use_rejection_sampling = False
     state = _install(monkeypatch, "hsd", "sampled")
     verify_input, batch, logits = _tree_batch(3, seed=5, all_greedy=True)
@@ -120,7 +120,7 @@ def test_all_greedy_tree_batch_keeps_sglang_argmax_walk(plugin_loaded, monkeypat
 
 
 def test_other_algorithms_keep_sglang_tree_sampler(plugin_loaded, monkeypatch):
-    _fake_sglang_state(monkeypatch, algorithm="EAGLE3")
+    fake_sglang_state(monkeypatch, algorithm="EAGLE3")
     state = _install(monkeypatch, "target-only", "topk")
     calls = []
     hook = verify_hook.make_hsd_tree_sampling(lambda *a: calls.append(a), state)
@@ -134,7 +134,7 @@ def test_drafter_q_uses_the_targets_sampling_transform(plugin_loaded, monkeypatc
     from sglang.srt.speculative import eagle_utils
     from sglang_hsd.sglang_plugin.tree_draft import DraftTree, sampling_probs
 
-    _fake_sglang_state(monkeypatch)
+    fake_sglang_state(monkeypatch)
     eagle_utils.get_spec().speculative_use_rejection_sampling = False
     state = _install(monkeypatch, "hsd", "sampled")
     bs = 4
