@@ -22,8 +22,9 @@ Configurations (same head, same (D, k, N) for every tree row):
 
 Below the table, every sampled configuration is paired with ``stock-tree`` prompt by prompt (the
 client sends the same prompts in the same order): mean difference ± standard error, the prompts
-it wins, and the means over the thirds of prompts ranked by the stock tree's accept length (where
-a sampled tree loses, it is where the head's top token is usually right).
+it wins, and the means over the thirds of prompts ranked by the stock tree's accept length at
+T = 0 (how often the head's top token is right on that prompt; a ranking independent of the
+sampled rows' noise; the row's own stock values when T = 0 was not run).
 
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --model smollm2-135m \\
         --shapes 5,4,8 4,2,8 --temperatures 0 0.7 1.0 --num-prompts 64 --output-len 64 \
@@ -202,13 +203,16 @@ def paired_lines(records: list[dict], meta: dict) -> list[str]:
     names = [n for n in meta["configs"] if CONFIGS[n].tree_draft == "sampled"]
     if "stock-tree" not in meta["configs"] or not names:
         return []
-    lines = ["", "Per prompt against `stock-tree` (paired; thirds ranked by stock-tree's accept "
-             "length, low / middle / high: stock -> this configuration):", "",
+    lines = ["", "Per prompt against `stock-tree` (paired; thirds of prompts ranked by stock-tree's "
+             "accept length at T = 0, low / middle / high: stock -> this configuration):", "",
              "| D,k,N | T | config | mean difference | prompts won | low third | middle third "
              "| high third |", "|---|---|---|---|---|---|---|---|"]
     for shape in meta["shapes"]:
         for temperature in [t for t in meta["temperatures"] if t > 0]:
             stock = _find(records, "stock-tree", shape, temperature)
+            greedy = _find(records, "stock-tree", shape, 0.0)
+            rank_by = (greedy or {}).get("per_request_accept_length") or (stock or {}).get(
+                "per_request_accept_length")
             for name in names:
                 other = _find(records, name, shape, temperature)
                 if not stock or not other or "error" in stock or "error" in other:
@@ -220,7 +224,8 @@ def paired_lines(records: list[dict], meta: dict) -> list[str]:
                     continue
                 diff_mean, diff_se = mean_se([y - x for x, y in zip(a, b)])
                 won = sum(y > x for x, y in zip(a, b))
-                ranked = sorted(range(len(a)), key=lambda i: a[i])
+                key = rank_by if rank_by and len(rank_by) == len(a) else a
+                ranked = sorted(range(len(a)), key=lambda i: key[i])
                 thirds = [ranked[i * len(a) // 3:(i + 1) * len(a) // 3] for i in range(3)]
                 cells = [f"{sum(a[i] for i in t) / len(t):.3f} -> {sum(b[i] for i in t) / len(t):.3f}"
                          for t in thirds]

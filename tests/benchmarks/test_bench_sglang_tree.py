@@ -75,3 +75,7 @@ def test_paired_per_prompt_lines():
     assert (f"| 5,4,8 | 0.7 | hsd-tree | {diff[0]:+.3f} ± {diff[1]:.3f} | 3/6 | 1.100 -> 1.500 | "
             f"1.500 -> 1.600 | 1.900 -> 1.700 |") in table
     assert "| 5,4,8 | 0 | hsd-tree |" not in table  # greedy rows are not paired
+    # with a T = 0 stock row the thirds follow its ranking (here the reverse of the sampled one's)
+    greedy = dict(record("stock-tree", [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]), temperature=0.0)
+    table = markdown_table([record("stock-tree", stock), record("hsd-tree", hsd), greedy], meta)
+    assert "| 3/6 | 1.900 -> 1.700 | 1.500 -> 1.600 | 1.100 -> 1.500 |" in table
