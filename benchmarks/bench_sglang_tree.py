@@ -32,6 +32,11 @@ sampled rows' noise; the row's own stock values when T = 0 was not run).
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --num-prompts 4 --output-len 8   # tiny smoke
 
 Results: ``benchmarks/results/<name>.{json,md,png}`` (default name ``sglang_tree_<model>``).
+
+``--combine A.json B.json ... --name X`` runs no server: it joins the rows of earlier runs made
+with the same model, prompts, output length and concurrency (the client's prompts, order and seed
+are then the same, so the per-prompt pairing holds across runs) into one table, naming each
+run's commit and command.
 """
 
 from __future__ import annotations
@@ -188,6 +193,8 @@ def markdown_table(records: list[dict], meta: dict) -> str:
             lines.append(f"| {','.join(map(str, shape))} | {temperature:g} | "
                          + " | ".join(_cell(row.get(n)) for n in names) + f" | {ratio} |")
     notes = [f"- `{n}`: {meta['config_notes'][n]}" for n in names]
+    notes += [f"- rows of run `{src['file']}` (commit `{src['commit']}`): `{src['command']}`"
+              for src in meta.get("combined_from", [])]
     errors = [f"- {r['config']} {r['shape']}: {r['error']}" for r in records if "error" in r]
     paired = paired_lines(records, meta)
     return "\n".join([
@@ -285,13 +292,54 @@ def parse_args(argv=None):
     parser.add_argument("--client-timeout", type=float, default=7200.0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--combine", nargs="+", type=Path, default=None,
+                        help="no server: join the rows of earlier results JSON files (same model, "
+                             "prompts, output length, concurrency) into one table")
     args = parser.parse_args(argv)
     args.exit_layer = args.exit_heads = None  # setup_models reads them (no exit level here)
     return args
 
 
+COMBINE_KEYS = ("model", "num_prompts", "output_len", "max_concurrency", "prompt_source")
+
+
+def combine(paths: list[Path]) -> tuple[list[dict], dict]:
+    """(records, meta) of earlier result files of this script, joined; each record keeps the
+    commit of its run (``from_run``). Raises SystemExit when the runs are not comparable."""
+    runs = [(Path(p), json.loads(Path(p).read_text())) for p in paths]
+    first = runs[0][1]["meta"]
+    for path, data in runs[1:]:
+        differing = [k for k in COMBINE_KEYS if data["meta"].get(k) != first.get(k)]
+        if differing:
+            raise SystemExit(f"--combine: {path} differs from {runs[0][0]} in {differing}")
+    order = list(CONFIGS)
+    names = sorted({n for _, d in runs for n in d["meta"]["configs"]}, key=order.index)
+    shapes = sorted({tuple(s) for _, d in runs for s in d["meta"]["shapes"]}, reverse=True)
+    temps = sorted({t for _, d in runs for t in d["meta"]["temperatures"]}, reverse=True)
+    records, notes, sources = [], {}, []
+    for path, data in runs:
+        commit = data["run"].get("commit", "?")
+        sources.append({"file": path.name, "commit": commit, "command": data["run"].get("command")})
+        notes.update({n: data["meta"].get("config_notes", {}).get(n, CONFIGS[n].note)
+                      for n in data["meta"]["configs"]})
+        records += [{**r, "from_run": f"{path.name} @ {commit}"} for r in data["results"]]
+    meta = {**{k: first[k] for k in COMBINE_KEYS}, "sglang_version": first["sglang_version"],
+            "cpu_count": first.get("cpu_count"), "configs": names, "shapes": shapes,
+            "temperatures": temps, "config_notes": notes, "combined_from": sources}
+    return records, meta
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.combine:
+        records, meta = combine(args.combine)
+        run = start_run(__file__, argv)
+        stem = args.out_dir / (args.name or f"sglang_tree_{args.model}")
+        table = markdown_table(records, meta)
+        write_results(stem, {"meta": meta, "results": records}, table, run)
+        plot(records, meta, stem.with_suffix(".png"), run)
+        print(table)
+        return 0
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = sorted(set(names) - set(CONFIGS))
     if unknown:

@@ -79,3 +79,36 @@ def test_paired_per_prompt_lines():
     greedy = dict(record("stock-tree", [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]), temperature=0.0)
     table = markdown_table([record("stock-tree", stock), record("hsd-tree", hsd), greedy], meta)
     assert "| 3/6 | 1.900 -> 1.700 | 1.500 -> 1.600 | 1.100 -> 1.500 |" in table
+
+
+def test_combine_joins_comparable_runs_and_refuses_others(tmp_path):
+    import json
+
+    from benchmarks.bench_sglang_tree import combine
+
+    base = {"model": "m", "num_prompts": 4, "output_len": 8, "max_concurrency": 2,
+            "prompt_source": "s", "sglang_version": "0.5.23", "temperatures": [1.0]}
+
+    def write(name, configs, shapes, rows, **meta):
+        path = tmp_path / name
+        path.write_text(json.dumps({"meta": {**base, "configs": configs, "shapes": shapes, **meta},
+                                    "results": rows, "run": {"commit": name[:3], "command": "c"}}))
+        return path
+
+    row = {"config": "stock-tree", "shape": [5, 4, 8], "temperature": 1.0,
+           "accept_length_mean": 1.5, "accept_length_se": 0.1}
+    a = write("aaa.json", ["stock-tree"], [[5, 4, 8]], [row])
+    b = write("bbb.json", ["hsd-chain", "hsd-tree-sharp"], [[5, 4, 8], [4, 2, 8]],
+              [dict(row, config="hsd-chain", accept_length_mean=1.7)],
+              config_notes={"hsd-chain": "chain", "hsd-tree-sharp": "sharp, S = 0.5"})
+    records, meta = combine([a, b])
+    assert meta["configs"] == ["stock-tree", "hsd-tree-sharp", "hsd-chain"]  # registry order
+    assert meta["shapes"] == [(5, 4, 8), (4, 2, 8)]
+    assert meta["config_notes"]["hsd-tree-sharp"] == "sharp, S = 0.5"
+    assert [r["from_run"] for r in records] == ["aaa.json @ aaa", "bbb.json @ bbb"]
+    table = markdown_table(records, meta)
+    assert "| 5,4,8 | 1 | 1.500 ± 0.100 | n/a | 1.700 ± 0.100 | n/a |" in table
+    assert "rows of run `bbb.json` (commit `bbb`)" in table
+    other = write("ccc.json", ["hsd-tree"], [[5, 4, 8]], [], output_len=64)
+    with pytest.raises(SystemExit, match="output_len"):
+        combine([a, other])
