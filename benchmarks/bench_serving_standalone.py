@@ -26,7 +26,8 @@ Configurations:
         --output-len 8 --temperatures 1 --concurrency 1     # smoke test, random tiny pair
 
 Results: ``results/serving_standalone_<target>.{json,md}`` with the commit, the command and the
-machine load (``benchmarks/common.py``). Timings mean something only on an idle machine.
+machine load (``benchmarks/common.py``), rewritten after every row (``"complete": false`` until the
+last), so a stopped run keeps what it measured. Timings mean something only on an idle machine.
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ def client_command(url: str, target: Path, dataset: Path, args, temperature: flo
 
 
 def run_config(config: str, target: Path, draft: Path, datasets: dict, args,
-               workdir: Path) -> list[dict]:
-    """Every (prompt set, temperature, concurrency) run against one server of ``config``."""
+               workdir: Path, on_row=lambda record: None) -> list[dict]:
+    """Every (prompt set, temperature, concurrency) run against one server of ``config``;
+    ``on_row(record)`` after each."""
     cmd = server_command(config, target, draft, args)
     shown = " ".join(cmd[1:]).replace(str(Path.home()), "~").replace(str(workdir), "$WORK")
     records = []
@@ -112,6 +114,7 @@ def run_config(config: str, target: Path, draft: Path, datasets: dict, args,
                     for concurrency in args.concurrency:
                         records.append(run_client(url, config, shown, target, dataset, prompt_set,
                                                   temperature, concurrency, args, workdir))
+                        on_row(records[-1])
     except Exception as err:  # the server did not start or died: one failed row
         records.append({"config": config, "server_command": shown,
                         "error": f"{type(err).__name__}: {err}"})
@@ -147,6 +150,14 @@ def _fmt(value, digits=2):
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _ratio(record: dict, plain: dict) -> str:
+    """Output tok/s over no speculation's at the same prompts, temperature and concurrency."""
+    base = plain.get((record["prompt_set"], record["temperature"], record["concurrency"]))
+    if not base or record.get("output_throughput") is None:
+        return "n/a"
+    return f"{record['output_throughput'] / base:.2f}x"
+
+
 def _accept_cell(record: dict) -> str:
     mean, se = record.get("accept_length_mean"), record.get("accept_length_se")
     if mean is None or mean != mean:  # no speculation, or no request reported one
@@ -155,18 +166,21 @@ def _accept_cell(record: dict) -> str:
 
 
 def markdown_table(records: list[dict], meta: dict) -> str:
-    lines = ["| config | prompts | T | concurrency | completed | output tok/s | median TPOT ms | "
-             "accept length (server) | accept length per request |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | prompts | T | concurrency | completed | output tok/s | vs none | "
+             "median TPOT ms | accept length (server) | accept length per request |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    plain = {(r["prompt_set"], r["temperature"], r["concurrency"]): r.get("output_throughput")
+             for r in records if r["config"] == "none" and "error" not in r}
     for r in records:
         if "error" in r:
             lines.append(f"| {r['config']} | {r.get('prompt_set', '')} | "
                          f"{r.get('temperature', '')} | {r.get('concurrency', '')} | failed: "
-                         f"{r['error']} | | | | |")
+                         f"{r['error']} | | | | | |")
             continue
         lines.append(f"| {r['config']} | {r['prompt_set']} | {r['temperature']:g} | "
                      f"{r['concurrency']} | {r['completed']}/{meta['num_prompts']} | "
-                     f"{_fmt(r['output_throughput'])} | {_fmt(r['median_tpot_ms'], 1)} | "
+                     f"{_fmt(r['output_throughput'])} | {_ratio(r, plain)} | "
+                     f"{_fmt(r['median_tpot_ms'], 1)} | "
                      f"{_fmt(r['accept_length'])} | {_accept_cell(r)} |")
     notes = [f"- `{name}`: {CONFIGS[name]}" for name in meta["configs"]]
     return "\n".join([
@@ -244,12 +258,27 @@ def main(argv=None) -> int:
                 "output_len": args.output_len, "dtype": args.dtype, "configs": args.configs,
                 "prompt_sources": sources, "command": run.command}
         records = []
+        stem = args.out_dir / f"serving_standalone_{'tiny' if args.tiny else target.name}"
+
+        def save(rows: list[dict], complete: bool) -> str:
+            """(Re)write the results: after every row, so a stopped run keeps what it measured."""
+            table = markdown_table(rows, meta)
+            if not complete:
+                table += ("\n**Partial run**: the rows above are those measured so far; the run "
+                          "was stopped (or is still going) before every configuration ran.\n")
+            write_results(stem, {"meta": {**meta, "complete": complete}, "results": rows}, table, run)
+            return table
+
+        measured: list[dict] = []
+
+        def on_row(record: dict) -> None:
+            measured.append(record)
+            save(measured, complete=False)
+
         for config in args.configs:
             print(f"[bench] {config} ...", flush=True)
-            records += run_config(config, target, draft, datasets, args, workdir)
-    table = markdown_table(records, meta)
-    stem = f"serving_standalone_{'tiny' if args.tiny else target.name}"
-    write_results(args.out_dir / stem, {"meta": meta, "results": records}, table, run)
+            records += run_config(config, target, draft, datasets, args, workdir, on_row=on_row)
+    table = save(records, complete=True)
     print(table)
     return 1 if any("error" in r for r in records) else 0
 

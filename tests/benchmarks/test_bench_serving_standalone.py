@@ -20,6 +20,42 @@ def test_table_shows_per_request_accept_length_and_failures():
                 "accept_length_mean": 4.5, "accept_length_se": 0.25},
                {"config": "hsd", "prompt_set": "mtbench", "error": "client exited 1"}]
     table = markdown_table(records, meta)
-    assert "| none | humaneval | 0 | 1 | 4/4 | 2.50 | 400.0 | n/a | n/a |" in table
-    assert "| hsd | humaneval | 0 | 1 | 4/4 | 2.50 | 400.0 | n/a | 4.50 ± 0.25 |" in table
+    assert "| none | humaneval | 0 | 1 | 4/4 | 2.50 | 1.00x | 400.0 | n/a | n/a |" in table
+    assert "| hsd | humaneval | 0 | 1 | 4/4 | 2.50 | 1.00x | 400.0 | n/a | 4.50 ± 0.25 |" in table
     assert "failed: client exited 1" in table
+
+
+def test_stopped_run_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    """Results are rewritten after every row: a run stopped in its second configuration leaves
+    the first configuration's rows, marked incomplete."""
+    import json
+
+    import benchmarks.bench_serving_standalone as bench
+
+    row = {"prompt_set": "humaneval", "temperature": 0.0, "concurrency": 1, "completed": 1,
+           "output_throughput": 2.0, "median_tpot_ms": 10.0, "accept_length": None,
+           "accept_length_mean": 3.0, "accept_length_se": 0.1}
+
+    def fake_run_config(config, target, draft, datasets, args, workdir, on_row):
+        if config == "tokenwise":
+            raise KeyboardInterrupt  # the run is stopped here
+        records = []
+        for concurrency in (1, 4):
+            records.append({**row, "config": config, "concurrency": concurrency})
+            on_row(records[-1])
+        return records
+
+    monkeypatch.setattr(bench, "run_config", fake_run_config)
+    monkeypatch.setattr(bench, "resolve_models", lambda args, workdir: (tmp_path, tmp_path))
+    monkeypatch.setattr(bench, "write_prompt_file", lambda path, *a: "prompts")
+    argv = ["--configs", "none,hsd,tokenwise", "--out-dir", str(tmp_path), "--prompt-sets",
+            "humaneval", "--workdir", str(tmp_path / "work")]
+    try:
+        bench.main(argv)
+    except KeyboardInterrupt:
+        pass
+    saved = json.loads((tmp_path / f"serving_standalone_{tmp_path.name}.json").read_text())
+    assert saved["meta"]["complete"] is False
+    assert [(r["config"], r["concurrency"]) for r in saved["results"]] == [
+        ("none", 1), ("none", 4), ("hsd", 1), ("hsd", 4)]
+    assert "**Partial run**" in (tmp_path / f"serving_standalone_{tmp_path.name}.md").read_text()
