@@ -13,6 +13,7 @@ import os
 
 from sglang_hsd.sglang_plugin.config import (
     DRAFT_TEMPERATURE_SCALE_ENV,
+    TREE_RULE_ENV,
     EXIT_BUFFER_ENV,
     EXIT_HEADS_ENV,
     EXIT_LAYER_ENV,
@@ -25,6 +26,7 @@ from sglang_hsd.sglang_plugin.config import (
 )
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
+from sglang_hsd.verify.tree.level_draft import LOSSLESS_LEVEL_RULES
 
 
 class _EnvAction(argparse.Action):
@@ -43,6 +45,10 @@ HSD_FLAGS = (
     ("--hsd-tree-draft", TREE_DRAFT_ENV, {"choices": tuple(TREE_DRAFTS)},
      "how trees (--speculative-eagle-topk > 1) are drafted: sampled (children drawn without "
      "replacement from the drafter's q; default) or topk (SGLang's deterministic top-k)"),
+    ("--hsd-tree-rule", TREE_RULE_ENV, {"choices": LOSSLESS_LEVEL_RULES},
+     "expansion rule of sampled trees (which drafted nodes are forwarded and kept, decided from "
+     "earlier draws only): spine_wide (default; deep, for drafters that accept several tokens), "
+     "spine, or beam (wide and shallow, for drafters that accept few)"),
     ("--hsd-draft-temperature-scale", DRAFT_TEMPERATURE_SCALE_ENV, {"type": float},
      "S > 0: sampled trees draw children from the drafter's q at temperature T * S (T: the "
      "request's) and verify with that q, so the output law is unchanged; S < 1 sharpens a "

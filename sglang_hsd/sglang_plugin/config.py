@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from sglang_hsd.levels import DEFAULT_CHAIN_METHOD
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
+from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
 
 VERIFY_METHOD_ENV = "SGLANG_HSD_VERIFY_METHOD"
 VALIDATE_ENV = "SGLANG_HSD_VALIDATE"
@@ -36,6 +37,7 @@ TREE_DRAFT_ENV = "SGLANG_HSD_TREE_DRAFT"
 TREE_DRAFTS = {"sampled": (("hsd", "rrs"), "hsd"), "topk": (("target-only",), "target-only")}
 DEFAULT_TREE_DRAFT = "sampled"
 DRAFT_TEMPERATURE_SCALE_ENV = "SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"
+TREE_RULE_ENV = "SGLANG_HSD_TREE_RULE"
 # what --hsd-verify-method accepts at all: the chain rules and the tree rules above
 VERIFY_METHOD_CHOICES = tuple(LOSSLESS_CHAIN_METHODS) + tuple(
     sorted({m for methods, _ in TREE_DRAFTS.values() for m in methods} - set(LOSSLESS_CHAIN_METHODS)))
@@ -49,6 +51,8 @@ class PluginConfig:
         validate: check verifier inputs on every step (slow; for debugging).
         topk: --speculative-eagle-topk (1 = chains).
         tree_draft: how trees are drafted (a key of ``TREE_DRAFTS``); unused for chains.
+        tree_rule: expansion rule of sampled trees, a lossless key of
+            ``sglang_hsd.verify.tree.level_draft.LEVEL_RULES`` (``--hsd-tree-rule``).
         draft_temperature_scale: S > 0; sampled trees draw children from (and verify with) the
             drafter's distribution at temperature T * S instead of the request's T. Any S keeps
             the output law (the verifier reads the q the children were drawn from); S < 1
@@ -61,6 +65,7 @@ class PluginConfig:
     topk: int = 1
     tree_draft: str = DEFAULT_TREE_DRAFT
     draft_temperature_scale: float = 1.0
+    tree_rule: str = DEFAULT_LEVEL_RULE
 
     @property
     def is_tree(self) -> bool:
@@ -76,6 +81,15 @@ class PluginConfig:
         method = os.environ.get(VERIFY_METHOD_ENV, "").strip().lower()
         draft = os.environ.get(TREE_DRAFT_ENV, "").strip().lower()
         scale = _draft_temperature_scale(os.environ.get(DRAFT_TEMPERATURE_SCALE_ENV, ""))
+        rule = os.environ.get(TREE_RULE_ENV, "").strip().lower()
+        if rule and (topk <= 1 or (draft or DEFAULT_TREE_DRAFT) != "sampled"):
+            raise ValueError(
+                f"--hsd-tree-rule ({TREE_RULE_ENV}) {rule!r} applies to sampled trees only "
+                f"(--speculative-eagle-topk > 1, --hsd-tree-draft sampled); got "
+                f"--speculative-eagle-topk {topk}" + (f", --hsd-tree-draft {draft}" if draft else ""))
+        if rule and rule not in LOSSLESS_LEVEL_RULES:
+            raise ValueError(f"--hsd-tree-rule ({TREE_RULE_ENV}) must be one of "
+                             f"{LOSSLESS_LEVEL_RULES} (the lossless rules), got {rule!r}")
         if scale != 1.0 and (topk <= 1 or (draft or DEFAULT_TREE_DRAFT) != "sampled"):
             raise ValueError(
                 f"--hsd-draft-temperature-scale ({DRAFT_TEMPERATURE_SCALE_ENV}) {scale:g} applies "
@@ -103,7 +117,7 @@ class PluginConfig:
                 f"(--speculative-eagle-topk {topk}): this tree draft is verified losslessly by "
                 f"{allowed} only")
         return cls(verify_method=method, validate=validate, topk=topk, tree_draft=draft,
-                   draft_temperature_scale=scale)
+                   draft_temperature_scale=scale, tree_rule=rule or DEFAULT_LEVEL_RULE)
 
 
 def _draft_temperature_scale(text: str) -> float:

@@ -194,7 +194,6 @@ def _sampled_tree_problems(args) -> list[str]:
         problems.append("--hsd-tree-draft sampled: the sampled tree loop runs eagerly (a captured "
                         "draft graph would replay SGLang's top-k loop); add --disable-cuda-graph")
     try:
-        from sglang_hsd.sglang_plugin.tree_draft import TREE_RULE
         from sglang_hsd.verify.tree.expand import ExpandConfig
         from sglang_hsd.verify.tree.level_draft import LEVEL_RULES
     except ImportError:
@@ -203,10 +202,11 @@ def _sampled_tree_problems(args) -> list[str]:
     steps, topk, tokens = (args.speculative_num_steps, args.speculative_eagle_topk,
                            args.speculative_num_draft_tokens)
     if steps and tokens and tokens >= 2:
-        capacity = LEVEL_RULES[TREE_RULE].capacity(ExpandConfig(steps, topk, tokens))
+        capacity = LEVEL_RULES[config.tree_rule].capacity(ExpandConfig(steps, topk, tokens))
         if tokens - 1 > capacity:
             problems.append(
-                f"--speculative-num-draft-tokens {tokens}: the sampled tree drafter ({TREE_RULE!r}) "
+                f"--speculative-num-draft-tokens {tokens}: the sampled tree drafter "
+                f"(--hsd-tree-rule {config.tree_rule}) "
                 f"keeps at most {capacity} nodes for --speculative-num-steps {steps} and "
                 f"--speculative-eagle-topk {topk}; lower it to <= {capacity + 1}")
     return problems

@@ -34,10 +34,6 @@ from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
 from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE
 
-# The expansion rule of the sampled tree drafter: the library's default (its docstring says why,
-# with the exact table that chose it); one home for the choice.
-TREE_RULE = DEFAULT_LEVEL_RULE
-
 
 @dataclass
 class DraftTree:
@@ -105,12 +101,14 @@ class RootQHook:
     vocabulary), which SGLang filters and merges with the batch.
     """
 
-    def __init__(self, temperature_scale: float = 1.0):
+    def __init__(self, temperature_scale: float = 1.0, tree_rule: str = DEFAULT_LEVEL_RULE):
         # None: outside a draft extend; False: inside one, nothing recorded yet; then the q
         self.pending: torch.Tensor | bool | None = None
-        # the drafter's temperature scale S (``PluginConfig.draft_temperature_scale``): every q
-        # of the sampled tree, the root's here and the forwards' in ``draft_sampled_tree``
+        # the sampled tree's settings (``PluginConfig``), read by ``draft_sampled_tree`` too: the
+        # drafter's temperature scale S for every q (the root's here, the forwards' there) and
+        # the expansion rule
         self.temperature_scale = temperature_scale
+        self.tree_rule = tree_rule
 
     def install(self, module) -> None:
         original = getattr(module.renorm_draft_probs, "__sglang_hsd_original__",
@@ -147,7 +145,8 @@ def draft_sampled_tree(worker, forward_batch):
 
     Args:
         worker: the ``HSDDraftWorker`` (SGLang's draft worker: draft runner, attention backends,
-            topk, speculative_num_steps / num_draft_tokens, hot_token_id).
+            topk, speculative_num_steps / num_draft_tokens, hot_token_id; ``hsd_root_q``, whose
+            ``tree_rule`` and ``temperature_scale`` come from the ``PluginConfig``).
         forward_batch: the draft ``ForwardBatch`` SGLang prepared (spec_info carries the root's
             hidden states [bs, H] and q ``draft_probs`` [bs, Vd]).
     Returns:
@@ -164,7 +163,8 @@ def draft_sampled_tree(worker, forward_batch):
         raise RuntimeError("HSD sampled trees: the draft input carries no root q (draft extend "
                            "ran without RootQHook)")
     cfg = ExpandConfig(depth=steps, topk=k, num_draft_tokens=worker.speculative_num_draft_tokens)
-    drafter = LevelDrafter(cfg, TREE_RULE, root_q.float(), greedy_rows(info), validate=False)
+    hook = worker.hsd_root_q
+    drafter = LevelDrafter(cfg, hook.tree_rule, root_q.float(), greedy_rows(info), validate=False)
     to_target = _target_ids(worker)
     out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc,
                                                  forward_batch.batch_size, k, steps)
@@ -180,7 +180,7 @@ def draft_sampled_tree(worker, forward_batch):
         forward_batch.positions.add_(1)
         hidden = logits_output.hidden_states
         q_rows = sampling_probs(logits_output.next_token_logits.float(), info, k, greedy_plain=True,
-                                temperature_scale=worker.hsd_root_q.temperature_scale)
+                                temperature_scale=hook.temperature_scale)
         step = drafter.step(q_rows)
     tree = drafter.finish()
     vocab = worker.hsd_target_vocab_size

@@ -18,7 +18,7 @@ TREE = dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_d
 @pytest.fixture
 def clean_env(monkeypatch):
     for name in ("SGLANG_HSD_VERIFY_METHOD", "SGLANG_HSD_TREE_DRAFT", "SGLANG_HSD_EXIT_LAYER",
-                 "SGLANG_HSD_PLAN", "SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"):
+                 "SGLANG_HSD_PLAN", "SGLANG_HSD_DRAFT_TEMPERATURE_SCALE", "SGLANG_HSD_TREE_RULE"):
         monkeypatch.setenv(name, "")  # recorded, so flag actions writing os.environ are undone
         monkeypatch.delenv(name)
     return monkeypatch
@@ -65,15 +65,49 @@ def test_tree_refusals_name_the_flag(plugin_loaded, clean_env, overrides, says):
     assert says in str(err.value)
 
 
-def test_budget_beyond_the_rules_capacity_is_refused(plugin_loaded, clean_env, monkeypatch):
+def test_budget_beyond_the_rules_capacity_is_refused(plugin_loaded, clean_env):
     """The default rule (spine_wide) can keep the whole pool; spine keeps at most D k nodes."""
-    from sglang_hsd.sglang_plugin import tree_draft
     from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
 
     _validate(speculative_num_draft_tokens=8)  # (3, 2, 8) fits the default rule
-    monkeypatch.setattr(tree_draft, "TREE_RULE", "spine")
-    with pytest.raises(HSDServerArgsError, match=r"the sampled tree drafter \('spine'\) keeps at most 6"):
+    clean_env.setenv("SGLANG_HSD_TREE_RULE", "spine")
+    with pytest.raises(HSDServerArgsError,
+                       match=r"the sampled tree drafter \(--hsd-tree-rule spine\) keeps at most 6"):
         _validate(speculative_num_draft_tokens=8)
+
+
+def test_tree_rule_flag(plugin_loaded, clean_env):
+    """--hsd-tree-rule: any lossless level rule for sampled trees; the lossy one, unknown names,
+    chains and stock top-k trees are refused naming the flag."""
+    import argparse
+    import os
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
+
+    assert PluginConfig.from_env(topk=2).tree_rule == DEFAULT_LEVEL_RULE
+    assert set(LOSSLESS_LEVEL_RULES) == {"spine", "spine_wide", "beam"}
+    clean_env.setenv("SGLANG_HSD_TREE_RULE", "beam")
+    assert PluginConfig.from_env(topk=2).tree_rule == "beam"
+    _validate(speculative_num_draft_tokens=8)
+    for bad in ("pruned", "widest"):
+        clean_env.setenv("SGLANG_HSD_TREE_RULE", bad)
+        with pytest.raises(ValueError, match="--hsd-tree-rule.*lossless"):
+            PluginConfig.from_env(topk=2)
+    clean_env.setenv("SGLANG_HSD_TREE_RULE", "beam")
+    with pytest.raises(ValueError, match="--hsd-tree-rule.*sampled trees only"):
+        PluginConfig.from_env(topk=1)
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", "topk")
+    clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", "target-only")
+    with pytest.raises(ValueError, match="--hsd-tree-rule.*sampled trees only"):
+        PluginConfig.from_env(topk=2)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(["--model-path", "x", "--hsd-tree-rule", "spine"])
+    assert os.environ["SGLANG_HSD_TREE_RULE"] == "spine"
+    with pytest.raises(SystemExit):  # argparse: not a lossless rule
+        parser.parse_args(["--model-path", "x", "--hsd-tree-rule", "pruned"])
 
 
 def test_exit_level_with_trees_is_refused_naming_both_flags(plugin_loaded, clean_env):

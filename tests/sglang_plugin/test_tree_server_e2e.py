@@ -5,7 +5,8 @@ its random EAGLE-3 head (half the vocabulary, so q goes through the d2t scatter)
   SGLang's stock top-k trees under ``target-only``, alone and inside a mixed batch;
 * at T = 1 (top_k = 2) the joint law of the first three tokens equals the target's (chi-square;
   the first comes from the prefill, the next from the first tree rounds), also with the drafter
-  sampling at half the request's temperature (``--hsd-draft-temperature-scale 0.5``);
+  sampling at half the request's temperature under the beam rule
+  (``--hsd-draft-temperature-scale 0.5 --hsd-tree-rule beam``);
 * 32 concurrent mixed requests (greedy, T > 0, top-k / top-p, a quarter aborted mid-stream): no
   error, every completed response valid, the KV pool's free slots back to their start.
 """
@@ -122,13 +123,12 @@ def _target_law(target_dir, prompt, top_k, length):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("scale", [1.0, 0.5])
-def test_tree_server_first_tokens_follow_the_target_law(tiny_models, scale):
-    """T = 1, top-k 2: the first tokens' joint law is the target's, also when the drafter samples
-    at half the request's temperature (--hsd-draft-temperature-scale 0.5)."""
+@pytest.mark.parametrize("flags", [(), ("--hsd-draft-temperature-scale", "0.5", "--hsd-tree-rule", "beam")])
+def test_tree_server_first_tokens_follow_the_target_law(tiny_models, flags):
+    """T = 1, top-k 2: the first tokens' joint law is the target's with the default sampled tree,
+    and with the drafter sampling at half the request's temperature under the beam rule."""
     prompt, top_k, length, samples = PROMPTS[0], 2, 3, 240
     outcomes, probs = _target_law(str(tiny_models / "target"), prompt, top_k, length)
-    flags = ("--hsd-draft-temperature-scale", str(scale))
     with _tree_server(tiny_models, 2, 6, log="tree_law.log", flags=flags) as url:
         with ThreadPoolExecutor(max_workers=8) as pool:
             outs = list(pool.map(lambda _: _generate(url, prompt, length, temperature=1.0,

@@ -143,6 +143,7 @@ LEVEL_RULES: dict[str, LevelRule] = {
     )
 }
 DEFAULT_LEVEL_RULE = "spine_wide"
+LOSSLESS_LEVEL_RULES = tuple(name for name, rule in LEVEL_RULES.items() if rule.lossless)
 
 
 class LevelDrafter:
