@@ -18,6 +18,7 @@ Configurations (same head, same (D, k, N) for every tree row):
                   rejection sampling (the other lossless reference).
 * ``hsd-tree-sharp`` ``hsd-tree`` with ``--hsd-draft-temperature-scale S`` (``--sharp-scale``,
                   default 0.5): children drawn from (and verified with) q at temperature T * S.
+* ``hsd-tree-beam`` ``hsd-tree`` with ``--hsd-tree-rule beam`` (wide, shallow trees).
 * ``hsd-chain``   ``--speculative-eagle-topk 1`` with D steps (D + 1 verified tokens), hsd.
 
 Below the table, every sampled configuration is paired with ``stock-tree`` prompt by prompt (the
@@ -63,13 +64,14 @@ from sglang_hsd.sglang_plugin.cpu.cpu_server import (
 class TreeConfig:
     """One server configuration. Fields: name; tree_draft / verify_method: the --hsd-* flags
     (tree_draft None = a chain, topk 1); note: what the row measures; draft_temperature_scale:
-    --hsd-draft-temperature-scale (sampled trees)."""
+    --hsd-draft-temperature-scale; tree_rule: --hsd-tree-rule (None: the server's default)."""
 
     name: str
     tree_draft: str | None
     verify_method: str
     note: str
     draft_temperature_scale: float = 1.0
+    tree_rule: str | None = None
 
 
 CONFIGS = {c.name: c for c in (
@@ -82,6 +84,9 @@ CONFIGS = {c.name: c for c in (
     TreeConfig("hsd-tree-sharp", "sampled", "hsd",
                "hsd-tree drafting from q at temperature T * S (--hsd-draft-temperature-scale S)",
                draft_temperature_scale=0.5),
+    TreeConfig("hsd-tree-beam", "sampled", "hsd",
+               "sampled tree under the beam rule (--hsd-tree-rule beam: wide and shallow), hsd",
+               tree_rule="beam"),
     TreeConfig("hsd-chain", None, "hsd", "chain (topk 1) of D drafts, verify_chain(method='hsd')"),
 )}
 
@@ -103,6 +108,8 @@ def server_flags(config: TreeConfig, shape: tuple[int, int, int]) -> list[str]:
              "--hsd-tree-draft", config.tree_draft, "--hsd-verify-method", config.verify_method]
     if config.draft_temperature_scale != 1.0:
         flags += ["--hsd-draft-temperature-scale", f"{config.draft_temperature_scale:g}"]
+    if config.tree_rule is not None:
+        flags += ["--hsd-tree-rule", config.tree_rule]
     return flags
 
 

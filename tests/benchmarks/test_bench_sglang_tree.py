@@ -23,6 +23,8 @@ def test_parse_shape_and_flags():
     assert server_flags(CONFIGS["hsd-tree-sharp"], (5, 4, 8))[-2:] == [
         "--hsd-draft-temperature-scale", "0.5"]
     assert "--hsd-draft-temperature-scale" not in server_flags(CONFIGS["hsd-tree"], (5, 4, 8))
+    assert server_flags(CONFIGS["hsd-tree-beam"], (5, 4, 8))[-2:] == ["--hsd-tree-rule", "beam"]
+    assert "--hsd-tree-rule" not in server_flags(CONFIGS["hsd-tree"], (5, 4, 8))
 
 
 def test_mean_and_standard_error():
