@@ -28,7 +28,7 @@ T = 0 (how often the head's top token is right on that prompt; a ranking indepen
 sampled rows' noise; the row's own stock values when T = 0 was not run).
 
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --model smollm2-135m \\
-        --shapes 5,4,8 4,2,8 --temperatures 0 0.7 1.0 --num-prompts 64 --output-len 64 \
+        --shapes 5,4,8 4,2,8 --temperatures 0 0.7 1.0 --num-prompts 64 --output-len 64 \\
         --configs stock-tree,hsd-tree,hsd-tree-sharp,hsd-chain
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --num-prompts 4 --output-len 8   # tiny smoke
 
@@ -43,8 +43,8 @@ run's commit and command.
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -147,7 +147,7 @@ def run_server(config: TreeConfig, shape, setup, dataset, args, workdir: Path) -
                              num_steps=shape[0],
                              extra=server_flags(config, shape) + ["--dtype", args.dtype])
     base = {"config": config.name, "shape": list(shape), "note": config.note,
-            "draft_temperature_scale": config.draft_temperature_scale,
+            "draft_temperature_scale": config.draft_temperature_scale, "tree_rule": config.tree_rule,
             "server_command": " ".join(cmd[1:]).replace(str(workdir), "$WORK")}
     records = []
     try:
@@ -229,13 +229,9 @@ def paired_lines(records: list[dict], meta: dict) -> list[str]:
                 "per_request_accept_length")
             for name in names:
                 other = _find(records, name, shape, temperature)
-                if not stock or not other or "error" in stock or "error" in other:
-                    continue
-                a, b = stock.get("per_request_accept_length"), other.get("per_request_accept_length")
-                if not a or not b:
-                    continue
-                if len(a) != len(b) or len(a) < 3:  # unpaired (failed requests) or too few
-                    continue
+                a, b = ((r or {}).get("per_request_accept_length") for r in (stock, other))
+                if not a or not b or len(a) != len(b) or len(a) < 3:
+                    continue  # missing or failed row, unpaired (failed requests) or too few
                 diff_mean, diff_se = mean_se([y - x for x, y in zip(a, b)])
                 won = sum(y > x for x, y in zip(a, b))
                 key = rank_by if rank_by and len(rank_by) == len(a) else a

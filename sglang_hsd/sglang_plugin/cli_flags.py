@@ -13,7 +13,6 @@ import os
 
 from sglang_hsd.sglang_plugin.config import (
     DRAFT_TEMPERATURE_SCALE_ENV,
-    TREE_RULE_ENV,
     EXIT_BUFFER_ENV,
     EXIT_HEADS_ENV,
     EXIT_LAYER_ENV,
@@ -21,6 +20,7 @@ from sglang_hsd.sglang_plugin.config import (
     PLAN_ENV,
     TREE_DRAFT_ENV,
     TREE_DRAFTS,
+    TREE_RULE_ENV,
     VERIFY_METHOD_CHOICES,
     VERIFY_METHOD_ENV,
 )

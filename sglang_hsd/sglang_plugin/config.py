@@ -14,6 +14,7 @@ docs/sglang_plugin.md.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -82,19 +83,18 @@ class PluginConfig:
         draft = os.environ.get(TREE_DRAFT_ENV, "").strip().lower()
         scale = _draft_temperature_scale(os.environ.get(DRAFT_TEMPERATURE_SCALE_ENV, ""))
         rule = os.environ.get(TREE_RULE_ENV, "").strip().lower()
-        if rule and (topk <= 1 or (draft or DEFAULT_TREE_DRAFT) != "sampled"):
-            raise ValueError(
-                f"--hsd-tree-rule ({TREE_RULE_ENV}) {rule!r} applies to sampled trees only "
-                f"(--speculative-eagle-topk > 1, --hsd-tree-draft sampled); got "
-                f"--speculative-eagle-topk {topk}" + (f", --hsd-tree-draft {draft}" if draft else ""))
         if rule and rule not in LOSSLESS_LEVEL_RULES:
             raise ValueError(f"--hsd-tree-rule ({TREE_RULE_ENV}) must be one of "
                              f"{LOSSLESS_LEVEL_RULES} (the lossless rules), got {rule!r}")
-        if scale != 1.0 and (topk <= 1 or (draft or DEFAULT_TREE_DRAFT) != "sampled"):
-            raise ValueError(
-                f"--hsd-draft-temperature-scale ({DRAFT_TEMPERATURE_SCALE_ENV}) {scale:g} applies "
-                f"to sampled trees only (--speculative-eagle-topk > 1, --hsd-tree-draft sampled); "
-                f"got --speculative-eagle-topk {topk}" + (f", --hsd-tree-draft {draft}" if draft else ""))
+        sampled_tree = topk > 1 and (draft or DEFAULT_TREE_DRAFT) == "sampled"
+        for flag, env, given in (("--hsd-tree-rule", TREE_RULE_ENV, rule or None),
+                                 ("--hsd-draft-temperature-scale", DRAFT_TEMPERATURE_SCALE_ENV,
+                                  f"{scale:g}" if scale != 1.0 else None)):
+            if given is not None and not sampled_tree:
+                raise ValueError(
+                    f"{flag} ({env}) {given} applies to sampled trees only (--speculative-eagle-"
+                    f"topk > 1, --hsd-tree-draft sampled); got --speculative-eagle-topk {topk}"
+                    + (f", --hsd-tree-draft {draft}" if draft else ""))
         if topk <= 1:
             if draft:
                 raise ValueError(f"--hsd-tree-draft ({TREE_DRAFT_ENV}) {draft!r} needs "
@@ -128,7 +128,7 @@ def _draft_temperature_scale(text: str) -> float:
         scale = float(text)
     except ValueError:
         scale = float("nan")
-    if not (scale > 0 and scale != float("inf")):
+    if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"--hsd-draft-temperature-scale ({DRAFT_TEMPERATURE_SCALE_ENV}) must be "
                          f"a positive finite number, got {text!r}")
     return scale

@@ -80,7 +80,9 @@ class HSDDraftWorker(TargetVocabDraft, EagleDraftWorker):
     Instances are not constructed directly: ``HSDWorker`` re-classes the draft worker that
     ``EAGLEWorkerV2.__init__`` builds, so no SGLang constructor code is copied. ``hsd_continuation``
     (a ``DraftContinuation``, set by ``HSDWorker`` for exit sub-rounds) turns on the recording;
-    ``hsd_root_q`` (a ``RootQHook``, set by ``HSDWorker`` for sampled trees) the sampled tree loop.
+    ``hsd_root_q`` (a ``RootQHook``, set by ``HSDWorker`` for sampled trees, with ``hsd_config``,
+    the ``PluginConfig`` whose tree rule and draft temperature scale the loop reads) the sampled
+    tree loop.
     """
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,

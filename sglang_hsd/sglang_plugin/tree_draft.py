@@ -32,7 +32,6 @@ from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE
 
 
 @dataclass
@@ -101,14 +100,11 @@ class RootQHook:
     vocabulary), which SGLang filters and merges with the batch.
     """
 
-    def __init__(self, temperature_scale: float = 1.0, tree_rule: str = DEFAULT_LEVEL_RULE):
+    def __init__(self, temperature_scale: float = 1.0):
         # None: outside a draft extend; False: inside one, nothing recorded yet; then the q
         self.pending: torch.Tensor | bool | None = None
-        # the sampled tree's settings (``PluginConfig``), read by ``draft_sampled_tree`` too: the
-        # drafter's temperature scale S for every q (the root's here, the forwards' there) and
-        # the expansion rule
+        # ``PluginConfig.draft_temperature_scale``: the root's q is drawn from at T * S as well
         self.temperature_scale = temperature_scale
-        self.tree_rule = tree_rule
 
     def install(self, module) -> None:
         original = getattr(module.renorm_draft_probs, "__sglang_hsd_original__",
@@ -145,8 +141,8 @@ def draft_sampled_tree(worker, forward_batch):
 
     Args:
         worker: the ``HSDDraftWorker`` (SGLang's draft worker: draft runner, attention backends,
-            topk, speculative_num_steps / num_draft_tokens, hot_token_id; ``hsd_root_q``, whose
-            ``tree_rule`` and ``temperature_scale`` come from the ``PluginConfig``).
+            topk, speculative_num_steps / num_draft_tokens, hot_token_id; ``hsd_config``, the
+            ``PluginConfig`` whose ``tree_rule`` and ``draft_temperature_scale`` apply).
         forward_batch: the draft ``ForwardBatch`` SGLang prepared (spec_info carries the root's
             hidden states [bs, H] and q ``draft_probs`` [bs, Vd]).
     Returns:
@@ -163,8 +159,8 @@ def draft_sampled_tree(worker, forward_batch):
         raise RuntimeError("HSD sampled trees: the draft input carries no root q (draft extend "
                            "ran without RootQHook)")
     cfg = ExpandConfig(depth=steps, topk=k, num_draft_tokens=worker.speculative_num_draft_tokens)
-    hook = worker.hsd_root_q
-    drafter = LevelDrafter(cfg, hook.tree_rule, root_q.float(), greedy_rows(info), validate=False)
+    config = worker.hsd_config
+    drafter = LevelDrafter(cfg, config.tree_rule, root_q.float(), greedy_rows(info), validate=False)
     to_target = _target_ids(worker)
     out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc,
                                                  forward_batch.batch_size, k, steps)
@@ -180,7 +176,7 @@ def draft_sampled_tree(worker, forward_batch):
         forward_batch.positions.add_(1)
         hidden = logits_output.hidden_states
         q_rows = sampling_probs(logits_output.next_token_logits.float(), info, k, greedy_plain=True,
-                                temperature_scale=hook.temperature_scale)
+                                temperature_scale=config.draft_temperature_scale)
         step = drafter.step(q_rows)
     tree = drafter.finish()
     vocab = worker.hsd_target_vocab_size

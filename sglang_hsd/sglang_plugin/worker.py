@@ -85,8 +85,8 @@ class HSDWorker(EAGLEWorkerV2):
 
             from sglang_hsd.sglang_plugin.tree_draft import RootQHook
 
-            config = self.hsd_hooks.config
-            draft.hsd_root_q = RootQHook(config.draft_temperature_scale, config.tree_rule)
+            draft.hsd_config = self.hsd_hooks.config
+            draft.hsd_root_q = RootQHook(draft.hsd_config.draft_temperature_scale)
             draft.hsd_root_q.install(eagle_worker_v2)
         if self.hsd_exit is not None and self.hsd_exit.buffer > 1:
             draft.hsd_continuation = DraftContinuation(draft, target_worker.model_config.vocab_size)

@@ -14,13 +14,13 @@ from sglang_hsd.verify.oracles import exact
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law, perturbed_world
 from sglang_hsd.verify.oracles.level_exact import level_prefix_tv, level_round_law
 from sglang_hsd.verify.tree.expand import ExpandConfig
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES
+from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES
 
 pytestmark = pytest.mark.exact
 
 LOSSLESS_TV = 1e-12
 LOSSY_TV = 1e-3
-LOSSLESS_RULES = [name for name, rule in LEVEL_RULES.items() if rule.lossless]
+LOSSLESS_RULES = list(LOSSLESS_LEVEL_RULES)
 # The sequential oracle rule (``oracles/expand_exact.py``) with the same law.
 SEQUENTIAL = {"spine": "spine", "spine_wide": "spine_wide", "beam": "beam", "pruned": "pruned_beam"}
 CASES = [  # (D, k, N), emitted tokens compared, draft context
