@@ -10,8 +10,11 @@ tok/s, request/s, median TPOT and the accept length the client reads from ``/ser
 that, e.g. the smoke test) and, per request, SGLang's ``spec_accept_length`` (mean ± standard
 error over requests, ``benchmarks/serving_client.py``). The server is always killed afterwards.
 
-Configurations:
+Configurations (every server runs ``--dtype`` with ``--hsd-cpu-linear`` = ``--cpu-linear``, so
+speculation and its reference run the same kernels; ``none-bf16`` excepted):
 * ``none``        no speculation (throughput reference);
+* ``none-bf16``   no speculation in bfloat16 with SGLang's own F.linear: the fastest plain decoding
+                  a user gets here without this package's kernels (a second reference);
 * ``hsd``         ``--speculative-algorithm HSD --hsd-verify-method hsd``: drafts sampled from the
                   draft model's q, sequence-level verification;
 * ``tokenwise``   the same with ``--hsd-verify-method tokenwise`` (the standard per-token rule);
@@ -20,8 +23,9 @@ Configurations:
                   its T = 1 rows are greedy speculative decoding, not sampling).
 
     PYTHONPATH=. python benchmarks/bench_serving_standalone.py                  # Qwen2.5-Coder pair
-    PYTHONPATH=. python benchmarks/bench_serving_standalone.py --num-prompts 32 \
-        --temperatures 0,1 --concurrency 1,4 --configs none,hsd,tokenwise,standalone
+    PYTHONPATH=. python benchmarks/bench_serving_standalone.py --num-prompts 16 \
+        --temperatures 0,1 --concurrency 1,4 --configs none,hsd,none-bf16,tokenwise,standalone \
+        --dtype float32 --cpu-linear onednn-packed --skip standalone@t1,none-bf16@c4
     PYTHONPATH=. python benchmarks/bench_serving_standalone.py --tiny --num-prompts 2 \
         --output-len 8 --temperatures 1 --concurrency 1     # smoke test, random tiny pair
 
@@ -48,6 +52,8 @@ from sglang_hsd.sglang_plugin.cpu.cpu_server import (
 
 CONFIGS = {
     "none": "no speculative decoding",
+    "none-bf16": ("no speculative decoding, bfloat16 weights and SGLang's own F.linear whatever "
+                  "--dtype / --cpu-linear say (the fastest plain decoding on this CPU)"),
     "hsd": "HSD, draft LM, sampled drafts with q, verify_chain(method='hsd')",
     "tokenwise": "HSD, draft LM, sampled drafts with q, verify_chain(method='tokenwise')",
     "standalone": ("SGLang STANDALONE, argmax drafts; CPU verify is argmax for every batch, so "
@@ -59,7 +65,12 @@ PROMPT_SETS = ("humaneval", "mtbench")
 def server_command(config: str, target: Path, draft: Path, args) -> list[str]:
     """The CPU server command of ``config`` (a key of ``CONFIGS``)."""
     port = free_port()
-    extra = ["--dtype", args.dtype, "--max-running-requests", str(max(args.concurrency))]
+    extra = ["--max-running-requests", str(max(args.concurrency))]
+    if config == "none-bf16":
+        return cpu_server_command(str(target), port, extra=extra + ["--dtype", "bfloat16"])
+    extra += ["--dtype", args.dtype, "--hsd-cpu-linear", args.cpu_linear]
+    if args.cpu_linear == "onednn-packed":  # the packed copies count as weights in SGLang's probe
+        extra += ["--mem-fraction-static", "0.9"]
     if config == "none":
         return cpu_server_command(str(target), port, extra=extra)
     if config in ("hsd", "tokenwise"):
@@ -112,6 +123,8 @@ def run_config(config: str, target: Path, draft: Path, datasets: dict, args,
             for prompt_set, dataset in datasets.items():
                 for temperature in args.temperatures:
                     for concurrency in args.concurrency:
+                        if skipped(args.skip, config, temperature, concurrency):
+                            continue
                         records.append(run_client(url, config, shown, target, dataset, prompt_set,
                                                   temperature, concurrency, args, workdir))
                         on_row(records[-1])
@@ -119,6 +132,26 @@ def run_config(config: str, target: Path, draft: Path, datasets: dict, args,
         records.append({"config": config, "server_command": shown,
                         "error": f"{type(err).__name__}: {err}"})
     return records
+
+
+def parse_skip(text: str) -> list[tuple[str, str, float]]:
+    """``--skip``: comma-separated ``CONFIG@tT`` / ``CONFIG@cN`` -> ``(config, 't'|'c', value)``."""
+    rules = []
+    for item in [i.strip() for i in text.split(",") if i.strip()]:
+        config, _, selector = item.partition("@")
+        if config not in CONFIGS or selector[:1] not in ("t", "c"):
+            raise SystemExit(f"--skip: {item!r} is not CONFIG@tT or CONFIG@cN with CONFIG in "
+                             f"{sorted(CONFIGS)}")
+        try:
+            rules.append((config, selector[0], float(selector[1:])))
+        except ValueError:
+            raise SystemExit(f"--skip: {item!r}: {selector[1:]!r} is not a number") from None
+    return rules
+
+
+def skipped(rules, config: str, temperature: float, concurrency: int) -> bool:
+    return any(c == config and value == (temperature if kind == "t" else concurrency)
+               for c, kind, value in rules)
 
 
 def run_client(url, config, shown, target, dataset, prompt_set, temperature, concurrency, args,
@@ -151,11 +184,16 @@ def _fmt(value, digits=2):
 
 
 def _ratio(record: dict, plain: dict) -> str:
-    """Output tok/s over no speculation's at the same prompts, temperature and concurrency."""
+    """Output tok/s over a baseline's (``plain``: (prompt set, T, concurrency) -> tok/s)."""
     base = plain.get((record["prompt_set"], record["temperature"], record["concurrency"]))
     if not base or record.get("output_throughput") is None:
         return "n/a"
     return f"{record['output_throughput'] / base:.2f}x"
+
+
+def _baseline(records: list[dict], config: str) -> dict:
+    return {(r["prompt_set"], r["temperature"], r["concurrency"]): r.get("output_throughput")
+            for r in records if r["config"] == config and "error" not in r}
 
 
 def _accept_cell(record: dict) -> str:
@@ -167,27 +205,28 @@ def _accept_cell(record: dict) -> str:
 
 def markdown_table(records: list[dict], meta: dict) -> str:
     lines = ["| config | prompts | T | concurrency | completed | output tok/s | vs none | "
-             "median TPOT ms | accept length (server) | accept length per request |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    plain = {(r["prompt_set"], r["temperature"], r["concurrency"]): r.get("output_throughput")
-             for r in records if r["config"] == "none" and "error" not in r}
+             "vs none-bf16 | median TPOT ms | accept length (server) | accept length per request |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    plain, plain_bf16 = _baseline(records, "none"), _baseline(records, "none-bf16")
     for r in records:
         if "error" in r:
             lines.append(f"| {r['config']} | {r.get('prompt_set', '')} | "
                          f"{r.get('temperature', '')} | {r.get('concurrency', '')} | failed: "
-                         f"{r['error']} | | | | | |")
+                         f"{r['error']} | | | | | | |")
             continue
         lines.append(f"| {r['config']} | {r['prompt_set']} | {r['temperature']:g} | "
                      f"{r['concurrency']} | {r['completed']}/{meta['num_prompts']} | "
-                     f"{_fmt(r['output_throughput'])} | {_ratio(r, plain)} | "
+                     f"{_fmt(r['output_throughput'])} | {_ratio(r, plain)} | {_ratio(r, plain_bf16)} | "
                      f"{_fmt(r['median_tpot_ms'], 1)} | "
                      f"{_fmt(r['accept_length'])} | {_accept_cell(r)} |")
     notes = [f"- `{name}`: {CONFIGS[name]}" for name in meta["configs"]]
+    if meta.get("skipped"):
+        notes.append(f"- rows not run (--skip): {meta['skipped']}")
     return "\n".join([
         f"SGLang {meta['sglang_version']} on CPU ({meta['cpu_count']} cores): target "
         f"{meta['target']}, draft {meta['draft']}, {meta['num_steps']} draft steps, "
         f"{meta['num_prompts']} prompts per set x {meta['output_len']} output tokens, dtype "
-        f"{meta['dtype']}. Prompts: {', '.join(meta['prompt_sources'])}.", "", *lines, "",
+        f"{meta['dtype']}, CPU linear path {meta.get('cpu_linear', 'mkl')} (none-bf16 excepted). Prompts: {', '.join(meta['prompt_sources'])}.", "", *lines, "",
         *notes, ""])
 
 
@@ -208,6 +247,12 @@ def parse_args(argv=None):
     parser.add_argument("--num-steps", type=int, default=4)
     parser.add_argument("--dtype", default="bfloat16",
                         help="server --dtype (SGLang's 'auto' picks float16, slow on most CPUs)")
+    parser.add_argument("--cpu-linear", default="mkl", choices=("mkl", "onednn-packed"),
+                        help="--hsd-cpu-linear of every server but none-bf16 (onednn-packed needs "
+                             "--dtype float32)")
+    parser.add_argument("--skip", default="",
+                        help="rows not to run, e.g. standalone@t1,none-bf16@c4 (a config at a "
+                             "temperature or a concurrency); listed in the table")
     parser.add_argument("--server-timeout", type=float, default=1200.0)
     parser.add_argument("--client-timeout", type=float, default=7200.0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
@@ -217,6 +262,7 @@ def parse_args(argv=None):
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    args.skip_text, args.skip = args.skip, parse_skip(args.skip)
     unknown = sorted(set(args.configs) - set(CONFIGS))
     if unknown:
         raise SystemExit(f"--configs: unknown {unknown}; choose from {sorted(CONFIGS)}")
@@ -255,7 +301,9 @@ def main(argv=None) -> int:
                 "target": "tiny random" if args.tiny else target.name,
                 "draft": "tiny random" if args.tiny else draft.name,
                 "num_steps": args.num_steps, "num_prompts": args.num_prompts,
-                "output_len": args.output_len, "dtype": args.dtype, "configs": args.configs,
+                "output_len": args.output_len, "dtype": args.dtype, "cpu_linear": args.cpu_linear,
+                "skipped": args.skip_text,
+                "configs": args.configs,
                 "prompt_sources": sources, "command": run.command}
         records = []
         stem = args.out_dir / f"serving_standalone_{'tiny' if args.tiny else target.name}"

@@ -34,6 +34,8 @@ __all__ = [
     "apply_rotary",
     "build_attention_mask",
     "fold_groups",
+    "pack_linear_weight",
+    "packed_linear",
     "packed_linear_supported",
 ]
 
@@ -76,6 +78,17 @@ def packed_linear_supported(linear: nn.Module) -> bool:
     )
 
 
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's pre-packed copy of a CPU float32 ``weight`` ``[out, in]`` (as much memory again)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS_HINT)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` through the packed copy: ``x`` ``[rows, in]`` fp32 -> ``[rows, out]``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None if bias is None else bias.detach(),
+                                              "none", [], "")
+
+
 class PackedLinear(nn.Module):
     """An ``nn.Linear`` whose weight is also kept pre-packed for oneDNN (inference only).
 
@@ -100,7 +113,7 @@ class PackedLinear(nn.Module):
 
     def _pack(self) -> None:
         self._packed_version = self._weight_version()
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.linear.weight.detach(), _PACK_ROWS_HINT)
+        self._packed = pack_linear_weight(self.linear.weight)
 
     def _weight_version(self) -> int | None:
         # The version counter tells when the shared weight was changed in place, so a stale packed
@@ -125,9 +138,7 @@ class PackedLinear(nn.Module):
             return self.linear(x)
         if self._weight_version() != self._packed_version:
             self._pack()
-        bias = self.linear.bias
-        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, None if bias is None else bias.detach(),
-                                                 "none", [], "")
+        out = packed_linear(flat, self._packed, self.linear.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
 

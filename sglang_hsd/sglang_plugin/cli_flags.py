@@ -24,6 +24,7 @@ from sglang_hsd.sglang_plugin.config import (
     VERIFY_METHOD_CHOICES,
     VERIFY_METHOD_ENV,
 )
+from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
 from sglang_hsd.verify.tree.level_draft import LOSSLESS_LEVEL_RULES
@@ -72,6 +73,11 @@ HSD_FLAGS = (
      "what --speculative-draft-model-path is: an EAGLE-3 head (eagle3), a separate language model "
      "of the target's family with its own KV cache (model), or detected from its config (auto, "
      "the default)"),
+    (CPU_LINEAR_FLAG, CPU_LINEAR_ENV, {"choices": CPU_LINEAR_PATHS},
+     "CPU kernel of the unquantized linear layers and lm_head of every model the server loads, "
+     "with or without speculation: mkl (SGLang's F.linear, the default) or onednn-packed "
+     "(oneDNN pre-packed float32 weights, much cheaper for the few rows of a verification "
+     "forward; needs --dtype float32, doubles the weights' memory)"),
 )
 
 
@@ -86,7 +92,7 @@ def extend_cli(server_args_cls) -> None:
                 parser.add_argument(
                     flag, action=_EnvAction, const=env, dest=argparse.SUPPRESS,
                     default=argparse.SUPPRESS,
-                    help=f"sglang-hsd (--speculative-algorithm HSD): {text}; also settable as {env}",
+                    help=f"sglang-hsd: {text}; also settable as {env}",
                     **extras,
                 )
 

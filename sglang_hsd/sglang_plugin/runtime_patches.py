@@ -2,6 +2,8 @@
 
 * on platforms without them (CPU), torch versions of the top-k / top-p renormalisation kernels and
   of the draft sampler's Triton ``row_argmax`` (``cpu/cpu_sampling.py``);
+* on CPU with ``--hsd-cpu-linear onednn-packed``, oneDNN's packed kernel for the unquantized
+  float32 linear layers and lm_head of every model loaded (``cpu/linear_path.py``);
 * the ``--hsd-*`` flags on the launcher's parser (``cli_flags.py``);
 * ``/server_info`` -> ``internal_states[]`` gains an ``hsd`` entry (``hsd_internal_state``).
 
@@ -23,6 +25,7 @@ def install_patches() -> None:
     from sglang.srt.utils import is_cpu
 
     from sglang_hsd.sglang_plugin.cpu import cpu_sampling
+    from sglang_hsd.sglang_plugin.cpu.linear_path import CpuLinearConfig, install_cpu_linear_path
 
     if eagle_utils.top_k_renorm_prob is None:  # no renorm kernels on this platform
         eagle_utils.top_k_renorm_prob = cpu_sampling.top_k_renorm_prob
@@ -32,6 +35,8 @@ def install_patches() -> None:
         original = spec_utils.row_argmax
         spec_utils.row_argmax = cpu_sampling.torch_row_argmax
         spec_utils.row_argmax.__sglang_hsd_original__ = original
+        # Every server in this process, speculative or not, runs the same linear kernels.
+        install_cpu_linear_path(CpuLinearConfig.from_env())
     extend_cli(ServerArgs)
     extend_internal_state()
 

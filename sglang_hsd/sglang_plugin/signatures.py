@@ -80,6 +80,19 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "skip_empty=False, **read_kwargs)",
     "sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head":
         "(self, hidden_states, lm_head, embedding_bias=None, *, out=None)",
+    # The CPU linear path (cpu/linear_path.py, --hsd-cpu-linear onednn-packed).
+    "sglang.srt.model_executor.model_runner.ModelRunner.load_model": "(self)",
+    "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply":
+        "(self, layer, x, bias=None)",
+    "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
+    ".update_weights_from_disk":
+        "(self, model_path, load_format, weight_name_filter=None, recapture_cuda_graph=False)",
+    "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
+    ".update_weights_from_tensor": "(self, named_tensors, load_format=None)",
+    "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
+    ".update_weights_from_ipc": "(self, recv_req)",
+    "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
+    ".load_weights_from_distributed": "(self, named_tensors)",
     "sglang.srt.speculative.eagle_utils._seeded_verify_coins":
         "(*, sampling_seed, seq_lens, draft_token_num, device)",
     # Draft trees (tree_draft.py, draft_worker.py).

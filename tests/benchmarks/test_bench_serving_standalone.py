@@ -5,24 +5,42 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks.bench_serving_standalone import markdown_table
 
 
 def test_table_shows_per_request_accept_length_and_failures():
     meta = {"sglang_version": "0.5.23", "cpu_count": 2, "target": "t", "draft": "d",
             "num_steps": 4, "num_prompts": 4, "output_len": 8, "dtype": "float32",
-            "prompt_sources": ["humaneval (4 prompts)"], "configs": ["none", "hsd"]}
+            "prompt_sources": ["humaneval (4 prompts)"], "configs": ["none-bf16", "none", "hsd"],
+            "skipped": "hsd@c4"}
     row = {"prompt_set": "humaneval", "temperature": 0.0, "concurrency": 1, "completed": 4,
            "output_throughput": 2.5, "median_tpot_ms": 400.0}
-    records = [{**row, "config": "none", "accept_length": None,
+    records = [{**row, "config": "none-bf16", "output_throughput": 2.0, "accept_length": None,
+                "accept_length_mean": math.nan, "accept_length_se": math.nan},
+               {**row, "config": "none", "accept_length": None,
                 "accept_length_mean": math.nan, "accept_length_se": math.nan},
                {**row, "config": "hsd", "accept_length": None,
                 "accept_length_mean": 4.5, "accept_length_se": 0.25},
                {"config": "hsd", "prompt_set": "mtbench", "error": "client exited 1"}]
     table = markdown_table(records, meta)
-    assert "| none | humaneval | 0 | 1 | 4/4 | 2.50 | 1.00x | 400.0 | n/a | n/a |" in table
-    assert "| hsd | humaneval | 0 | 1 | 4/4 | 2.50 | 1.00x | 400.0 | n/a | 4.50 ± 0.25 |" in table
+    assert "| none | humaneval | 0 | 1 | 4/4 | 2.50 | 1.00x | 1.25x | 400.0 | n/a | n/a |" in table
+    assert ("| hsd | humaneval | 0 | 1 | 4/4 | 2.50 | 1.00x | 1.25x | 400.0 | n/a | 4.50 ± 0.25 |"
+            in table)
     assert "failed: client exited 1" in table
+    assert "rows not run (--skip): hsd@c4" in table
+
+
+def test_skip_rules_name_a_config_and_a_temperature_or_concurrency():
+    from benchmarks.bench_serving_standalone import parse_skip, skipped
+
+    rules = parse_skip("standalone@t1, none-bf16@c4")
+    assert skipped(rules, "standalone", 1.0, 1) and skipped(rules, "none-bf16", 0.0, 4)
+    assert not skipped(rules, "standalone", 0.0, 4) and not skipped(rules, "hsd", 1.0, 4)
+    for bad in ("bogus@t1", "hsd@x1", "hsd@tq"):
+        with pytest.raises(SystemExit, match="--skip"):
+            parse_skip(bad)
 
 
 def test_stopped_run_keeps_the_rows_it_measured(tmp_path, monkeypatch):

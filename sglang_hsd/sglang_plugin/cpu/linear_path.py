@@ -1,0 +1,172 @@
+"""Which CPU kernel SGLang's unquantized linear layers and lm_head run (``--hsd-cpu-linear``).
+
+SGLang 0.5.23 on a CPU without AMX computes every unquantized linear layer with ``F.linear`` and
+the lm_head with ``torch.matmul``. On an AVX2 core those cost nearly ``rows`` times one row for
+the few rows of a verification forward (bf16 worst of all: it has no AVX2 kernel), so verifying
+K + 1 drafted tokens costs about K + 1 decodes and speculation cannot win (``docs/cpu.md``).
+
+``--hsd-cpu-linear onednn-packed`` (``SGLANG_HSD_CPU_LINEAR``) keeps, after the model loads, a
+oneDNN pre-packed copy of every float32 linear weight and of the lm_head
+(``runtime.layers.pack_linear_weight``, the runtime's packed path) and computes those layers with
+it for every row count. Measured on the Qwen2.5-1.5B layer shapes, 2 threads: one row 0.68x the
+cost of ``F.linear``, five rows 0.25x (``benchmarks/bench_linear.py``). It is the same float32
+product up to summation order; it applies to every server in the process (no speculation,
+STANDALONE, HSD, the draft model too), so a comparison between them runs the same kernels.
+
+Limits: float32 models only (``--dtype float32``; refused before the weights load otherwise);
+the packed copies double the weights' memory; weights changed after loading would leave the
+packed copies stale, so SGLang's weight-update requests are answered with a failure naming the
+flag (``WEIGHT_UPDATES``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
+from sglang_hsd.runtime.layers import pack_linear_weight, packed_linear
+
+CPU_LINEAR_ENV = "SGLANG_HSD_CPU_LINEAR"
+CPU_LINEAR_FLAG = "--hsd-cpu-linear"
+# ``mkl``: SGLang's own F.linear / matmul (nothing is patched).
+CPU_LINEAR_PATHS = (PATH_MKL, PATH_PACKED)
+# Attribute holding a layer's packed weight (set after loading, read by the patched apply).
+PACKED_ATTR = "hsd_packed_weight"
+# SGLang's WeightUpdater methods that change loaded weights (each returns ``(success, message)``).
+WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_tensor",
+                  "update_weights_from_ipc", "load_weights_from_distributed")
+UPDATE_REFUSED = (f"{CPU_LINEAR_FLAG} {PATH_PACKED} cannot update weights after loading (the "
+                  "packed copies would be stale); restart the server with the new weights")
+
+
+class CpuLinearError(ValueError):
+    """A bad ``--hsd-cpu-linear`` setting; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class CpuLinearConfig:
+    """Kernel path of SGLang's CPU linear layers.
+
+    Fields:
+        path: a key of ``CPU_LINEAR_PATHS`` (``mkl``: SGLang's own; ``onednn-packed``).
+    """
+
+    path: str = PATH_MKL
+
+    def __post_init__(self) -> None:
+        if self.path not in CPU_LINEAR_PATHS:
+            raise CpuLinearError(f"{CPU_LINEAR_FLAG} ({CPU_LINEAR_ENV}) must be one of "
+                                 f"{', '.join(CPU_LINEAR_PATHS)}, got {self.path!r}")
+
+    @classmethod
+    def from_env(cls) -> "CpuLinearConfig":
+        return cls(os.environ.get(CPU_LINEAR_ENV, "").strip().lower() or PATH_MKL)
+
+    @property
+    def packed(self) -> bool:
+        return self.path == PATH_PACKED
+
+
+def check_model_dtype(dtype: torch.dtype, device: str) -> None:
+    """Refuse, before any weight loads, a model the packed path cannot run."""
+    if device != "cpu":
+        raise CpuLinearError(f"{CPU_LINEAR_FLAG} {PATH_PACKED} runs on CPU only (--device cpu), "
+                             f"got device {device!r}")
+    if dtype != torch.float32:
+        raise CpuLinearError(f"{CPU_LINEAR_FLAG} {PATH_PACKED} needs a float32 model (--dtype "
+                             f"float32): oneDNN's packed kernel is float32, got {dtype}")
+
+
+def pack_model(model: torch.nn.Module) -> int:
+    """Give every unquantized float32 linear layer of ``model`` and its lm_head a packed weight.
+
+    Returns the number of layers packed. Layers whose quantization method is not SGLang's
+    unquantized one, or whose weight is not CPU float32, keep SGLang's path.
+    """
+    from sglang.srt.layers.quantization.unquant import (
+        UnquantizedEmbeddingMethod, UnquantizedLinearMethod)
+
+    packed = 0
+    lm_head = getattr(model, "lm_head", None)
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        is_linear = isinstance(method, UnquantizedLinearMethod)
+        is_lm_head = module is lm_head and isinstance(method, UnquantizedEmbeddingMethod)
+        weight = getattr(module, "weight", None)
+        if not (is_linear or is_lm_head) or not isinstance(weight, torch.Tensor):
+            continue
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+            continue
+        setattr(module, PACKED_ATTR, pack_linear_weight(weight))
+        packed += 1
+    return packed
+
+
+def _packed_rows(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` ``[..., in]`` fp32 through the packed weight -> ``[..., out]``."""
+    out = packed_linear(x.reshape(-1, x.shape[-1]), packed, bias)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def install_cpu_linear_path(config: CpuLinearConfig) -> None:
+    """Patch SGLang (imported here) for ``config``; nothing for ``mkl``. Idempotent."""
+    if not config.packed:
+        return
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    if getattr(ModelRunner.__dict__["load_model"], "__sglang_hsd_original__", None) is not None:
+        return
+    original_load = ModelRunner.__dict__["load_model"]
+    original_apply = UnquantizedLinearMethod.__dict__["apply"]
+    original_lm_head = LogitsProcessor.__dict__["_compute_lm_head"]
+
+    def load_model(self):
+        check_model_dtype(self.model_config.dtype, self.device)
+        original_load(self)
+        count = pack_model(self.model)
+        if count == 0:
+            raise CpuLinearError(f"{CPU_LINEAR_FLAG} {PATH_PACKED}: no float32 linear layer to "
+                                 f"pack in {type(self.model).__name__}")
+        logger.info("sglang-hsd: %d linear layers of %s run oneDNN's packed kernel", count,
+                    type(self.model).__name__)
+
+    def apply(self, layer, x, bias=None):
+        packed = getattr(layer, PACKED_ATTR, None)
+        if packed is None or x.dtype != torch.float32:
+            return original_apply(self, layer, x, bias)
+        return _packed_rows(x, packed, bias)
+
+    def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
+        packed = getattr(lm_head, PACKED_ATTR, None)
+        if packed is None or embedding_bias is not None or hasattr(lm_head, "set_lora"):
+            return original_lm_head(self, hidden_states, lm_head, embedding_bias, out=out)
+        return _packed_rows(hidden_states.to(torch.float32), packed, None)
+
+    replaced = [(ModelRunner, "load_model", load_model),
+                (UnquantizedLinearMethod, "apply", apply),
+                (LogitsProcessor, "_compute_lm_head", _compute_lm_head)]
+    replaced += [(WeightUpdater, name, _refused_update(WeightUpdater.__dict__[name]))
+                 for name in WEIGHT_UPDATES]
+    for cls, name, new in replaced:
+        new.__sglang_hsd_original__ = cls.__dict__[name]
+        setattr(cls, name, new)
+
+
+def _refused_update(original):
+    """A weight-update method answering ``(False, UPDATE_REFUSED)``, named as ``original``."""
+
+    @functools.wraps(original)
+    def refuse(self, *args, **kwargs):
+        return False, UPDATE_REFUSED
+
+    return refuse

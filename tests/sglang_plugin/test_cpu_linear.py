@@ -1,0 +1,71 @@
+"""``--hsd-cpu-linear`` (``sglang_plugin/cpu/linear_path.py``) without a server: the setting's
+checks, which layers get a packed weight, and that the packed product is ``F.linear``'s."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_hsd.runtime.layers import pack_linear_weight
+from sglang_hsd.sglang_plugin.cpu.linear_path import (
+    CPU_LINEAR_ENV, PACKED_ATTR, CpuLinearConfig, CpuLinearError, _packed_rows, check_model_dtype,
+    pack_model)
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.sglang
+
+
+def test_config_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(CPU_LINEAR_ENV, raising=False)
+    assert CpuLinearConfig.from_env().path == "mkl" and not CpuLinearConfig.from_env().packed
+    monkeypatch.setenv(CPU_LINEAR_ENV, "oneDNN-packed")
+    assert CpuLinearConfig.from_env().packed
+    monkeypatch.setenv(CPU_LINEAR_ENV, "int8")
+    with pytest.raises(CpuLinearError, match=r"--hsd-cpu-linear \(SGLANG_HSD_CPU_LINEAR\).*'int8'"):
+        CpuLinearConfig.from_env()
+
+
+def test_packed_path_refuses_what_it_cannot_run():
+    check_model_dtype(torch.float32, "cpu")
+    with pytest.raises(CpuLinearError, match=r"--hsd-cpu-linear onednn-packed.*--dtype float32"):
+        check_model_dtype(torch.bfloat16, "cpu")
+    with pytest.raises(CpuLinearError, match=r"CPU only \(--device cpu\)"):
+        check_model_dtype(torch.float32, "cuda")
+
+
+class _Layer(nn.Module):
+    def __init__(self, method, out_features=24, in_features=16, dtype=torch.float32):
+        super().__init__()
+        self.quant_method = method
+        self.weight = nn.Parameter(torch.randn(out_features, in_features, dtype=dtype),
+                                   requires_grad=False)
+
+
+def test_pack_model_packs_unquantized_float32_linears_and_the_lm_head():
+    from sglang.srt.layers.quantization.unquant import (
+        UnquantizedEmbeddingMethod, UnquantizedLinearMethod)
+
+    model = nn.Module()
+    model.qkv = _Layer(UnquantizedLinearMethod())
+    model.bf16 = _Layer(UnquantizedLinearMethod(), dtype=torch.bfloat16)
+    model.other = _Layer(object())  # another quantization method keeps SGLang's path
+    model.embed = _Layer(UnquantizedEmbeddingMethod())  # an embedding that is not the lm_head
+    model.lm_head = _Layer(UnquantizedEmbeddingMethod(), out_features=40)
+    assert pack_model(model) == 2
+    packed = {name for name, m in model.named_modules() if hasattr(m, PACKED_ATTR)}
+    assert packed == {"qkv", "lm_head"}
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (5, 16), (2, 3, 16)])
+def test_packed_product_is_f_linear(shape):
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(24, 16, generator=gen), torch.randn(24, generator=gen)
+    x = torch.randn(*shape, generator=gen)
+    out = _packed_rows(x, pack_linear_weight(weight), bias)
+    assert out.shape == (*shape[:-1], 24)
+    torch.testing.assert_close(out, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+    # A wrong weight is caught by the same comparison.
+    wrong = _packed_rows(x, pack_linear_weight(weight.roll(1, 0)), bias)
+    assert (wrong - F.linear(x, weight, bias)).abs().max() > 1e-2
