@@ -9,12 +9,19 @@ shapes given with ``--shapes IN x OUT,...``, on random fp32 weights of those sha
 * ``onednn-packed``: the runtime's ``PackedLinear`` (weight reordered once for oneDNN);
 * ``inductor``: ``torch.compile(mode="max-autotune")`` with ``freezing=True`` and the C++ GEMM
   template (``max_autotune_gemm_backends="CPP,ATEN"``), compiled once per shape, row count and
-  thread count; compile time is recorded apart, a failed compile is recorded as that path's error.
+  thread count; compile time is recorded apart, a failed compile is recorded as that path's error;
+* ``mkl-bf16``: ``F.linear`` on bfloat16 weights and input, what SGLang runs for a bf16 model on
+  a CPU without AMX. A different product (the exactness table says so), timed for reference.
 
 each at every ``--threads`` count. Every timed call follows a cache flush (``--flush-mb``), as in
 a model forward where each layer's weights evict the previous ones; the median of ``--repeats``
 calls after ``--warmup`` untimed ones. Each path's output is compared with ``F.linear`` on the same
 weights and input (largest absolute difference; all paths are fp32, nothing is quantized).
+
+With ``--model``, the distinct shapes follow ``--layout``: ``hf`` (q/k/v, gate/up apart, as the
+runtime's layers) or ``sglang`` (q/k/v and gate/up merged, as SGLang's ``QKVParallelLinear`` and
+``MergedColumnParallelLinear``), and a last table sums one forward's linear layers (every shape
+times its count in the model: once per decoder layer, the LM head once) per path, threads and rows.
 
 Writes ``benchmarks/results/<name>.{json,md,png}`` (default name ``linear_paths_<model>``): cost in
 ms and as a ratio to one MKL row on the fewest threads, per shape, path, threads and rows; the
@@ -23,6 +30,8 @@ selectable paths only), which ``KernelTable.from_json(path, threads=N)`` reads b
 
     PYTHONPATH=. python benchmarks/bench_linear.py --model qwen2.5-coder-1.5b --rows 1-24 --threads 1 2
     PYTHONPATH=. python benchmarks/bench_linear.py --shapes 1536x8960 --rows 1 2 5 8 --paths mkl onednn-packed
+    PYTHONPATH=. python benchmarks/bench_linear.py --model qwen2.5-coder-1.5b --layout sglang \
+        --rows 1 5 8 --threads 2 --paths mkl onednn-packed mkl-bf16 --name linear_server_qwen2.5-coder-1.5b
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
 from sglang_hsd.runtime.kernel_paths import (
@@ -47,15 +57,19 @@ from sglang_hsd.runtime.kernel_paths import (
 )
 
 PATH_INDUCTOR = "inductor"
+PATH_MKL_BF16 = "mkl-bf16"
+LAYOUTS = ("hf", "sglang")
 
 
 @dataclass(frozen=True)
 class LayerShape:
-    """A distinct weight shape and the model's layers that have it (``label``)."""
+    """A distinct weight shape, the model's layers that have it (``label``) and how many times it
+    occurs in one forward (``count``)."""
 
     label: str
     in_features: int
     out_features: int
+    count: int = 1
 
 
 def _compile_inductor(linear: torch.nn.Linear, rows: int, threads: int):
@@ -70,26 +84,44 @@ def _compile_inductor(linear: torch.nn.Linear, rows: int, threads: int):
     return compiled
 
 
+def _bf16_weight(linear: torch.nn.Linear) -> torch.Tensor:
+    return linear.weight.detach().to(torch.bfloat16)
+
+
 ALL_PATHS: dict[str, LinearPath] = {
     **RUNTIME_PATHS,
     PATH_INDUCTOR: LinearPath(PATH_INDUCTOR, lambda linear: linear, _compile_inductor, selectable=False),
+    PATH_MKL_BF16: LinearPath(PATH_MKL_BF16, _bf16_weight,
+                              lambda weight, rows, threads: lambda x: F.linear(x.to(weight.dtype), weight),
+                              selectable=False),
 }
 
 
-def model_shapes(config: dict) -> list[LayerShape]:
-    """The distinct linear shapes of a Llama/Qwen2-style decoder from its HF ``config.json``."""
+def model_shapes(config: dict, layout: str = "hf") -> list[LayerShape]:
+    """The distinct linear shapes of a Llama/Qwen2-style decoder from its HF ``config.json``, with
+    their counts in one forward; ``layout`` ``sglang`` merges q/k/v and gate/up as SGLang does."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     config = config.get("text_config", config)
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     head_dim = config.get("head_dim") or hidden // heads
     kv = config.get("num_key_value_heads", heads) * head_dim
-    layers = [("q_proj", hidden, heads * head_dim), ("k_proj", hidden, kv), ("v_proj", hidden, kv),
-              ("o_proj", heads * head_dim, hidden), ("gate_proj", hidden, config["intermediate_size"]),
-              ("up_proj", hidden, config["intermediate_size"]), ("down_proj", config["intermediate_size"], hidden),
-              ("lm_head", hidden, config["vocab_size"])]
+    inter, depth = config["intermediate_size"], config["num_hidden_layers"]
+    if layout == "hf":
+        layers = [("q_proj", hidden, heads * head_dim), ("k_proj", hidden, kv), ("v_proj", hidden, kv),
+                  ("o_proj", heads * head_dim, hidden), ("gate_proj", hidden, inter),
+                  ("up_proj", hidden, inter), ("down_proj", inter, hidden)]
+    else:
+        layers = [("qkv_proj", hidden, heads * head_dim + 2 * kv), ("o_proj", heads * head_dim, hidden),
+                  ("gate_up_proj", hidden, 2 * inter), ("down_proj", inter, hidden)]
+    layers = [(name, in_f, out_f, depth) for name, in_f, out_f in layers]
+    layers.append(("lm_head", hidden, config["vocab_size"], 1))
     labels: dict[tuple[int, int], list[str]] = {}
-    for name, in_f, out_f in layers:
+    counts: dict[tuple[int, int], int] = {}
+    for name, in_f, out_f, count in layers:
         labels.setdefault((in_f, out_f), []).append(name)
-    return [LayerShape(", ".join(names), *shape) for shape, names in labels.items()]
+        counts[(in_f, out_f)] = counts.get((in_f, out_f), 0) + count
+    return [LayerShape(", ".join(names), *shape, counts[shape]) for shape, names in labels.items()]
 
 
 def parse_shapes(text: str) -> list[LayerShape]:
@@ -116,18 +148,35 @@ def parse_rows(items: list[str]) -> tuple[int, ...]:
     return tuple(sorted(rows))
 
 
-def load_model_shapes(model: str) -> list[LayerShape]:
+def load_model_shapes(model: str, layout: str = "hf") -> list[LayerShape]:
     """Shapes of a model in the cache (``sglang-hsd fetch NAME``) or of a folder with ``config.json``."""
     from sglang_hsd.assets.fetch import fill_command, model_path
 
     folder = Path(model) if Path(model).is_dir() else model_path(model)
     if folder is None:
         raise ValueError(f"--model {model!r} is not in the cache: run `{fill_command(model)}` or give --shapes")
-    return model_shapes(json.loads((folder / "config.json").read_text()))
+    return model_shapes(json.loads((folder / "config.json").read_text()), layout)
 
 
-def summarize(shapes: list[LayerShape], measurements: list[Measurement]) -> dict:
-    """Ratios to one MKL row on the fewest threads, the fastest path per (shape, rows), the runtime table."""
+def model_totals(shapes: list[LayerShape], measurements: list[Measurement]) -> list[dict]:
+    """One forward's linear cost per (path, threads, rows): every shape's ms times its count,
+    for the keys measured without error on every shape; ratio to one MKL row on the fewest threads."""
+    cells: dict[tuple[str, int, int], dict[tuple[int, int], float]] = {}
+    for m in measurements:
+        if m.error is None and not math.isnan(m.ms):
+            cells.setdefault((m.path, m.threads, m.rows), {})[m.shape] = m.ms
+    counts = {(s.in_features, s.out_features): s.count for s in shapes}
+    totals = {key: sum(ms * counts[shape] for shape, ms in got.items())
+              for key, got in cells.items() if set(got) == set(counts)}
+    base_keys = sorted((k for k in totals if k[0] == PATH_MKL and k[2] == 1), key=lambda k: k[1])
+    base = totals[base_keys[0]] if base_keys else float("nan")
+    return [{"path": path, "threads": threads, "rows": rows, "ms": ms, "ratio": ms / base}
+            for (path, threads, rows), ms in sorted(totals.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))]
+
+
+def summarize(shapes: list[LayerShape], measurements: list[Measurement], whole_model: bool = False) -> dict:
+    """Ratios to one MKL row on the fewest threads, the fastest path per (shape, rows), the runtime
+    table; with ``whole_model``, one forward's summed linear cost (:func:`model_totals`)."""
     rows_out, fastest = [], []
     for shape in shapes:
         mine = [m for m in measurements if m.shape == (shape.in_features, shape.out_features)]
@@ -144,6 +193,7 @@ def summarize(shapes: list[LayerShape], measurements: list[Measurement]) -> dict
                                 "threads": best.threads, "ms": best.ms, "ratio": best.ms / base_ms})
     return {"shapes": [asdict(s) for s in shapes], "rows": rows_out, "fastest": fastest,
             "runtime_table": KernelTable.from_measurements(measurements).as_dicts(),
+            "model_total": model_totals(shapes, measurements) if whole_model else [],
             "measurements": [asdict(m) for m in measurements]}
 
 
@@ -165,7 +215,25 @@ def format_markdown(result: dict, title: str) -> str:
             lines.append(f"| {count} | " + " | ".join(_cell(cells.get(k)) for k in keys)
                          + f" | {_choice(best[0] if best else None)} | {_choice(runtime and asdict(runtime))} |")
         lines.append("")
-    return "\n".join(lines + _exactness_lines(result))
+    return "\n".join(lines + _model_total_lines(result) + _exactness_lines(result))
+
+
+def _model_total_lines(result: dict) -> list[str]:
+    """One forward's summed linear cost, ms (ratio), rows down and (path, threads) across."""
+    totals = result.get("model_total") or []
+    if not totals:
+        return []
+    keys = list(dict.fromkeys((t["path"], t["threads"]) for t in totals))
+    counts = ", ".join(f"{s['label']} x{s['count']}" for s in result["shapes"])
+    lines = ["## One forward's linear layers", "",
+             f"Sum over the model's linear layers ({counts}), ms (ratio to one MKL row on the fewest "
+             "threads).", "", "| rows | " + " | ".join(f"{p} t{t}" for p, t in keys) + " |",
+             "|---" * (len(keys) + 1) + "|"]
+    for count in sorted({t["rows"] for t in totals}):
+        cells = {(t["path"], t["threads"]): t for t in totals if t["rows"] == count}
+        lines.append(f"| {count} | " + " | ".join(
+            f"{cells[k]['ms']:.1f} ({cells[k]['ratio']:.2f}x)" if k in cells else "" for k in keys) + " |")
+    return lines + [""]
 
 
 def _cell(row: dict | None) -> str:
@@ -225,6 +293,8 @@ def parse_args(argv: list[str] | None = None):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a model of `sglang-hsd fetch` (or a folder with config.json)")
     source.add_argument("--shapes", help="IN x OUT shapes, comma separated, e.g. 1536x8960,8960x1536")
+    parser.add_argument("--layout", choices=LAYOUTS, default="hf",
+                        help="with --model: hf (separate q/k/v, gate/up) or sglang (merged, as SGLang's layers)")
     parser.add_argument("--rows", nargs="+", default=["1-24"], help="row counts or ranges, e.g. 1-24 or 1 2 5 8")
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--paths", nargs="+", default=list(ALL_PATHS), choices=list(ALL_PATHS))
@@ -239,7 +309,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     run = start_run(__file__, argv)
-    shapes = load_model_shapes(args.model) if args.model else parse_shapes(args.shapes)
+    shapes = load_model_shapes(args.model, args.layout) if args.model else parse_shapes(args.shapes)
     if PATH_MKL not in args.paths:
         raise ValueError("--paths must include mkl: every ratio is to one MKL row")
     config = MeasureConfig(rows=parse_rows(args.rows), threads=tuple(args.threads), repeats=args.repeats,
@@ -249,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
         got = measure([(shape.in_features, shape.out_features)], config, {p: ALL_PATHS[p] for p in args.paths})
         measurements += got
         print(f"{shape.label}: {len(got)} measurements, {sum(m.error is not None for m in got)} errors", flush=True)
-    result = summarize(shapes, measurements)
+    result = summarize(shapes, measurements, whole_model=bool(args.model))
     name = args.name or f"linear_paths_{Path(args.model).name if args.model else 'shapes'}"
     stem = args.out_dir / name
     write_results(stem, result, format_markdown(result, f"Linear layer cost by row count and kernel path ({name})"), run)

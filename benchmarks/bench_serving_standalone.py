@@ -13,11 +13,14 @@ error over requests, ``benchmarks/serving_client.py``). The server is always kil
 Configurations (every server runs ``--dtype`` with ``--hsd-cpu-linear`` = ``--cpu-linear``, so
 speculation and its reference run the same kernels; ``none-bf16`` excepted):
 * ``none``        no speculation (throughput reference);
-* ``none-bf16``   no speculation in bfloat16 with SGLang's own F.linear: the fastest plain decoding
-                  a user gets here without this package's kernels (a second reference);
+* ``none-bf16``   no speculation in bfloat16 with SGLang's own F.linear: plain decoding as a user
+                  runs it here without this package's kernels (a second reference; its decode
+                  steps are cheaper than float32's, its prefill far dearer);
 * ``hsd``         ``--speculative-algorithm HSD --hsd-verify-method hsd``: drafts sampled from the
                   draft model's q, sequence-level verification;
 * ``tokenwise``   the same with ``--hsd-verify-method tokenwise`` (the standard per-token rule);
+* ``hsd-tree``    HSD with a sampled tree drafted by the draft model (``--speculative-eagle-topk``
+                  = ``--tree-topk``, ``--speculative-num-draft-tokens`` = ``--tree-tokens``);
 * ``standalone``  SGLang's own ``--speculative-algorithm STANDALONE`` (argmax drafts; on CPU its
                   verify takes the target's argmax for every batch, so at T > 0 it does not sample:
                   its T = 1 rows are greedy speculative decoding, not sampling).
@@ -48,14 +51,19 @@ from benchmarks.bench_sglang_serving import KEPT_METRICS
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
 from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
 from sglang_hsd.sglang_plugin.cpu.cpu_server import (
-    cpu_server_command, draft_model_server_command, free_port, running_server, server_env)
+    cpu_linear_flags, cpu_server_command, draft_model_server_command, free_port, running_server,
+    server_env)
+from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_PATHS
 
 CONFIGS = {
     "none": "no speculative decoding",
     "none-bf16": ("no speculative decoding, bfloat16 weights and SGLang's own F.linear whatever "
-                  "--dtype / --cpu-linear say (the fastest plain decoding on this CPU)"),
+                  "--dtype / --cpu-linear say (plain decoding without this package's kernels)"),
     "hsd": "HSD, draft LM, sampled drafts with q, verify_chain(method='hsd')",
     "tokenwise": "HSD, draft LM, sampled drafts with q, verify_chain(method='tokenwise')",
+    "hsd-tree": ("HSD, draft LM, sampled tree (depth --num-steps, --tree-topk children per node, "
+                 "--tree-tokens nodes), verify_tree(method='hsd'); all-greedy batches keep "
+                 "SGLang's top-k tree"),
     "standalone": ("SGLang STANDALONE, argmax drafts; CPU verify is argmax for every batch, so "
                    "T > 0 rows are greedy speculative decoding"),
 }
@@ -68,16 +76,17 @@ def server_command(config: str, target: Path, draft: Path, args) -> list[str]:
     extra = ["--max-running-requests", str(max(args.concurrency))]
     if config == "none-bf16":
         return cpu_server_command(str(target), port, extra=extra + ["--dtype", "bfloat16"])
-    extra += ["--dtype", args.dtype, "--hsd-cpu-linear", args.cpu_linear]
-    if args.cpu_linear == "onednn-packed":  # the packed copies count as weights in SGLang's probe
-        extra += ["--mem-fraction-static", "0.9"]
+    extra += ["--dtype", args.dtype, *cpu_linear_flags(args.cpu_linear)]
     if config == "none":
         return cpu_server_command(str(target), port, extra=extra)
     if config in ("hsd", "tokenwise"):
         extra += ["--hsd-verify-method", config]
     algorithm = "STANDALONE" if config == "standalone" else "HSD"
+    tree = config == "hsd-tree"
     return draft_model_server_command(str(target), port, str(draft), algorithm=algorithm,
-                                      num_steps=args.num_steps, extra=extra)
+                                      num_steps=args.num_steps, extra=extra,
+                                      topk=args.tree_topk if tree else 1,
+                                      num_draft_tokens=args.tree_tokens if tree else None)
 
 
 def write_prompt_file(path: Path, prompt_set: str, count: int, tiny: bool) -> str:
@@ -203,6 +212,12 @@ def _accept_cell(record: dict) -> str:
     return f"{mean:.2f} ± {se:.2f}" if se == se else f"{mean:.2f}"
 
 
+def _tree_text(meta: dict) -> str:
+    if "hsd-tree" not in meta["configs"] or not meta.get("tree"):
+        return ""
+    return f" (hsd-tree: k = {meta['tree'][0]} children per node, N = {meta['tree'][1]} nodes)"
+
+
 def markdown_table(records: list[dict], meta: dict) -> str:
     lines = ["| config | prompts | T | concurrency | completed | output tok/s | vs none | "
              "vs none-bf16 | median TPOT ms | accept length (server) | accept length per request |",
@@ -224,9 +239,11 @@ def markdown_table(records: list[dict], meta: dict) -> str:
         notes.append(f"- rows not run (--skip): {meta['skipped']}")
     return "\n".join([
         f"SGLang {meta['sglang_version']} on CPU ({meta['cpu_count']} cores): target "
-        f"{meta['target']}, draft {meta['draft']}, {meta['num_steps']} draft steps, "
+        f"{meta['target']}, draft {meta['draft']}, {meta['num_steps']} draft steps"
+        f"{_tree_text(meta)}, "
         f"{meta['num_prompts']} prompts per set x {meta['output_len']} output tokens, dtype "
-        f"{meta['dtype']}, CPU linear path {meta.get('cpu_linear', 'mkl')} (none-bf16 excepted). Prompts: {', '.join(meta['prompt_sources'])}.", "", *lines, "",
+        f"{meta['dtype']}, CPU linear path {meta.get('cpu_linear', 'mkl')} (none-bf16 excepted). "
+        f"Prompts: {', '.join(meta['prompt_sources'])}.", "", *lines, "",
         *notes, ""])
 
 
@@ -245,9 +262,12 @@ def parse_args(argv=None):
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--concurrency", default="1,4")
     parser.add_argument("--num-steps", type=int, default=4)
+    parser.add_argument("--tree-topk", type=int, default=2, help="hsd-tree: children per node")
+    parser.add_argument("--tree-tokens", type=int, default=8,
+                        help="hsd-tree: node budget N, root included")
     parser.add_argument("--dtype", default="bfloat16",
                         help="server --dtype (SGLang's 'auto' picks float16, slow on most CPUs)")
-    parser.add_argument("--cpu-linear", default="mkl", choices=("mkl", "onednn-packed"),
+    parser.add_argument("--cpu-linear", default="mkl", choices=CPU_LINEAR_PATHS,
                         help="--hsd-cpu-linear of every server but none-bf16 (onednn-packed needs "
                              "--dtype float32)")
     parser.add_argument("--skip", default="",
@@ -300,7 +320,8 @@ def main(argv=None) -> int:
         meta = {"sglang_version": sglang.__version__, "cpu_count": os.cpu_count(),
                 "target": "tiny random" if args.tiny else target.name,
                 "draft": "tiny random" if args.tiny else draft.name,
-                "num_steps": args.num_steps, "num_prompts": args.num_prompts,
+                "num_steps": args.num_steps, "tree": [args.tree_topk, args.tree_tokens],
+                "num_prompts": args.num_prompts,
                 "output_len": args.output_len, "dtype": args.dtype, "cpu_linear": args.cpu_linear,
                 "skipped": args.skip_text,
                 "configs": args.configs,

@@ -12,12 +12,13 @@ every draft entry it runs, for the continuation drafts of ``draft_continuation.p
 
 With sampled trees (topk > 1, ``--hsd-tree-draft sampled``) it owns the draft loop
 (``tree_draft.draft_sampled_tree``), keeps the round's ``DraftTree`` for verification in
-``hsd_tree``, and its draft extends record the next root's q (``tree_draft.RootQHook``).
+``hsd_tree``, and its draft extends record the next root's q (``tree_draft.RootQHook``); the
+``SampledTreeDraft`` mixin holds that part.
 
 ``HSDStandaloneDraftWorker`` is the same for a separate draft language model (SGLang's
-``StandaloneDraftWorker``, its own embeddings, LM head and KV cache): its vocabulary is the
-target's (refused otherwise before models load), so q already has the target's width; the shared
-``TargetVocabDraft`` checks that on every round.
+``StandaloneDraftWorker``, its own embeddings, LM head and KV cache), sampled trees included: its
+vocabulary is the target's (refused otherwise before models load), so q already has the target's
+width; the shared ``TargetVocabDraft`` checks that on every round.
 
 This module subclasses SGLang at import: only ``worker.py`` and ``standalone_worker.py`` import
 it, once SGLang builds the HSD worker (after ``register()`` checked every signature).
@@ -74,7 +75,44 @@ class TargetVocabDraft(EagleDraftWorkerBase):
             runner.execute = execute_full_vocab
 
 
-class HSDDraftWorker(TargetVocabDraft, EagleDraftWorker):
+class SampledTreeDraft(EagleDraftWorkerBase):
+    """Mixin for SGLang draft workers: with ``hsd_root_q`` set (a ``RootQHook``, installed by
+    ``worker_setup.setup_sampled_trees`` for ``--hsd-tree-draft sampled`` trees, with
+    ``hsd_config``, the ``PluginConfig`` whose tree rule and draft temperature scale the loop
+    reads) sampled batches draft their tree with ``tree_draft.draft_sampled_tree`` and keep it in
+    ``hsd_tree`` for verification, and every draft extend records the next root's q.
+
+    All-greedy batches keep SGLang's deterministic top-k tree (and its argmax verification):
+    sampling law plays no part there, and its score pruning suits argmax acceptance.
+    """
+
+    hsd_tree = None
+
+    def _hsd_sampled_tree(self, forward_batch):
+        """The round's sampled tree as ``draft_forward`` returns it, or None when this batch
+        drafts SGLang's way (no sampled trees configured, idle or all-greedy batch)."""
+        self.hsd_tree = None
+        if (getattr(self, "hsd_root_q", None) is None or forward_batch.forward_mode.is_idle()
+                or forward_batch.sampling_info.is_all_greedy):
+            return None
+        out, self.hsd_tree = draft_sampled_tree(self, forward_batch)
+        return out
+
+    def _draft_extend_for_prefill(self, batch, *args, **kwargs):
+        hook = getattr(self, "hsd_root_q", None)
+        extend = functools.partial(super()._draft_extend_for_prefill, batch, *args, **kwargs)
+        return extend() if hook is None else hook.run(extend, lambda draft_input: draft_input)
+
+    def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
+        hook = getattr(self, "hsd_root_q", None)
+        extend = functools.partial(super()._draft_extend_for_decode, batch, batch_result, *args,
+                                   **kwargs)
+        if hook is None:
+            return extend()
+        return hook.run(extend, lambda _: batch_result.next_draft_input)
+
+
+class HSDDraftWorker(TargetVocabDraft, SampledTreeDraft, EagleDraftWorker):
     """``EagleDraftWorker`` whose draft q always has the target vocabulary's width.
 
     Instances are not constructed directly: ``HSDWorker`` re-classes the draft worker that
@@ -111,33 +149,16 @@ class HSDDraftWorker(TargetVocabDraft, EagleDraftWorker):
             )
 
     def draft_forward(self, forward_batch):
+        tree = self._hsd_sampled_tree(forward_batch)
+        if tree is not None:
+            return tree
         continuation = getattr(self, "hsd_continuation", None)
-        self.hsd_tree = None
-        # All-greedy batches keep SGLang's deterministic top-k tree (and its argmax verification):
-        # sampling law plays no part there, and its score pruning suits argmax acceptance.
-        if (getattr(self, "hsd_root_q", None) is not None and not forward_batch.forward_mode.is_idle()
-                and not forward_batch.sampling_info.is_all_greedy):
-            out, self.hsd_tree = draft_sampled_tree(self, forward_batch)
-            return out
         if continuation is None or forward_batch.forward_mode.is_idle():
             out = super().draft_forward(forward_batch)
         else:
             out = self._draft_forward_recorded(forward_batch, continuation)
         parents, scores_index, draft_tokens, draft_probs = out
         return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)
-
-    def _draft_extend_for_prefill(self, batch, *args, **kwargs):
-        hook = getattr(self, "hsd_root_q", None)
-        extend = functools.partial(super()._draft_extend_for_prefill, batch, *args, **kwargs)
-        return extend() if hook is None else hook.run(extend, lambda draft_input: draft_input)
-
-    def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
-        hook = getattr(self, "hsd_root_q", None)
-        extend = functools.partial(super()._draft_extend_for_decode, batch, batch_result, *args,
-                                   **kwargs)
-        if hook is None:
-            return extend()
-        return hook.run(extend, lambda _: batch_result.next_draft_input)
 
     def _draft_forward_recorded(self, forward_batch, continuation):
         """SGLang's ``draft_forward``, handing ``continuation`` the hidden output of every draft
@@ -161,14 +182,16 @@ class HSDDraftWorker(TargetVocabDraft, EagleDraftWorker):
         return out
 
 
-class HSDStandaloneDraftWorker(TargetVocabDraft, StandaloneDraftWorker):
+class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDraftWorker):
     """SGLang's ``StandaloneDraftWorker`` (a separate draft language model with its own KV cache)
-    whose q is checked to have the target vocabulary's width.
+    whose q is checked to have the target vocabulary's width, and which drafts sampled trees as
+    the EAGLE-3 draft worker does (``SampledTreeDraft``).
 
     Re-classed by ``HSDStandaloneWorker`` from the instance ``StandaloneWorkerV2.__init__``
     builds. Drafting, the draft KV cache and its rollback after verification are SGLang's: the
-    draft writes K steps into slots the V2 worker allocated for the round and re-runs the accepted
-    tokens in its draft-extend pass, whose slots overwrite the rejected ones.
+    draft writes its steps into slots the V2 worker allocated for the round (k per step for a
+    tree) and re-runs the accepted tokens in its draft-extend pass, whose slots overwrite the
+    rejected ones.
     """
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
@@ -178,5 +201,8 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, StandaloneDraftWorker):
         self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
 
     def draft_forward(self, forward_batch):
+        tree = self._hsd_sampled_tree(forward_batch)
+        if tree is not None:
+            return tree
         parents, scores_index, draft_tokens, draft_probs = super().draft_forward(forward_batch)
         return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)

@@ -17,6 +17,8 @@ from sglang_hsd.sglang_plugin.config import (
     DEFAULT_TOPK,
     EXIT_LAYER_ENV,
     PLAN_ENV,
+    ExitLevelConfig,
+    ExitLevelConfigError,
     PluginConfig,
 )
 from sglang_hsd.sglang_plugin.draft_kind import MODEL, check_same_vocabulary, resolve_draft_kind
@@ -220,15 +222,16 @@ def draft_model_problems(args) -> list[str]:
     """
     check_same_vocabulary(args.model_path, args.speculative_draft_model_path)
     problems = []
-    if args.speculative_eagle_topk not in (None, 1):
-        problems.append(
-            f"--speculative-eagle-topk {args.speculative_eagle_topk} with --hsd-draft-kind model: "
-            "draft trees are drafted by the EAGLE-3 worker only; use --speculative-eagle-topk 1")
-    if os.environ.get(EXIT_LAYER_ENV, "").strip() or os.environ.get(PLAN_ENV, "").strip():
-        problems.append(
-            "--hsd-exit-layer / --hsd-plan with --hsd-draft-kind model (a draft language model "
-            "at --speculative-draft-model-path): the exit level is wired to the EAGLE-3 worker "
-            "only; drop the exit level or draft with an EAGLE-3 head")
+    try:
+        buffer = ExitLevelConfig.from_env().buffer
+    except ExitLevelConfigError as err:
+        problems.append(str(err))
+    else:
+        if buffer > 1:
+            problems.append(
+                f"--hsd-exit-buffer {buffer} (or the --hsd-plan buffer) with --hsd-draft-kind "
+                "model (a draft language model at --speculative-draft-model-path): exit "
+                "sub-rounds draft from an EAGLE-3 head's hidden states; use --hsd-exit-buffer 1")
     if getattr(args, "speculative_token_map", None):
         problems.append("--speculative-token-map with --hsd-draft-kind model: a draft language "
                         "model drafts over the whole vocabulary; remove it")

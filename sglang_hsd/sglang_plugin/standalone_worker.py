@@ -7,11 +7,17 @@ target's), drafts K tokens autoregressively per round and, after verification, r
 accepted tokens (draft extend) so its cache holds exactly the accepted prefix.
 
 ``HSDStandaloneWorker`` subclasses it as ``HSDWorker`` subclasses ``EAGLEWorkerV2``: the same verify
-hooks (``verify_hook.py``: sampled batches verified by ``verify_chain`` with the draft's real q),
-and the draft worker re-classed to ``HSDStandaloneDraftWorker`` (q checked to be on the target
-vocabulary). Drafts are sampled from the draft model's q under each request's temperature /
-top-k / top-p (SGLang's rejection-sampling draft path, turned on by the server-argument
-resolution); all-greedy batches draft and verify by argmax.
+hooks (``verify_hook.py``: sampled batches verified by ``verify_chain`` with the draft's real q,
+sampled trees by ``verify_tree``), and the draft worker re-classed to ``HSDStandaloneDraftWorker``
+(q checked to be on the target vocabulary; sampled trees drafted as for EAGLE-3 heads). Chain
+drafts are sampled from the draft model's q under each request's temperature / top-k / top-p
+(SGLang's rejection-sampling draft path, turned on by the server-argument resolution); trees
+(``--speculative-eagle-topk`` > 1) draw each node's children without replacement from that q
+(``tree_draft.draft_sampled_tree``); all-greedy batches draft and verify by argmax.
+
+With ``--hsd-exit-layer`` (buffer 1) the early-exit level of ``exit_level.py`` runs in every
+round, as with an EAGLE-3 head: the target's first L layers plus an exit head verify the draft
+model's chain, and the remaining layers run only for what the exit kept.
 
 This module subclasses SGLang at import: ``worker.hsd_worker`` imports it only when SGLang builds
 the HSD worker for a draft language model (after ``register()`` checked every signature).
@@ -21,20 +27,28 @@ from __future__ import annotations
 
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
 
-from sglang_hsd.sglang_plugin.config import PluginConfig
+from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
-from sglang_hsd.sglang_plugin.worker_setup import adopt_draft_worker, install_hsd_hooks
+from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_exit_verifier
+from sglang_hsd.sglang_plugin.worker_setup import (
+    adopt_draft_worker, install_hsd_hooks, setup_sampled_trees)
 
 
-class HSDStandaloneWorker(StandaloneWorkerV2):
-    """``StandaloneWorkerV2`` for ``--speculative-algorithm HSD`` with a draft language model.
+class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
+    """``StandaloneWorkerV2`` for ``--speculative-algorithm HSD`` with a draft language model
+    (verification as ``HSDWorker``'s, ``verify_step.HSDVerify``: chains, sampled trees, and with
+    ``--hsd-exit-layer`` an early-exit level verifying the draft model's chain first).
 
     Args (besides SGLang's four):
-        plugin_config: the chain verifier (``PluginConfig``).
+        plugin_config: the target level's verifier (``PluginConfig``).
+        exit_config: the exit level (``ExitLevelConfig``; disabled without an exit layer; buffer
+            1: exit sub-rounds draft from an EAGLE-3 head's hidden states).
     """
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker, *,
-                 plugin_config: PluginConfig):
+                 plugin_config: PluginConfig, exit_config: ExitLevelConfig = ExitLevelConfig()):
         self.hsd_hooks = install_hsd_hooks(plugin_config)
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
-        adopt_draft_worker(self, StandaloneDraftWorker, HSDStandaloneDraftWorker)
+        self.hsd_exit = build_exit_verifier(target_worker, plugin_config, exit_config)
+        draft = adopt_draft_worker(self, StandaloneDraftWorker, HSDStandaloneDraftWorker)
+        setup_sampled_trees(draft, plugin_config)

@@ -169,7 +169,8 @@ def draft_sampled_tree(worker, forward_batch):
     for i in range(steps - 1):
         forward_batch.input_ids = to_target(step.input_ids)
         forward_batch.out_cache_loc = out_cache_loc[i]
-        spec_info.hidden_states = hidden[step.hidden_rows]
+        # EAGLE-3 heads read the parent's hidden state; a draft language model ignores it
+        spec_info.hidden_states = None if hidden is None else hidden[step.hidden_rows]
         with forward_context(ForwardContext(attn_backend=worker.draft_attn_backend.attn_backends[i]),
                              forward_batch=forward_batch):
             logits_output = worker.draft_runner.forward(forward_batch).logits_output

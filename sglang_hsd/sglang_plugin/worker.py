@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 
-from sglang.srt.speculative import eagle_worker_common
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
 
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, ExitLevelConfigError, PluginConfig
 from sglang_hsd.sglang_plugin.draft_continuation import DraftContinuation
 from sglang_hsd.sglang_plugin.draft_kind import MODEL, current_draft_kind
 from sglang_hsd.sglang_plugin.draft_worker import HSDDraftWorker
-from sglang_hsd.sglang_plugin.exit_head import ExitHead, load_exit_map
-from sglang_hsd.sglang_plugin.exit_level import ExitLevelTarget, ExitLevelVerifier
-from sglang_hsd.sglang_plugin.layer_range import check_layer_range_model
-from sglang_hsd.sglang_plugin.worker_setup import adopt_draft_worker, install_hsd_hooks
+from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_exit_verifier
+from sglang_hsd.sglang_plugin.worker_setup import (
+    adopt_draft_worker, install_hsd_hooks, setup_sampled_trees)
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +47,17 @@ def hsd_worker(server_args):
     if current_draft_kind() == MODEL:
         from sglang_hsd.sglang_plugin.standalone_worker import HSDStandaloneWorker
 
-        if exit_config.enabled:
+        if exit_config.buffer > 1:
             raise ExitLevelConfigError(
-                "--hsd-exit-layer / --hsd-plan with --hsd-draft-kind model: the exit level is "
-                "wired to the EAGLE-3 worker only")
-        return functools.partial(HSDStandaloneWorker, plugin_config=plugin_config)
+                f"--hsd-exit-buffer {exit_config.buffer} (or the --hsd-plan buffer) with "
+                "--hsd-draft-kind model: exit sub-rounds draft from an EAGLE-3 head's hidden "
+                "states; use buffer 1 with a draft language model")
+        return functools.partial(HSDStandaloneWorker, plugin_config=plugin_config,
+                                 exit_config=exit_config)
     return functools.partial(HSDWorker, plugin_config=plugin_config, exit_config=exit_config)
 
 
-class HSDWorker(EAGLEWorkerV2):
+class HSDWorker(HSDVerify, EAGLEWorkerV2):
     """EAGLE-3 V2 worker for ``--speculative-algorithm HSD`` (verification: verify_hook;
     with ``--hsd-exit-layer``, an early-exit level in every verify round: exit_level).
 
@@ -80,90 +79,7 @@ class HSDWorker(EAGLEWorkerV2):
         draft = adopt_draft_worker(self, EagleDraftWorker, HSDDraftWorker)
         if draft is None:
             return
-        if self.hsd_hooks.config.is_tree and self.hsd_hooks.config.tree_draft == "sampled":
-            from sglang.srt.speculative import eagle_worker_v2
-
-            from sglang_hsd.sglang_plugin.tree_draft import RootQHook
-
-            draft.hsd_config = self.hsd_hooks.config
-            draft.hsd_root_q = RootQHook(draft.hsd_config.draft_temperature_scale)
-            draft.hsd_root_q.install(eagle_worker_v2)
+        setup_sampled_trees(draft, self.hsd_hooks.config)
         if self.hsd_exit is not None and self.hsd_exit.buffer > 1:
             draft.hsd_continuation = DraftContinuation(draft, target_worker.model_config.vocab_size)
             self.hsd_exit.drafter = draft.hsd_continuation
-
-    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
-        if (self.hsd_exit is None or batch.forward_mode.is_idle() or batch.has_grammar
-                or pp_proxy_tensors is not None):
-            # Grammar-constrained batches keep the two-level round: SGLang builds their
-            # grammar tree from the drafts before the target forward.
-            tree = getattr(self._draft_worker, "hsd_tree", None)
-            with self.hsd_hooks.verify_call(tree=tree):
-                return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors,
-                                      grammar_barrier=grammar_barrier)
-        return self._verify_with_exit_level(batch, grammar_barrier)
-
-    def _verify_with_exit_level(self, batch, grammar_barrier):
-        """The same call as ``EAGLEWorkerV2.verify`` with the exit level standing in for the
-        target worker; the round it leaves for the chain sampler lives only for this call."""
-        target = ExitLevelTarget(self.target_worker, self.hsd_exit, self.hsd_hooks,
-                                 batch.spec_info, batch.sampling_info, getattr(batch, "reqs", None))
-        started = time.perf_counter()
-        try:
-            with self.hsd_hooks.verify_call():
-                return eagle_worker_common.run_eagle_verify(
-                    batch, pp_proxy_tensors=None, target_worker=target,
-                    req_to_token_pool=self.req_to_token_pool,
-                    token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
-                    plan_stream=self.plan_stream, plan_stream_ctx=self.plan_stream_ctx,
-                    topk=self.topk, num_draft_tokens=self.speculative_num_draft_tokens,
-                    device=self.device, metadata_ready_pre_pad=False, finalize_tree_path=True,
-                    grammar_barrier=grammar_barrier,
-                )
-        finally:
-            seconds = self.hsd_exit.stats.seconds
-            seconds["verify_total"] = seconds.get("verify_total", 0.0) + (
-                time.perf_counter() - started)
-
-
-def build_exit_verifier(target_worker, plugin_config: PluginConfig,
-                        exit_config: ExitLevelConfig) -> ExitLevelVerifier | None:
-    """The ``ExitLevelVerifier`` for the configured exit layer, or None without one.
-
-    Raises ``ExitLevelConfigError`` (naming the flag) for an exit layer outside the model, a heads
-    folder without that layer, or an unsupported setting (tensor parallelism, CUDA graphs).
-    """
-    if not exit_config.enabled:
-        return None
-    runner = target_worker.model_runner
-    check_exit_level_supported(exit_config, runner)
-    vocab = runner.model_config.vocab_size
-    hidden = runner.model_config.hidden_size
-    A = b = None
-    if exit_config.heads_dir is not None:
-        A, b = load_exit_map(exit_config.heads_dir, exit_config.layer, hidden)
-    head = ExitHead(runner.model, vocab, A, b)
-    logger.info("sglang-hsd: exit level at layer %d of %d (%s), methods exit=%s target=%s, "
-                "buffer %d", exit_config.layer, len(runner.model.model.layers),
-                exit_config.heads_dir or "logit lens", exit_config.method,
-                plugin_config.verify_method, exit_config.buffer)
-    return ExitLevelVerifier(target_worker, exit_config.layer, head, exit_config.method,
-                             plugin_config.verify_method, check_split=exit_config.check_split,
-                             validate=plugin_config.validate, buffer=exit_config.buffer)
-
-
-def check_exit_level_supported(exit_config: ExitLevelConfig, runner) -> None:
-    """Raise ``ExitLevelConfigError`` unless the target model, the verify window and the
-    parallel / CUDA-graph settings of ``runner`` (SGLang's target ``ModelRunner``) allow it."""
-    from sglang.srt.runtime_context import get_parallel, get_spec
-
-    exit_config.check_depth(check_layer_range_model(runner.model))
-    exit_config.check_window(get_spec().speculative_num_draft_tokens)
-    parallel = get_parallel()
-    if parallel.tp_size > 1 or parallel.dp_size > 1:
-        raise ExitLevelConfigError("--hsd-exit-layer: tensor / data parallelism (--tp-size, "
-                                   "--dp-size > 1) is not supported by the exit level yet (its "
-                                   "exit logits are not gathered across ranks); remove one of them")
-    if getattr(runner, "decode_cuda_graph_runner", None) is not None:
-        raise ExitLevelConfigError("--hsd-exit-layer: the exit level runs its forwards eagerly; "
-                                   "add --disable-cuda-graph")

@@ -1,6 +1,7 @@
 """Steps every HSD speculative worker shares (``worker.HSDWorker`` on SGLang's EAGLE-3 V2 worker,
 ``standalone_worker.HSDStandaloneWorker`` on its STANDALONE V2 worker): the verify hooks bound to the
-worker's state, and the draft worker SGLang built re-classed to the HSD subclass.
+worker's state, the draft worker SGLang built re-classed to the HSD subclass, and that draft
+worker set up for sampled trees.
 """
 
 from __future__ import annotations
@@ -34,3 +35,19 @@ def adopt_draft_worker(worker, sglang_cls: type, hsd_cls: type):
         raise RuntimeError(f"HSD: expected a {sglang_cls.__name__}, got {type(draft).__name__}")
     draft.__class__ = hsd_cls
     return draft
+
+
+def setup_sampled_trees(draft, config: PluginConfig) -> None:
+    """With ``--hsd-tree-draft sampled`` trees (topk > 1), give the HSD draft worker ``draft``
+    (a ``draft_worker.SampledTreeDraft``) the configuration its tree loop reads and the
+    ``RootQHook`` that records each draft extend's next-root q; nothing for chains or top-k trees.
+    """
+    if draft is None or not (config.is_tree and config.tree_draft == "sampled"):
+        return
+    from sglang.srt.speculative import eagle_worker_v2
+
+    from sglang_hsd.sglang_plugin.tree_draft import RootQHook
+
+    draft.hsd_config = config
+    draft.hsd_root_q = RootQHook(config.draft_temperature_scale)
+    draft.hsd_root_q.install(eagle_worker_v2)

@@ -60,6 +60,22 @@ def test_runtime_table_of_a_result_picks_the_fastest_entry():
     assert "| 2 | 3.000 (3.00x) | 2.500 (2.50x) | 1.000 (1.00x) | 0.500 (0.50x) | inductor t1 | onednn-packed t2 |" in text
 
 
+def test_model_total_sums_each_shape_times_its_count():
+    shapes = [bench_linear.LayerShape("a", 8, 16, 3), bench_linear.LayerShape("b", 16, 8, 1)]
+    ms = [Measurement(8, 16, 1, PATH_MKL, 1, 1.0), Measurement(16, 8, 1, PATH_MKL, 1, 2.0),
+          Measurement(8, 16, 4, PATH_MKL, 1, 2.0), Measurement(16, 8, 4, PATH_MKL, 1, 4.0),
+          Measurement(8, 16, 4, PATH_PACKED, 2, 1.0), Measurement(16, 8, 4, PATH_PACKED, 2, 0.5),
+          # a path missing a shape has no total
+          Measurement(8, 16, 4, bench_linear.PATH_MKL_BF16, 1, 0.1)]
+    totals = {(t["path"], t["threads"], t["rows"]): (t["ms"], t["ratio"])
+              for t in bench_linear.model_totals(shapes, ms)}
+    assert totals == {(PATH_MKL, 1, 1): (5.0, 1.0), (PATH_MKL, 1, 4): (10.0, 2.0),
+                      (PATH_PACKED, 2, 4): (3.5, 0.7)}
+    text = bench_linear.format_markdown(bench_linear.summarize(shapes, ms, whole_model=True), "t")
+    assert "## One forward's linear layers" in text and "a x3, b x1" in text
+    assert "| 4 | 10.0 (2.00x) | 3.5 (0.70x) |" in text
+
+
 def test_shapes_rows_and_model_config_parsing(tmp_path, monkeypatch):
     assert bench_linear.parse_rows(["1-3", "8", "2"]) == (1, 2, 3, 8)
     with pytest.raises(ValueError, match="--rows"):
@@ -69,10 +85,16 @@ def test_shapes_rows_and_model_config_parsing(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--shapes"):
         bench_linear.parse_shapes("1536x")
     qwen = {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 2,
-            "intermediate_size": 8960, "vocab_size": 151936}
-    assert [(s.label, s.in_features, s.out_features) for s in bench_linear.model_shapes(qwen)] == [
-        ("q_proj, o_proj", 1536, 1536), ("k_proj, v_proj", 1536, 256), ("gate_proj, up_proj", 1536, 8960),
-        ("down_proj", 8960, 1536), ("lm_head", 1536, 151936)]
+            "intermediate_size": 8960, "vocab_size": 151936, "num_hidden_layers": 28}
+    assert [(s.label, s.in_features, s.out_features, s.count) for s in bench_linear.model_shapes(qwen)] == [
+        ("q_proj, o_proj", 1536, 1536, 56), ("k_proj, v_proj", 1536, 256, 56),
+        ("gate_proj, up_proj", 1536, 8960, 56), ("down_proj", 8960, 1536, 28), ("lm_head", 1536, 151936, 1)]
+    assert [(s.label, s.in_features, s.out_features, s.count)
+            for s in bench_linear.model_shapes(qwen, "sglang")] == [
+        ("qkv_proj", 1536, 2048, 28), ("o_proj", 1536, 1536, 28), ("gate_up_proj", 1536, 17920, 28),
+        ("down_proj", 8960, 1536, 28), ("lm_head", 1536, 151936, 1)]
+    with pytest.raises(ValueError, match="layout"):
+        bench_linear.model_shapes(qwen, "vllm")
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(qwen))

@@ -16,6 +16,7 @@ import urllib.error
 
 import pytest
 
+from sglang_hsd.sglang_plugin.cpu.cpu_server import cpu_linear_flags
 from tests.sglang_plugin.http_client import post_json
 
 pytest.importorskip("sglang")
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 PROMPTS = [[1, 40, 41, 42], [1, 77, 300, 12, 9], [1, 5]]
 MAX_NEW_TOKENS = 12
-PACKED = ["--hsd-cpu-linear", "onednn-packed", "--mem-fraction-static", "0.9"]
+PACKED = cpu_linear_flags("onednn-packed")
 
 
 @pytest.fixture(scope="module")

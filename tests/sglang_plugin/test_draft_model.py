@@ -1,6 +1,7 @@
 """``--hsd-draft-kind``: EAGLE-3 head or separate draft language model, detected from the draft's
-config; what SGLang's scheduler sees for each kind; the refusals before any model loads (another
-vocabulary or tokenizer, topk > 1, the exit level, a token map). Fast: no server."""
+config; what SGLang's scheduler sees for each kind (trees included); the refusals before any model
+loads (another vocabulary or tokenizer, a tree without its node budget, the exit level, a token
+map). Fast: no server."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.sglang
 
-from sglang_hsd.sglang_plugin.config import EXIT_LAYER_ENV, PLAN_ENV, PluginConfig  # noqa: E402
+from sglang_hsd.sglang_plugin.config import (  # noqa: E402
+    EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
     DRAFT_KIND_ENV,
     EAGLE3,
@@ -30,7 +32,7 @@ from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
 def clean_env(monkeypatch):
     # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
     # resolution and the flags write os.environ directly.
-    for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, PLAN_ENV):
+    for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -120,7 +122,7 @@ def test_scheduler_sees_a_standalone_algorithm_for_a_draft_model(hsd, pair):
     assert not hsd.carries_draft_hidden_states() and hsd.need_topk()
     worker = hsd.create_worker(args)
     assert worker.func is HSDStandaloneWorker and worker.keywords == {
-        "plugin_config": PluginConfig()}
+        "plugin_config": PluginConfig(), "exit_config": ExitLevelConfig()}
     hsd.handle_server_args(_args(pair.target, pair.head))  # an EAGLE-3 head: as before
     assert hsd.is_eagle3() and not hsd.is_standalone()
     assert hsd.create_worker(args).func is HSDWorker
@@ -159,9 +161,36 @@ def test_refuses_another_tokenizer(pair, tmp_path):
     check_same_vocabulary(pair.target, pair.draft)  # same family: accepted
 
 
+def test_draft_model_trees_are_served_as_for_eagle3_heads(hsd, pair):
+    from sglang_hsd.sglang_plugin.standalone_worker import HSDStandaloneWorker
+
+    args = _args(pair.target, pair.draft, speculative_num_steps=3, speculative_eagle_topk=2,
+                 speculative_num_draft_tokens=6)
+    hsd.handle_server_args(args)
+    assert not args.speculative_use_rejection_sampling  # HSD draws the tree and carries q itself
+    assert args.disable_overlap_schedule and hsd.is_standalone()
+    worker = hsd.create_worker(args)
+    assert worker.func is HSDStandaloneWorker
+    assert worker.keywords["plugin_config"].is_tree
+    assert worker.keywords["plugin_config"].tree_draft == "sampled"
+
+
+def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
+    from sglang_hsd.sglang_plugin.standalone_worker import HSDStandaloneWorker
+
+    clean_env.setenv(EXIT_LAYER_ENV, "2")
+    args = _args(pair.target, pair.draft)
+    hsd.handle_server_args(args)
+    worker = hsd.create_worker(args)
+    assert worker.func is HSDStandaloneWorker
+    assert (worker.keywords["exit_config"].layer, worker.keywords["exit_config"].buffer) == (2, 1)
+
+
 @pytest.mark.parametrize("env, overrides, says", [
-    ({}, dict(speculative_num_steps=3, speculative_eagle_topk=2), "--speculative-eagle-topk 2"),
-    ({EXIT_LAYER_ENV: "2"}, {}, "--hsd-exit-layer / --hsd-plan with --hsd-draft-kind model"),
+    ({}, dict(speculative_num_steps=3, speculative_eagle_topk=2), "--speculative-num-draft-tokens: "
+     "required with --speculative-eagle-topk 2"),
+    ({EXIT_LAYER_ENV: "2", EXIT_BUFFER_ENV: "2"}, {},
+     "--hsd-exit-buffer 2 (or the --hsd-plan buffer) with --hsd-draft-kind model"),
     ({}, dict(speculative_token_map="map.pt"), "--speculative-token-map"),
     ({}, dict(enable_dp_attention=True), "--enable-dp-attention"),
 ])

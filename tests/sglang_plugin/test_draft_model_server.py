@@ -3,13 +3,17 @@ target (4 layers) and a draft language model of the same family (the target's fi
 tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 
 * greedy output equals the target's plain greedy decoding (transformers-free ``CausalLM``) token
-  for token, for chains of K = 2, 3, 4 drafts and a concurrent batch of several requests;
+  for token, for chains of K = 2, 3, 4 drafts and a tree, in a concurrent batch of several requests;
 * T = 1: the law of the first generated tokens is the target's. Each sampled sequence is mapped
   through the target's sequential randomized PIT (u_t = F(x_t - 1 | prefix) + v * p(x_t | prefix),
   v ~ U(0, 1)), which is i.i.d. uniform exactly when the tokens follow the target's joint law;
   chi-square of the u's over 10 bins. The same test rejects sequences drawn from the draft's law;
 * load: 32 concurrent mixed greedy / sampled / top-k / top-p requests, a quarter aborted midway,
-  no error, and the free KV slots of the target's and the draft's pools back to their start.
+  no error, and the free KV slots of the target's and the draft's pools back to their start;
+* all three for sampled trees too (depth 3, k = 2, N = 6: children drawn without replacement from
+  the draft model's q, verified by ``verify_tree``; all-greedy batches keep SGLang's top-k tree);
+* greedy output and the T = 1 law with the early-exit level at layer 2 (logit lens) verifying the
+  draft model's chain before the full target.
 
 Each server takes ~1 minute to start on 2 cores.
 """
@@ -33,6 +37,8 @@ STAT_PROMPT = [1, 40, 41, 42]
 STAT_SAMPLES = 240
 STAT_TOKENS = 4  # the prefill's token, then the first verify rounds' tokens
 PIT_BINS = 10
+TREE = (2, 6)  # k, N of the tree server (depth 3)
+EXIT_LAYER = 2  # of the target's 4
 
 
 def _generate(url, ids, max_new_tokens=MAX_NEW_TOKENS, **sampling):
@@ -63,14 +69,23 @@ def reference(pair):
     return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
 
 
-def _server(pair, num_steps):
+def _server(pair, num_steps, topk=1, num_draft_tokens=None, exit_layer=None):
     from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         draft_model_server_command, free_port, running_server, server_env)
 
     root, target, draft = pair
-    cmd = draft_model_server_command(target, free_port(), draft, num_steps=num_steps, extra=[
-        "--dtype", "float32", "--disable-radix-cache"])
-    return running_server(cmd, server_env(), str(root / f"server_k{num_steps}.log"))
+    extra = ["--dtype", "float32", "--disable-radix-cache"]
+    if exit_layer is not None:  # logit-lens exit head
+        extra += ["--hsd-exit-layer", str(exit_layer), "--hsd-exit-heads", "none"]
+    cmd = draft_model_server_command(target, free_port(), draft, num_steps=num_steps, extra=extra,
+                                     topk=topk, num_draft_tokens=num_draft_tokens)
+    name = _server_name(num_steps, topk, num_draft_tokens, exit_layer)
+    return running_server(cmd, server_env(), str(root / f"{name}.log"))
+
+
+def _server_name(num_steps, topk=1, num_draft_tokens=None, exit_layer=None):
+    return (f"server_k{num_steps}" + (f"_tree{topk}_{num_draft_tokens}" if topk > 1 else "")
+            + (f"_exit{exit_layer}" if exit_layer is not None else ""))
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +96,27 @@ def k3_url(pair):
         log = f.read()
     assert "Traceback" not in log
     assert "verifying chains with verify_chain(method='hsd')" in log
+
+
+@pytest.fixture(scope="module")
+def tree_url(pair):
+    """A sampled tree: depth 3, k = 2 children per node, N = 6 nodes (root included)."""
+    with _server(pair, 3, topk=TREE[0], num_draft_tokens=TREE[1]) as url:
+        yield url
+    with open(pair[0] / f"{_server_name(3, *TREE)}.log") as f:
+        log = f.read()
+    assert "Traceback" not in log
+
+
+@pytest.fixture(scope="module")
+def exit_url(pair):
+    """A chain of K = 3 with the early-exit level at layer EXIT_LAYER (logit lens) in between."""
+    with _server(pair, 3, exit_layer=EXIT_LAYER) as url:
+        yield url
+    with open(pair[0] / f"{_server_name(3, exit_layer=EXIT_LAYER)}.log") as f:
+        log = f.read()
+    assert "Traceback" not in log
+    assert f"exit level at layer {EXIT_LAYER}" in log
 
 
 def _check_greedy(url, reference):
@@ -98,6 +134,11 @@ def test_draft_model_greedy_equals_target(pair, reference, num_steps, request):
         return
     with _server(pair, num_steps) as url:
         _check_greedy(url, reference)
+
+
+@pytest.mark.parametrize("server", ["tree_url", "exit_url"])
+def test_draft_model_tree_and_exit_level_greedy_equals_target(reference, server, request):
+    _check_greedy(request.getfixturevalue(server), reference)
 
 
 def _target_pit(model_dir, sequences, seed=0):
@@ -136,9 +177,11 @@ def _draft_law_samples(draft_dir, count, seed=1):
 
 
 @pytest.mark.statistical
-def test_draft_model_sampled_law_is_the_targets(pair, k3_url):
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+def test_draft_model_sampled_law_is_the_targets(pair, server, request):
+    url = request.getfixturevalue(server)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        outs = list(pool.map(lambda _: _generate(k3_url, STAT_PROMPT, STAT_TOKENS,
+        outs = list(pool.map(lambda _: _generate(url, STAT_PROMPT, STAT_TOKENS,
                                                  temperature=1.0), range(STAT_SAMPLES)))
     sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
     assert sequences.shape == (STAT_SAMPLES, len(STAT_PROMPT) + STAT_TOKENS)
@@ -146,25 +189,27 @@ def test_draft_model_sampled_law_is_the_targets(pair, k3_url):
     p_server = _pit_p_value(_target_pit(pair[1], sequences))
     # The same test on the draft's own law (what a sampler that skipped verification would emit).
     p_wrong = _pit_p_value(_target_pit(pair[1], _draft_law_samples(pair[2], STAT_SAMPLES)))
-    print(f"\nT=1: PIT chi-square p={p_server:.3g} (draft's law: p={p_wrong:.3g}), mean accept "
+    print(f"\n{server} T=1: PIT chi-square p={p_server:.3g} (draft's law: p={p_wrong:.3g}), mean accept "
           f"length {accept:.2f}")
     assert p_server > 1e-3
     assert p_wrong < 1e-3
     assert accept > 1.0  # drafts were accepted, so verification (not only the bonus) ran
 
 
-def test_draft_model_load_with_aborts_returns_kv(pair, k3_url):
+@pytest.mark.parametrize("server", ["k3_url", "tree_url"])
+def test_draft_model_load_with_aborts_returns_kv(pair, server, request):
     from benchmarks.bench_sglang_load import make_jobs, run_job, wait_idle
 
+    url = request.getfixturevalue(server)
     vocab = 512
-    start = _hsd_state(k3_url)
+    start = _hsd_state(url)
     assert start["draft_kv_available_size"] == start["kv_available_size"]
     jobs = make_jobs(32, seed=3, vocab=vocab)
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:  # all 32 in flight at once
-        results = list(pool.map(lambda job: run_job(k3_url, job, vocab), jobs))
+        results = list(pool.map(lambda job: run_job(url, job, vocab), jobs))
     assert all(r["valid"] for r in results), results
     assert any(r["kind"] == "aborted" for r in results), results
-    wait_idle(k3_url, start["kv_available_size"])
-    end = _hsd_state(k3_url)
+    wait_idle(url, start["kv_available_size"])
+    end = _hsd_state(url)
     assert end["kv_available_size"] == start["kv_available_size"], (start, end)
     assert end["draft_kv_available_size"] == start["draft_kv_available_size"], (start, end)

@@ -19,6 +19,7 @@ import time
 import urllib.request
 
 import sglang_hsd
+from sglang_hsd.runtime.kernel_paths import PATH_PACKED
 from sglang_hsd.sglang_plugin import BOOTSTRAP_DIR
 
 
@@ -26,6 +27,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def cpu_linear_flags(path: str) -> list[str]:
+    """The flags of ``--hsd-cpu-linear path`` (``cpu/linear_path.py``). The packed copies count as
+    weights in SGLang's memory probe, which then leaves no room for the KV pool under its default
+    ``--mem-fraction-static``; the pool is sized by ``--max-total-tokens`` here anyway."""
+    flags = ["--hsd-cpu-linear", path]
+    return flags + (["--mem-fraction-static", "0.9"] if path == PATH_PACKED else [])
 
 
 def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
@@ -63,23 +72,26 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
 def draft_model_server_command(model_path: str, port: int, draft_path: str,
                                algorithm: str = "HSD", num_steps: int = 4,
                                extra: list[str] | None = None,
-                               draft_kind: str | None = "model") -> list[str]:
+                               draft_kind: str | None = "model", topk: int = 1,
+                               num_draft_tokens: int | None = None) -> list[str]:
     """A CPU server drafting with a separate language model ``draft_path`` (same vocabulary as
     ``model_path``, its own KV cache).
 
     ``algorithm``: ``HSD`` (``--hsd-draft-kind model``: sampled drafts with their q, verified by
-    ``verify_chain``) or SGLang's own ``STANDALONE`` (argmax drafts; SGLang refuses rejection
-    sampling for it, and on CPU its verify takes the target's argmax for every batch, so it
-    serves greedy output only). ``draft_kind``: the ``--hsd-draft-kind`` given to HSD (None:
-    detected from the draft's config).
+    ``verify_chain``, or sampled trees verified by ``verify_tree``) or SGLang's own
+    ``STANDALONE`` (argmax drafts; SGLang refuses rejection sampling for it, and on CPU its verify
+    takes the target's argmax for every batch, so it serves greedy output only). ``draft_kind``:
+    the ``--hsd-draft-kind`` given to HSD (None: detected from the draft's config). ``topk`` /
+    ``num_draft_tokens``: a tree of ``num_steps`` levels, k children per node and N nodes (root
+    included); the default is a chain of ``num_steps`` + 1 tokens.
     """
     cmd = cpu_server_command(model_path, port, algorithm, draft_path, extra=None)
+    tokens = num_draft_tokens or num_steps + 1
     cmd += ["--speculative-num-steps", str(num_steps)]
     if algorithm.upper() == "HSD":
         cmd += ["--hsd-draft-kind", draft_kind] if draft_kind else []
-    else:
-        cmd += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
-                str(num_steps + 1)]
+    if topk != 1 or algorithm.upper() != "HSD":
+        cmd += ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(tokens)]
     return cmd + list(extra or [])
 
 

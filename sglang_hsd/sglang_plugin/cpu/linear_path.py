@@ -8,10 +8,11 @@ K + 1 drafted tokens costs about K + 1 decodes and speculation cannot win (``doc
 ``--hsd-cpu-linear onednn-packed`` (``SGLANG_HSD_CPU_LINEAR``) keeps, after the model loads, a
 oneDNN pre-packed copy of every float32 linear weight and of the lm_head
 (``runtime.layers.pack_linear_weight``, the runtime's packed path) and computes those layers with
-it for every row count. Measured on the Qwen2.5-1.5B layer shapes, 2 threads: one row 0.68x the
-cost of ``F.linear``, five rows 0.25x (``benchmarks/bench_linear.py``). It is the same float32
-product up to summation order; it applies to every server in the process (no speculation,
-STANDALONE, HSD, the draft model too), so a comparison between them runs the same kernels.
+it for every row count. On Qwen2.5-1.5B's gate/up and LM head shapes with 2 threads, five rows
+then cost about one MKL row instead of 3.6-4.3 (``docs/cpu.md``;
+``benchmarks/results/linear_paths_qwen2.5-coder-1.5b.md``). It is the same float32 product up to
+summation order; it applies to every server in the process (no speculation, STANDALONE, HSD, the
+draft model too), so a comparison between them runs the same kernels.
 
 Limits: float32 models only (``--dtype float32``; refused before the weights load otherwise);
 the packed copies double the weights' memory; weights changed after loading would leave the
