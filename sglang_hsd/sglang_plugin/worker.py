@@ -17,19 +17,16 @@ HSD worker (after ``register()`` checked every signature).
 from __future__ import annotations
 
 import functools
-import logging
 
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
 
-from sglang_hsd.sglang_plugin.config import ExitLevelConfig, ExitLevelConfigError, PluginConfig
+from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
 from sglang_hsd.sglang_plugin.draft_continuation import DraftContinuation
 from sglang_hsd.sglang_plugin.draft_kind import MODEL, current_draft_kind
 from sglang_hsd.sglang_plugin.draft_worker import HSDDraftWorker
 from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (
     adopt_draft_worker, install_hsd_hooks, setup_sampled_trees)
-
-logger = logging.getLogger(__name__)
 
 
 def hsd_worker(server_args):
@@ -47,11 +44,7 @@ def hsd_worker(server_args):
     if current_draft_kind() == MODEL:
         from sglang_hsd.sglang_plugin.standalone_worker import HSDStandaloneWorker
 
-        if exit_config.buffer > 1:
-            raise ExitLevelConfigError(
-                f"--hsd-exit-buffer {exit_config.buffer} (or the --hsd-plan buffer) with "
-                "--hsd-draft-kind model: exit sub-rounds draft from an EAGLE-3 head's hidden "
-                "states; use buffer 1 with a draft language model")
+        # An exit buffer > 1 was refused with the server arguments (draft_model_problems).
         return functools.partial(HSDStandaloneWorker, plugin_config=plugin_config,
                                  exit_config=exit_config)
     return functools.partial(HSDWorker, plugin_config=plugin_config, exit_config=exit_config)
