@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
+from sglang_hsd.verify.tree.expand import ExpandConfig
+from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES
+
+# The tree rule each chain method becomes when the drafter draws a tree (the target level's method).
+TREE_METHOD_OF = {"hsd": "hsd", "tokenwise": "rrs", "greedy": "greedy"}
+# Drafters that can draft a tree: their forwards take a tree attention mask.
+TREE_DRAFTERS = (LevelKind.MODEL, LevelKind.EXIT)
 
 
 @dataclass(frozen=True)
@@ -30,12 +37,20 @@ class HierarchyConfig:
             ``fixed`` drafts the drafter level's buffer N_d; ``adaptive`` stops per request on a
             low-probability drafted token or at a cap adapted from past rounds (at most
             ``max_length``; the drafter's buffer is then unused). Windowed rounds need ``fixed``.
+        tree: draft a sampled tree per round instead of a chain (``runtime/tree_rounds.py``):
+            depth D, k children per node, N nodes with the root (``ExpandConfig``); None: chains.
+            Needs two levels (a ``model`` or ``exit`` drafter, the target), a fixed draft length,
+            no window, and a target method in ``TREE_METHOD_OF``; the drafter's buffer is unused.
+        tree_rule: which drafted nodes are forwarded and kept (a lossless key of
+            ``verify.tree.level_draft.LEVEL_RULES``, the server's ``--hsd-tree-rule``).
     """
 
     levels: tuple[LevelSpec, ...] = field(default_factory=lambda: (LevelSpec(LevelKind.TARGET),))
     reuse_kv: bool = True
     window: bool = False
     draft_length: DraftLengthRule = field(default_factory=DraftLengthRule)
+    tree: ExpandConfig | None = None
+    tree_rule: str = DEFAULT_LEVEL_RULE
 
     def __post_init__(self) -> None:
         if not isinstance(self.draft_length, DraftLengthRule):
@@ -67,6 +82,33 @@ class HierarchyConfig:
                     f"holds N_d + 1 tokens), got N_i = {middle.buffer}, N_d = {drafter.buffer}"
                 )
 
+        if self.tree is not None:
+            self._check_tree()
+
+    def _check_tree(self) -> None:
+        names = ",".join(level.name for level in self.levels)
+        if not isinstance(self.tree, ExpandConfig):
+            raise ValueError(f"tree must be an ExpandConfig(depth, topk, num_draft_tokens), got {self.tree!r}")
+        if len(self.levels) != 2 or self.levels[0].kind not in TREE_DRAFTERS:
+            raise ValueError(f"tree needs two levels, a 'model' or 'exit' drafter and the target, got {names}")
+        if self.window or self.draft_length.adaptive:
+            raise ValueError("tree needs window=False and draft_length 'fixed' (the tree's depth is the draft length)")
+        method = self.levels[1].method
+        if method not in TREE_METHOD_OF:
+            raise ValueError(f"tree: the target's method must be one of {sorted(TREE_METHOD_OF)}, got {method!r}")
+        if self.tree_rule not in LOSSLESS_LEVEL_RULES:
+            raise ValueError(f"tree_rule must be one of {list(LOSSLESS_LEVEL_RULES)}, got {self.tree_rule!r}")
+        cfg, capacity = self.tree, LEVEL_RULES[self.tree_rule].capacity(self.tree)
+        if cfg.budget > min(cfg.pool, capacity):
+            raise ValueError(
+                f"tree: num_draft_tokens - 1 = {cfg.budget} nodes do not fit depth {cfg.depth} with topk "
+                f"{cfg.topk} under rule {self.tree_rule!r} (at most {min(cfg.pool, capacity)})")
+
+    @property
+    def tree_method(self) -> str | None:
+        """The target's tree rule (``TREE_METHOD_OF`` its chain method), None without a tree."""
+        return TREE_METHOD_OF[self.levels[-1].method] if self.tree is not None else None
+
     def check_depth(self, num_layers: int) -> None:
         """Raise unless every exit layer lies strictly inside the target's ``num_layers``."""
         for level in self.levels:
@@ -83,6 +125,8 @@ def parse_levels(
     methods: list[str] | None = None,
     window: bool = False,
     draft_length: DraftLengthRule | None = None,
+    tree: ExpandConfig | None = None,
+    tree_rule: str = DEFAULT_LEVEL_RULE,
 ) -> HierarchyConfig:
     """A ``HierarchyConfig`` for ``"exit:4,exit:12,target"`` (or ``"model:/path,target"``,
     ``"eagle3:/dir,exit:16,target"``, or ``"target"``); the grammar is ``parse_level_specs``'s.
@@ -92,6 +136,7 @@ def parse_levels(
         methods: one per verifying level (every level but the drafter), or a single method for all.
         window: ``HierarchyConfig.window``.
         draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``).
+        tree, tree_rule: ``HierarchyConfig.tree`` / ``tree_rule``.
     """
     return HierarchyConfig(parse_level_specs(spec, buffers, methods), window=window,
-                           draft_length=draft_length or DraftLengthRule())
+                           draft_length=draft_length or DraftLengthRule(), tree=tree, tree_rule=tree_rule)

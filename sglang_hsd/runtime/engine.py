@@ -27,8 +27,9 @@ EAGLE-3 drafter (level kind ``eagle3``): extra group boundaries at the head's ca
 the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_drafter.py``) owns
 the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_verify``.
 
-Windowed rounds (``HierarchyConfig.window``, drafter -> one exit -> target) replace ``_fill`` /
-``_verify`` by the SGLang plugin's round (``runtime/window.py`` runs ``verify/window_round.py``
+Tree rounds (``HierarchyConfig.tree``, drafter -> target) replace them by one sampled draft tree per
+request and round (``runtime/tree_rounds.py``). Windowed rounds (``HierarchyConfig.window``,
+drafter -> one exit -> target) replace ``_fill`` / ``_verify`` by the SGLang plugin's round (``runtime/window.py`` runs ``verify/window_round.py``
 with this engine's model work). ``generate(trace_rounds=True)`` records per round what each level
 accepted (``GenerationResult.round_trace``).
 """
@@ -47,6 +48,7 @@ from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncat
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats, RoundTrace
+from sglang_hsd.runtime.tree_rounds import TreeRounds, tree_slots
 from sglang_hsd.runtime.window import WindowRounds
 from sglang_hsd.sampling import BatchSamplingParams, SamplingParams, logits_to_probs
 from sglang_hsd.verify import verify_chain
@@ -172,7 +174,7 @@ class _Run:
         # Per request, the drafter's length cap of the next round (N_d throughout for a fixed rule).
         self.draft_caps = rule.initial_caps(batch, self.levels[0].buffer, device)
         lengths = [len(p) for p in prompts]
-        self.max_len = max(lengths) + max(max_new) + sum(self.caps) + 2
+        self.max_len = max(lengths) + max(max_new) + sum(self.caps) + tree_slots(gen.config) + 2
         self.tokens = torch.zeros(batch, self.max_len, dtype=torch.long, device=device)
         for row, prompt in enumerate(prompts):
             self.tokens[row, : len(prompt)] = torch.tensor(prompt, device=device)
@@ -189,6 +191,7 @@ class _Run:
         self.trace = RoundTrace(batch) if trace_rounds else None
         self.progress = progress
         self.window_rounds = WindowRounds(self) if gen.config.window else None
+        self.tree_rounds = TreeRounds(self) if gen.config.tree is not None else None
 
     def _build_groups(self, batch: int) -> None:
         exits = [level.layer for level in self.levels if level.kind == "exit"]
@@ -223,6 +226,8 @@ class _Run:
                 self._autoregressive_step(active)
             elif self.window_rounds is not None:
                 self.window_rounds.round(active)
+            elif self.tree_rounds is not None:
+                self.tree_rounds.round(active)
             else:
                 self._fill(self.top - 1, active)
                 self._verify(self.top, active)

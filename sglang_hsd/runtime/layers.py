@@ -255,6 +255,7 @@ def build_attention_mask(
     seq_len: int,
     kv_len: int,
     attn_mask: torch.Tensor | None,
+    mask_prefix: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean attention masks of ``n`` layers over key slots ``[0, kv_len)``.
 
@@ -263,25 +264,32 @@ def build_attention_mask(
         num_new: ``LongTensor[B]``, valid new tokens per row.
         seq_len: ``T``.
         kv_len: ``W``, at least ``max(lengths + num_new)``.
-        attn_mask: ``BoolTensor[B, T, T]`` among new tokens (True = may attend), or None for causal.
+        attn_mask: ``BoolTensor[B, T, P + T]`` (True = may attend) over the last ``P`` cached
+            slots and the new tokens, or None for causal (then ``P = 0``).
+        mask_prefix: ``LongTensor[B]``, per row how many of the last cached slots ``attn_mask``
+            governs (``P_b <= P``, the rest of its first ``P`` columns unused), default 0: the
+            slots of draft-tree nodes written by earlier forwards of the same tree.
 
     Returns:
-        ``BoolTensor[n, B, T, W]``. Query ``t`` of row ``b`` may see slot ``j < L0`` and slot
-        ``L0 + t'`` for a valid new token ``t'`` it is allowed to see. Padding queries see only
-        slot 0 so that no softmax row is empty (their outputs are finite and unspecified).
+        ``BoolTensor[n, B, T, W]``. Query ``t`` of row ``b`` may see slot ``j < L0 - P_b`` and
+        slot ``L0 - P_b + c`` when ``attn_mask[b, t, c]`` (``c < P_b + num_new[b]``). Padding
+        queries see only slot 0 so that no softmax row is empty (their outputs are finite and
+        unspecified).
     """
     device = lengths.device
+    prefix = torch.zeros_like(num_new) if mask_prefix is None else mask_prefix
     slot = torch.arange(kv_len, device=device)  # [W]
     query = torch.arange(seq_len, device=device)  # [T]
-    rel = slot - lengths[..., None]  # [n, B, W]: index among the new tokens
+    rel = slot - (lengths - prefix[None, :])[..., None]  # [n, B, W]: column of attn_mask
     cached = (rel < 0)[:, :, None, :]  # [n, B, 1, W]
-    is_new = ((rel >= 0) & (rel < num_new[None, :, None]))[:, :, None, :]
+    governed = ((rel >= 0) & (rel < (prefix + num_new)[None, :, None]))[:, :, None, :]
     if attn_mask is None:
         allowed = rel[:, :, None, :] <= query[None, None, :, None]  # [n, B, T, W]
     else:
-        index = rel.clamp(0, seq_len - 1)[:, :, None, :].expand(-1, -1, seq_len, -1)
+        columns = attn_mask.shape[-1]
+        index = rel.clamp(0, columns - 1)[:, :, None, :].expand(-1, -1, seq_len, -1)
         allowed = attn_mask[None].expand(lengths.shape[0], -1, -1, -1).gather(-1, index)
-    mask = cached | (is_new & allowed)
+    mask = cached | (governed & allowed)
     valid_query = (query[None, :] < num_new[:, None])[None, :, :, None]  # [1, B, T, 1]
     return torch.where(valid_query, mask, slot == 0)
 

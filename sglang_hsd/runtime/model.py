@@ -224,6 +224,7 @@ class CausalLM(nn.Module):
         num_new: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
+        mask_prefix: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run layers ``[start, end)`` on ``T`` new tokens per row and append their K/V.
 
@@ -238,8 +239,14 @@ class CausalLM(nn.Module):
                 default ``T``.
             position_ids: ``LongTensor[B, T]`` rotary positions, default
                 ``cache.lengths_for(start)[:, None] + arange(T)``; draft trees pass depths.
-            attn_mask: ``BoolTensor[B, T, T]``, True where new token ``t`` may attend new token
-                ``t'`` (must include the diagonal), default causal; used for draft trees.
+            attn_mask: ``BoolTensor[B, T, P + T]``, True where new token ``t`` may attend column
+                ``c``: column ``c < P`` is cached slot ``L0 - P + c`` (see ``mask_prefix``), column
+                ``P + t'`` new token ``t'`` (must include the diagonal); default causal, ``P = 0``.
+                Used for draft trees.
+            mask_prefix: ``LongTensor[B]``, per row how many of the last cached slots of every
+                layer in the range ``attn_mask`` governs (``<= P``; needs ``attn_mask``): the
+                nodes an earlier forward of the same draft tree wrote, which a new node sees only
+                if they are its ancestors. Default 0.
 
         Returns:
             ``[B, T, D]`` hidden states after layer ``end - 1`` (padding positions unspecified).
@@ -256,14 +263,10 @@ class CausalLM(nn.Module):
             position_ids = lengths[0][:, None] + torch.arange(seq, device=device)
         elif position_ids.shape != (batch, seq):
             raise ValueError(f"position_ids must be [B={batch}, T={seq}], got {tuple(position_ids.shape)}")
-        if attn_mask is not None and (attn_mask.shape != (batch, seq, seq) or attn_mask.dtype != torch.bool):
-            raise ValueError(
-                f"attn_mask must be a BoolTensor [B={batch}, T={seq}, T={seq}], "
-                f"got {attn_mask.dtype} {tuple(attn_mask.shape)}"
-            )
+        prefix = self._check_mask(attn_mask, mask_prefix, lengths, num_new, batch, seq)
 
         rope = self.rotary(position_ids, hidden.dtype)
-        masks = build_attention_mask(lengths, num_new, seq, kv_len, attn_mask)
+        masks = build_attention_mask(lengths, num_new, seq, kv_len, attn_mask, prefix)
         masks = fold_groups(masks, self.num_heads // self.num_kv_heads)
         new_index = torch.arange(seq, device=device)
         valid = (new_index[None, :] < num_new[:, None])[None]  # [1, B, T]
@@ -292,6 +295,36 @@ class CausalLM(nn.Module):
         if cache.batch_size != hidden.shape[0]:
             raise ValueError(f"hidden batch size {hidden.shape[0]} != cache batch size {cache.batch_size}")
         return hidden.shape[0], hidden.shape[1]
+
+    @staticmethod
+    def _check_mask(attn_mask, mask_prefix, lengths, num_new, batch: int, seq: int) -> torch.Tensor | None:
+        """Validate ``attn_mask`` / ``mask_prefix``; returns the prefix (int64 [B]) or None."""
+        if attn_mask is None:
+            if mask_prefix is not None:
+                raise ValueError("mask_prefix needs an attn_mask over the prefix slots and the new tokens")
+            return None
+        if attn_mask.dtype != torch.bool or attn_mask.dim() != 3 or attn_mask.shape[:2] != (batch, seq) \
+                or attn_mask.shape[2] < seq:
+            raise ValueError(
+                f"attn_mask must be a BoolTensor [B={batch}, T={seq}, P + T] with P >= 0, "
+                f"got {attn_mask.dtype} {tuple(attn_mask.shape)}"
+            )
+        columns = attn_mask.shape[2]
+        if mask_prefix is None:
+            if columns != seq:
+                raise ValueError(f"attn_mask has {columns - seq} prefix columns: pass mask_prefix [B={batch}]")
+            return None
+        if not isinstance(mask_prefix, torch.Tensor) or mask_prefix.shape != (batch,):
+            raise ValueError(f"mask_prefix must be a LongTensor [B={batch}], got {getattr(mask_prefix, 'shape', mask_prefix)}")
+        prefix = mask_prefix.to(device=lengths.device, dtype=torch.long)
+        # Only rows that run new tokens need their prefix inside the cache and the mask.
+        bad = (num_new > 0) & ((prefix < 0) | (prefix + seq > columns) | (prefix[None, :] > lengths).any(0))
+        if bool(bad.any()):
+            raise ValueError(
+                f"mask_prefix must lie in [0, min(cached length, P = {columns - seq})] for rows with new "
+                f"tokens, got {prefix.tolist()}"
+            )
+        return prefix
 
     @staticmethod
     def _check_num_new(num_new: torch.Tensor | None, batch: int, seq: int, device: torch.device) -> torch.Tensor:
