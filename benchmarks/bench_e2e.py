@@ -4,8 +4,9 @@
         --configs "target" "exit:8,target" "exit:8,exit:16,target" --buffers "" "4" "3,4"
 
 ``--draft-length`` gives each configuration a drafter length rule (``fixed``, the default, or
-``adaptive[:threshold[:max]]``, as ``sglang-hsd generate``), so one run can compare fixed and
-adaptive drafts of the same levels.
+``adaptive[:threshold[:max]]``, as ``sglang-hsd generate``), and ``--tree`` a draft shape
+(``none``, the default: chains; ``D:k:N``: a sampled tree per round), so one run can compare fixed,
+adaptive and tree drafts of the same levels.
 
 Configurations are ``--levels`` strings of ``sglang-hsd generate`` (``target`` = autoregressive),
 plus the Hugging Face peers: ``hf`` (plain ``generate``), ``hf-assisted`` (``generate`` with
@@ -34,6 +35,7 @@ from benchmarks.bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_ou
 from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run,
                                write_results)
 from sglang_hsd.draft_length import parse_draft_length
+from sglang_hsd.runtime.config import parse_tree
 from sglang_hsd.runtime.loading import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 
@@ -96,6 +98,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--methods", nargs="+", help="one per config: verify method(s), default hsd")
     parser.add_argument("--draft-length", nargs="+", help="one per config: fixed (default) or "
                         "adaptive[:threshold[:max]] (see sglang-hsd generate --draft-length)")
+    parser.add_argument("--tree", nargs="+", help="one per config: none (default, chains) or D:k:N "
+                        "(see sglang-hsd generate --tree)")
     add_standard_arguments(parser, exit_heads=True)
     parser.add_argument("--prompt-set", default="mtbench")
     parser.add_argument("--num-prompts", type=int, default=4)
@@ -105,13 +109,15 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--repeats", type=int, default=1)
     add_standard_arguments(parser, threads=1, name="e2e")
     args = parser.parse_args(argv)
-    for option in ("buffers", "methods", "draft_length"):
+    for option in ("buffers", "methods", "draft_length", "tree"):
         values = getattr(args, option)
         if values is not None and len(values) != len(args.configs):
             raise ValueError(f"--{option.replace('_', '-')} needs one value per --configs entry "
                              f"({len(args.configs)}), got {values}")
     for text in args.draft_length or []:
         parse_draft_length(text)  # bad input fails before any model is loaded
+    for text in args.tree or []:
+        parse_tree(text)
     return args
 
 
@@ -150,11 +156,12 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
     methods = args.methods or ["hsd"] * len(args.configs)
     lengths = args.draft_length or ["fixed"] * len(args.configs)
     rules = [parse_draft_length(text) for text in lengths]
+    trees = args.tree or ["none"] * len(args.configs)
     rows = []
     for temperature in args.temperatures:
         params = SamplingParams(temperature=temperature)
         for batch_size in args.batch_sizes:
-            for config, buf, method, length, rule in zip(args.configs, buffers, methods, lengths, rules):
+            for config, buf, method, length, rule, tree in zip(args.configs, buffers, methods, lengths, rules, trees):
                 if config in HF_CONFIGS:
                     if batch_size != 1 or (config == "hf-assisted" and assistant is None):
                         continue
@@ -162,7 +169,8 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
                                                  args.max_new_tokens, eos, seed)
                 else:
                     gen = build_generator(target, config, [int(x) for x in buf.split(",")] if buf else None,
-                                          method.split(","), args.exit_heads, draft_length=rule)
+                                          method.split(","), args.exit_heads, draft_length=rule,
+                                          tree=parse_tree(tree))
                     runner = lambda seed: run_runtime(gen, prompts, params, args.max_new_tokens,  # noqa: E731
                                                       eos, seed, batch_size)
                 times, tokens, levels = [], None, None
@@ -174,7 +182,7 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
                 seconds = statistics.median(times)
                 rows.append({
                     "temperature": temperature, "batch_size": batch_size, "config": config, "method": method,
-                    "buffers": buf, "draft_length": length, "tokens": sum(map(len, tokens)), "seconds": seconds,
+                    "buffers": buf, "draft_length": length, "tree": tree, "tokens": sum(map(len, tokens)), "seconds": seconds,
                     "tokens_per_second": sum(map(len, tokens)) / seconds, "levels": levels,
                     "outputs": tokens,
                 })

@@ -178,7 +178,8 @@ def check_batch_outputs(rows: list[dict]) -> None:
         if row["temperature"] != 0 or row["outputs"] is None:
             continue
         ref = [r for r in rows if r["temperature"] == 0 and r["batch_size"] == 1]
-        key = lambda r: (r["config"], r["method"], r["buffers"], r.get("draft_length", "fixed"))  # noqa: E731
+        key = lambda r: (r["config"], r["method"], r["buffers"], r.get("draft_length", "fixed"),  # noqa: E731
+                         r.get("tree", "none"))
         same = next((r for r in ref if key(r) == key(row)), None)
         auto = next((r for r in ref if r["config"] == "target"), None)
         if same is not None and same is not row:
@@ -216,16 +217,19 @@ def format_e2e_table(rows: list[dict], meta: dict) -> str:
 
 
 def _buffers(row: dict) -> str:
-    """The buffers of a row, with its draft-length rule unless fixed: ``3,4`` or ``3,4 adaptive:0.4``."""
-    length = row.get("draft_length", "fixed")
-    return (row["buffers"] or "-") + ("" if length == "fixed" else f" {length}")
+    """The buffers of a row, with its draft-length rule unless fixed and its tree unless a chain:
+    ``3,4``, ``3,4 adaptive:0.4`` or ``- tree 4:2:8``."""
+    length, tree = row.get("draft_length", "fixed"), row.get("tree", "none")
+    return ((row["buffers"] or "-") + ("" if length == "fixed" else f" {length}")
+            + ("" if tree == "none" else f" tree {tree}"))
 
 
 def config_label(row: dict) -> str:
     """Short label of one e2e configuration (config, method, buffers)."""
     if row["config"] in ("target", "hf", "hf-assisted", "hf-prompt-lookup"):
         return "AR (runtime)" if row["config"] == "target" else row["config"]
-    buffers = f" [{_buffers(row)}]" if row["buffers"] or row.get("draft_length", "fixed") != "fixed" else ""
+    drafting = row["buffers"] or row.get("draft_length", "fixed") != "fixed" or row.get("tree", "none") != "none"
+    buffers = f" [{_buffers(row)}]" if drafting else ""
     # An EAGLE-3 level names its head folder: show just the kind.
     levels = ",".join("eagle3" if part.startswith("eagle3:") else part for part in row["config"].split(","))
     return f"{levels} {row['method']}{buffers}"

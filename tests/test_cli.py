@@ -97,3 +97,8 @@ def test_generate_rejects_a_bad_draft_length_before_loading_a_model():
         cli.main(["generate", "--model", "no-such-model", "--draft-length", "adaptive:0.4:8:1"])
     with pytest.raises(ValueError, match="threshold"):
         cli.main(["generate", "--model", "no-such-model", "--draft-length", "adaptive:1.5"])
+
+
+def test_generate_rejects_a_bad_tree_before_loading_a_model():
+    with pytest.raises(ValueError, match="--tree must be none or D:k:N"):
+        cli.main(["generate", "--model", "no-such-model", "--tree", "4x2x8"])

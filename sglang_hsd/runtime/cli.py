@@ -40,6 +40,11 @@ def add_generate_parser(subparsers) -> None:
         "'adaptive[:threshold[:max]]': stop after a drafted token whose draft probability is below the "
         "threshold (default 0.4) or at a per-request cap adapted from past rounds (at most max, default 16)",
     )
+    parser.add_argument(
+        "--tree", default="none",
+        help="'none' (chains) or D:k:N: draft a sampled tree per round, depth D, k children per node, N nodes "
+        "with the root (two levels: a model: or exit: drafter and the target; e.g. 4:2:8)",
+    )
     parser.add_argument("--methods", default="hsd", help="verify rule(s): hsd, tokenwise, greedy; one or one per level")
     parser.add_argument("--exit-heads", default="auto", help="folder of trained exit heads, 'auto' (use the "
                         "trained defaults if present) or 'none' (final norm + LM head: logit lens)")
@@ -65,6 +70,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.draft_length import parse_draft_length
     from sglang_hsd.levels import parse_buffers
+    from sglang_hsd.runtime.config import parse_tree
     from sglang_hsd.runtime.loading import build_generator, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams
 
@@ -78,9 +84,10 @@ def run_generate(args: argparse.Namespace) -> int:
         args.levels, buffers = best.level_names, best.buffers or None
     methods = args.methods.split(",")
     draft_length = parse_draft_length(args.draft_length)  # bad input fails before loading a model
+    tree = parse_tree(args.tree)
     target = load_model(args.model)
     gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse,
-                          draft_length=draft_length)
+                          draft_length=draft_length, tree=tree)
     texts = prompt_set_texts(args.prompt_set, args.num_prompts) if args.prompt_set else args.prompt or [DEFAULT_PROMPT]
     prompts = encode_prompts(target.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)

@@ -140,3 +140,20 @@ def parse_levels(
     """
     return HierarchyConfig(parse_level_specs(spec, buffers, methods), window=window,
                            draft_length=draft_length or DraftLengthRule(), tree=tree, tree_rule=tree_rule)
+
+
+def parse_tree(text: str, name: str = "--tree") -> ExpandConfig | None:
+    """``"none"`` (chains) or ``"D:k:N"``: depth D, k children per node, N nodes with the root
+    (SGLang's ``--speculative-num-steps`` / ``--speculative-eagle-topk`` /
+    ``--speculative-num-draft-tokens``). Raises ``ValueError`` naming ``name`` otherwise."""
+    if text.strip() == "none":
+        return None
+    parts = text.strip().split(":")
+    try:
+        depth, topk, nodes = (int(x) for x in parts)
+    except ValueError:
+        raise ValueError(f"{name} must be none or D:k:N (three integers, e.g. 4:2:8), got {text!r}") from None
+    try:
+        return ExpandConfig(depth, topk, nodes)
+    except ValueError as err:
+        raise ValueError(f"{name} {text!r}: {err}") from None

@@ -75,7 +75,7 @@ def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
 
 
 def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_heads: str, reuse_kv: bool = True,
-                    draft_length: DraftLengthRule | None = None):
+                    draft_length: DraftLengthRule | None = None, tree=None):
     """A ``SpeculativeGenerator`` for a ``--levels`` spec (loads a separate drafter if named).
 
     Args:
@@ -83,13 +83,14 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         exit_heads: the ``--exit-heads`` option (``load_exit_heads_option``).
         reuse_kv: ``HierarchyConfig.reuse_kv``.
         draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``: the drafter's buffer).
+        tree: ``HierarchyConfig.tree`` (an ``ExpandConfig``, e.g. from ``config.parse_tree``), None: chains.
     """
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import HierarchyConfig
     from sglang_hsd.runtime.engine import SpeculativeGenerator
 
     config = HierarchyConfig(parse_level_specs(levels, buffers, methods), reuse_kv=reuse_kv,
-                             draft_length=draft_length or DraftLengthRule())
+                             draft_length=draft_length or DraftLengthRule(), tree=tree)
     drafter = None
     if config.levels[0].kind is LevelKind.MODEL:
         loaded = load_model(config.levels[0].model_path)

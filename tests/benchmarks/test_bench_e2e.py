@@ -12,3 +12,27 @@ def test_draft_length_per_config_is_checked_before_any_model_work():
         bench_e2e.parse_args(["--configs", "exit:2,target", "--draft-length", "adaptive:x"])
     with pytest.raises(ValueError, match="--draft-length needs one value per --configs entry"):
         bench_e2e.parse_args(["--configs", "target", "exit:2,target", "--draft-length", "fixed"])
+
+
+def test_tree_per_config_is_checked_before_any_model_work():
+    args = bench_e2e.parse_args(["--configs", "target", "exit:2,target", "--tree", "none", "4:2:8"])
+    assert args.tree == ["none", "4:2:8"]
+    with pytest.raises(ValueError, match="--tree must be none or D:k:N"):
+        bench_e2e.parse_args(["--configs", "exit:2,target", "--tree", "4:2"])
+    with pytest.raises(ValueError, match="--tree '4:0:8': topk must be an int >= 1"):
+        bench_e2e.parse_args(["--configs", "exit:2,target", "--tree", "4:0:8"])
+    with pytest.raises(ValueError, match="--tree needs one value per --configs entry"):
+        bench_e2e.parse_args(["--configs", "target", "exit:2,target", "--tree", "none"])
+
+
+def test_tree_rows_are_labelled_and_compared_by_their_tree():
+    from benchmarks.bench_report import check_batch_outputs, config_label
+
+    base = {"temperature": 0, "config": "exit:2,target", "method": "hsd", "buffers": "", "draft_length": "fixed"}
+    rows = [{**base, "batch_size": 1, "tree": "none", "outputs": [[1, 2]]},
+            {**base, "batch_size": 1, "tree": "3:2:6", "outputs": [[1, 3]]},
+            {**base, "batch_size": 4, "tree": "3:2:6", "outputs": [[1, 3]]}]
+    check_batch_outputs(rows)
+    assert rows[2]["matches_b1"] is True  # compared with the B = 1 tree row, not the chain row
+    assert config_label(rows[1]) == "exit:2,target hsd [- tree 3:2:6]"
+    assert config_label(rows[0]) == "exit:2,target hsd"
