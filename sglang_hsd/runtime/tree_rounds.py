@@ -35,7 +35,7 @@ multi-token law by chi-square against the exact target law.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -47,8 +47,31 @@ from sglang_hsd.verify.tree.mask import tree_attention_mask
 from sglang_hsd.verify.tree.methods import TREE_METHODS
 from sglang_hsd.verify.tree.validation import validate_tree_inputs
 
-if TYPE_CHECKING:  # the engine imports this module
-    from sglang_hsd.runtime.engine import _Run
+
+class TreeHost(Protocol):
+    """What a tree round reads and drives on the state of one ``generate`` call (the engine's run
+    state implements it; tensors are per request row b of B, positions index ``tokens``).
+
+    Fields:
+        gen: the ``SpeculativeGenerator`` (its config, validate flag); params: ``BatchSamplingParams``.
+        tokens: int64 [B, max_len]; seq_len: int64 [B]; buf_start: the drafter's at index 0.
+        level_group / level_head: per level, its layer group and exit head (or None).
+        stats: per level, ``LevelStats``; trace: ``RoundTrace`` or None; generator: torch.Generator.
+        commit(idx): finish rows ``idx`` that produced EOS or reached their limit.
+    """
+
+    gen: object
+    params: BatchSamplingParams
+    tokens: torch.Tensor
+    seq_len: torch.Tensor
+    buf_start: list
+    level_group: list
+    level_head: list
+    stats: list
+    trace: object
+    generator: torch.Generator
+
+    def commit(self, idx: torch.Tensor) -> None: ...
 
 
 def tree_slots(run_config) -> int:
@@ -59,9 +82,9 @@ def tree_slots(run_config) -> int:
 
 
 class TreeRounds:
-    """Runs tree rounds on the state of one ``generate`` call (``engine._Run``)."""
+    """Runs tree rounds on the state of one ``generate`` call (a ``TreeHost``)."""
 
-    def __init__(self, run: "_Run") -> None:
+    def __init__(self, run: TreeHost) -> None:
         self.run = run
         config = run.gen.config
         self.shape, self.rule, self.method = config.tree, config.tree_rule, config.tree_method
