@@ -52,7 +52,10 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
            "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
            "--max-total-tokens", "8192", "--attention-backend", "torch_native",
-           "--max-running-requests", "8", "--random-seed", "0"]
+           "--max-running-requests", "8", "--random-seed", "0",
+           # An idle scheduler otherwise polls at 100% of a core: with several servers up (tests)
+           # or a client beside one (benchmarks) that takes the 2 cores' time from the busy one.
+           "--sleep-on-idle"]
     if algorithm:
         cmd += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft_path,
                 "--decode-attention-backend", "intel_amx", "--speculative-attention-mode",
