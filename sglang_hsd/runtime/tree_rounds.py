@@ -110,12 +110,14 @@ class TreeRounds:
         run = self.run
         idx = rows.nonzero().squeeze(-1)
         root_pos = run.seq_len[idx] - 1  # r's position, per active row
-        advance(self.target, run.tokens, run.seq_len - 1)  # every committed token but r
+        start_time = time.perf_counter()
+        advance(self.target, run.tokens, run.seq_len - 1)  # every committed token but r (prefill)
+        prefill_seconds = time.perf_counter() - start_time
         start_time = time.perf_counter()
         tree = self._draft(idx)
         run.stats[0].seconds += time.perf_counter() - start_time
 
-        start_time = time.perf_counter()
+        start_time = time.perf_counter() - prefill_seconds
         candidates = tree.candidates.clone()
         candidates[:, 0] = run.tokens[idx, root_pos]
         logits, outputs = self._target_forward(idx, candidates, tree.parents, root_pos.unsqueeze(-1) + tree.depths)
