@@ -276,6 +276,8 @@ def parse_args(argv=None):
     parser.add_argument("--server-timeout", type=float, default=1200.0)
     parser.add_argument("--client-timeout", type=float, default=7200.0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--name", default=None,
+                        help="results file stem (default serving_standalone_<target>)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep logs (and the tiny pair) here (default: a temp dir, removed)")
     args = parser.parse_args(argv)
@@ -327,7 +329,7 @@ def main(argv=None) -> int:
                 "configs": args.configs,
                 "prompt_sources": sources, "command": run.command}
         records = []
-        stem = args.out_dir / f"serving_standalone_{'tiny' if args.tiny else target.name}"
+        stem = args.out_dir / (args.name or f"serving_standalone_{'tiny' if args.tiny else target.name}")
 
         def save(rows: list[dict], complete: bool) -> str:
             """(Re)write the results: after every row, so a stopped run keeps what it measured."""
