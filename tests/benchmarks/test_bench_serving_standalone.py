@@ -77,3 +77,9 @@ def test_stopped_run_keeps_the_rows_it_measured(tmp_path, monkeypatch):
     assert [(r["config"], r["concurrency"]) for r in saved["results"]] == [
         ("none", 1), ("none", 4), ("hsd", 1), ("hsd", 4)]
     assert "**Partial run**" in (tmp_path / f"serving_standalone_{tmp_path.name}.md").read_text()
+    # --name picks the stem, so a second run does not overwrite the first.
+    try:
+        bench.main(argv + ["--name", "second_run"])
+    except KeyboardInterrupt:
+        pass
+    assert (tmp_path / "second_run.json").exists() and (tmp_path / "second_run.md").exists()
