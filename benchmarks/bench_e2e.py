@@ -107,6 +107,10 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--pack-linears", action="store_true",
+                        help="run the target's projections and LM head on oneDNN pre-packed weights "
+                        "(CausalLM.pack_linears, as make demo does) in every runtime configuration, "
+                        "plain decoding included; the HF peers keep their own kernels")
     add_standard_arguments(parser, threads=1, name="e2e")
     args = parser.parse_args(argv)
     for option in ("buffers", "methods", "draft_length", "tree"):
@@ -127,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
 
     target = load_model(args.model)
+    if args.pack_linears and not target.model.pack_linears():
+        raise SystemExit("--pack-linears: this model / torch build cannot run oneDNN packed linears "
+                         "(float32 on CPU with mkldnn needed)")
     assistant = load_model(args.assistant) if args.assistant else None
     prompts = encoded_prompts(target.tokenizer, args.prompt_set, args.num_prompts)
     rows = measure_all(args, target, assistant, prompts)
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     check_batch_outputs(rows)
     meta = {"model": args.model, "assistant": args.assistant, "prompt_set": args.prompt_set,
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-            "exit_heads": args.exit_heads}
+            "exit_heads": args.exit_heads, "pack_linears": args.pack_linears}
     table = format_e2e_table(rows, meta)
     write_results(RESULTS_DIR / args.name, {"meta": meta, "rows": rows}, table, run)
     print(table)
