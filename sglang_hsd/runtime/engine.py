@@ -27,10 +27,10 @@ EAGLE-3 drafter (level kind ``eagle3``): extra group boundaries at the head's ca
 the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_drafter.py``) owns
 the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_verify``.
 
-Tree rounds (``HierarchyConfig.tree``, drafter -> target) replace them by one sampled draft tree per
-request and round (``runtime/tree_rounds.py``). Windowed rounds (``HierarchyConfig.window``,
-drafter -> one exit -> target) replace ``_fill`` / ``_verify`` by the SGLang plugin's round (``runtime/window.py`` runs ``verify/window_round.py``
-with this engine's model work). ``generate(trace_rounds=True)`` records per round what each level
+Tree rounds (``HierarchyConfig.tree``, drafter -> target) replace ``_fill`` / ``_verify`` by one
+sampled draft tree per request and round (``runtime/tree_rounds.py``). Windowed rounds
+(``HierarchyConfig.window``, drafter -> one exit -> target) replace them by the SGLang plugin's
+round (``runtime/window.py`` runs ``verify/window_round.py`` with this engine's model work). ``generate(trace_rounds=True)`` records per round what each level
 accepted (``GenerationResult.round_trace``).
 """
 

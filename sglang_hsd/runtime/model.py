@@ -240,9 +240,10 @@ class CausalLM(nn.Module):
             position_ids: ``LongTensor[B, T]`` rotary positions, default
                 ``cache.lengths_for(start)[:, None] + arange(T)``; draft trees pass depths.
             attn_mask: ``BoolTensor[B, T, P + T]``, True where new token ``t`` may attend column
-                ``c``: column ``c < P`` is cached slot ``L0 - P + c`` (see ``mask_prefix``), column
-                ``P + t'`` new token ``t'`` (must include the diagonal); default causal, ``P = 0``.
-                Used for draft trees.
+                ``c``: for row b with prefix ``P_b`` (``mask_prefix``), column ``c < P_b`` is cached
+                slot ``L0 - P_b + c`` and column ``P_b + t'`` new token ``t'`` (must include the
+                diagonal; columns past ``P_b + T`` unused); default causal, ``P = 0``. Used for
+                draft trees.
             mask_prefix: ``LongTensor[B]``, per row how many of the last cached slots of every
                 layer in the range ``attn_mask`` governs (``<= P``; needs ``attn_mask``): the
                 nodes an earlier forward of the same draft tree wrote, which a new node sees only

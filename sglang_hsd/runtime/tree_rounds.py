@@ -74,10 +74,11 @@ class TreeHost(Protocol):
     def commit(self, idx: torch.Tensor) -> None: ...
 
 
-def tree_slots(run_config) -> int:
-    """Cache slots a tree round needs past the committed tokens: the drafter's forwarded nodes
-    (k (D - 1)) or the target's tree (N), whichever is larger; 0 without a tree."""
-    tree = run_config.tree
+def tree_slots(config) -> int:
+    """Cache slots a tree round of ``config`` (a ``HierarchyConfig``) needs past the committed
+    tokens: the drafter's forwarded nodes (k (D - 1)) or the target's tree (N), whichever is
+    larger; 0 without a tree."""
+    tree = config.tree
     return 0 if tree is None else max(tree.num_draft_tokens, tree.topk * (tree.depth - 1) + 1)
 
 
@@ -92,17 +93,14 @@ class TreeRounds:
         self.target: LayerGroup = run.level_group[-1]
         if self.drafter.source is not None:
             raise ValueError("a tree drafter must run from the token embeddings (its group has no source)")
-        target_caches = {id(group.cache) for group in self._target_chain()}
-        # An exit drafter reusing the target's cache must leave it aligned with the target's layers.
-        self.shares_target_cache = id(self.drafter.cache) in target_caches
-
-    def _target_chain(self) -> list[LayerGroup]:
-        """The target's groups from the embeddings up (the last one is the target level's)."""
-        chain, group = [], self.target
+        # The target's groups from the embeddings up (the last one is the target level's).
+        self.target_chain: list[LayerGroup] = []
+        group = self.target
         while group is not None:
-            chain.append(group)
+            self.target_chain.insert(0, group)
             group = group.source
-        return chain[::-1]
+        # An exit drafter reusing the target's cache must leave it aligned with the target's layers.
+        self.shares_target_cache = any(self.drafter.cache is group.cache for group in self.target_chain)
 
     # ------------------------------------------------------------------ one round
     def round(self, rows: torch.Tensor) -> None:
@@ -112,12 +110,12 @@ class TreeRounds:
         root_pos = run.seq_len[idx] - 1  # r's position, per active row
         start_time = time.perf_counter()
         advance(self.target, run.tokens, run.seq_len - 1)  # every committed token but r (prefill)
-        prefill_seconds = time.perf_counter() - start_time
+        target_seconds = time.perf_counter() - start_time
         start_time = time.perf_counter()
         tree = self._draft(idx)
         run.stats[0].seconds += time.perf_counter() - start_time
 
-        start_time = time.perf_counter() - prefill_seconds
+        start_time = time.perf_counter()
         candidates = tree.candidates.clone()
         candidates[:, 0] = run.tokens[idx, root_pos]
         logits, outputs = self._target_forward(idx, candidates, tree.parents, root_pos.unsqueeze(-1) + tree.depths)
@@ -132,7 +130,7 @@ class TreeRounds:
         stats.rounds += idx.numel()
         stats.proposed += int(tree.num_kept.sum())
         stats.accepted += int(res.num_accepted.sum())
-        stats.seconds += time.perf_counter() - start_time
+        stats.seconds += target_seconds + time.perf_counter() - start_time
 
     def _validate(self, tree: LevelTree, candidates: torch.Tensor, p: torch.Tensor) -> None:
         """``verify_tree``'s input checks, per request on its kept nodes: a request whose q ran out
@@ -226,9 +224,8 @@ class TreeRounds:
         mask[idx] = tree_attention_mask(parents)
         num_new = torch.zeros(batch, dtype=torch.long, device=idx.device)
         num_new[idx] = nodes
-        chain = self._target_chain()
-        hidden, outputs = chain[0].model.embed(ids), []
-        for group in chain:
+        hidden, outputs = self.target_chain[0].model.embed(ids), []
+        for group in self.target_chain:
             hidden = group.model.forward_layers(hidden, group.start, group.end, group.cache, num_new,
                                                 full_positions, mask)
             outputs.append(hidden)
@@ -246,13 +243,13 @@ class TreeRounds:
         keep_len[idx] = accepted + 1
         keep_index = torch.zeros(batch, path.shape[1], dtype=torch.long, device=idx.device)
         keep_index[idx] = path
-        for group, out in zip(self._target_chain(), outputs):
+        rows = idx.unsqueeze(-1).expand_as(path)[kept]
+        dest = (root_pos.unsqueeze(-1) + torch.arange(path.shape[1], device=idx.device))[kept]
+        for group, out in zip(self.target_chain, outputs):
             start = group.length().clone()
             start[idx] = root_pos
             group.cache.keep(range(group.start, group.end), start, keep_index, keep_len)
-            rows = idx.unsqueeze(-1).expand_as(path)
-            dest = root_pos.unsqueeze(-1) + torch.arange(path.shape[1], device=idx.device)
-            group.hidden[rows[kept], dest[kept]] = out[rows[kept], path[kept]]
+            group.hidden[rows, dest] = out[rows, path[kept]]
         emitted = accepted + 1
         dest = root_pos.unsqueeze(-1) + 1 + torch.arange(res.tokens.shape[1], device=idx.device)
         written = torch.arange(res.tokens.shape[1], device=idx.device).unsqueeze(0) < emitted.unsqueeze(-1)

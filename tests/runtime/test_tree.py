@@ -89,3 +89,31 @@ def test_keep_accepted_path_equals_chain_decode():
         for layer in range(model.num_layers):
             for got, ref in ((cache.keys(layer), chain.keys(layer)), (cache.values(layer), chain.values(layer))):
                 assert (got[b, :, :used] - ref[0, :, :used]).abs().max() < ATOL
+
+
+def test_tree_forwarded_in_two_calls_equals_one_call():
+    # forward_layers' mask_prefix: nodes 3..6 see nodes 0..2 (cached by an earlier call of the same
+    # tree) only where they are ancestors, exactly as in one tree-masked call over all nodes.
+    model = CausalLM.from_hf(tiny_qwen2(seed=22))
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 64, (n,), generator=gen) for n in (5, 3)]
+    tree_tokens = torch.randint(0, 64, (2, len(PARENTS)), generator=gen)
+    _, one_call, _ = run_tree(model, prompts, tree_tokens)
+
+    ids, num_prompt = right_pad(prompts)
+    cache = model.new_cache(2, 20)
+    model(ids, cache, num_prompt)
+    mask, depth = tree_mask_and_depth(PARENTS)
+    positions = num_prompt[:, None] + depth[None, :]
+    first, rest = slice(0, 3), slice(3, len(PARENTS))
+    model.forward_layers(model.embed(tree_tokens[:, first]), 0, model.num_layers, cache,
+                         position_ids=positions[:, first], attn_mask=mask[first, first][None].expand(2, -1, -1))
+    hidden = model.forward_layers(model.embed(tree_tokens[:, rest]), 0, model.num_layers, cache,
+                                  position_ids=positions[:, rest], attn_mask=mask[rest][None].expand(2, -1, -1),
+                                  mask_prefix=torch.tensor([3, 3]))
+    assert (model.exit_logits(hidden) - one_call[:, rest]).abs().max() < ATOL
+    # Without the prefix mask the later nodes would see every earlier node: different rows.
+    cache.truncate(num_prompt + 3)
+    causal = model.forward_layers(model.embed(tree_tokens[:, rest]), 0, model.num_layers, cache,
+                                  position_ids=positions[:, rest], attn_mask=mask[rest, rest][None].expand(2, -1, -1))
+    assert (model.exit_logits(causal) - one_call[:, rest]).abs().max() > 10 * ATOL
