@@ -1,0 +1,198 @@
+"""What a drafter call and a target call cost on this machine, per thread count and kernel path.
+
+The round planner prices a candidate's rounds (``replay.ReplayStats``: how many drafter and
+target forwards of how many rows) with these tables. A *setting* is the pair the runtime can
+choose at start-up: torch's intra-op threads and the kernel path of the linear layers
+(``runtime/kernel_paths.py``: ``mkl`` = ``F.linear``, ``onednn-packed`` = the target's and a
+separate drafter's projections on oneDNN prepacked weights for two rows or more, as
+``SpeculativeGenerator(pack_linears=True)`` runs them). Every setting computes the same fp32
+numbers, so the choice changes speed only.
+
+A call on n rows is timed as the runtime runs it, at batch 1 with a KV cache of ``context_len``
+positions (rolled back after each timing): the forward of its layers, the head and the sampling
+transform on all n rows; a target call also runs ``verify_chain`` on n - 1 drafts. For an exit
+drafter (KV shared with the target) the drafter's call is layers [0, L) and the target's is layers
+[L, N) plus [0, L) on the one position no level has processed yet. Rows between the measured ones
+are interpolated (``costs._interp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+from sglang_hsd.hierarchy.costs import _interp
+from sglang_hsd.hierarchy.measure import _median_seconds
+from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
+from sglang_hsd.runtime.model import CausalLM
+from sglang_hsd.sampling import SamplingParams, logits_to_probs
+
+KERNEL_PATHS = (PATH_MKL, PATH_PACKED)
+DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 17, 25)
+
+
+@dataclass(frozen=True)
+class KernelSetting:
+    """Threads and kernel path the runtime runs with.
+
+    Fields:
+        threads: torch intra-op threads (>= 1).
+        kernel_path: one of ``KERNEL_PATHS``.
+    """
+
+    threads: int
+    kernel_path: str
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.kernel_path not in KERNEL_PATHS:
+            raise ValueError(f"kernel_path must be one of {KERNEL_PATHS}, got {self.kernel_path!r}")
+
+    @property
+    def packed(self) -> bool:
+        return self.kernel_path == PATH_PACKED
+
+    @property
+    def label(self) -> str:
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''}, {self.kernel_path}"
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Measured seconds of the runtime's calls under one ``KernelSetting``.
+
+    Fields:
+        setting: the threads and kernel path they were measured with.
+        rows: the row counts measured (increasing, from 1).
+        draft_seconds: a drafter call on n rows (head and sampling transform on every row).
+        verify_seconds: a target call on n rows, head, transform and ``verify_chain`` of n - 1 drafts.
+        sample_seconds: one draw from a vocabulary row (a drafted token, or a plain decoding step's).
+    """
+
+    setting: KernelSetting
+    rows: tuple[int, ...]
+    draft_seconds: tuple[float, ...]
+    verify_seconds: tuple[float, ...]
+    sample_seconds: float
+
+    def draft(self, rows: int) -> float:
+        return _interp(self.rows, self.draft_seconds, rows)
+
+    def verify(self, rows: int) -> float:
+        return _interp(self.rows, self.verify_seconds, rows)
+
+    @property
+    def plain_step_seconds(self) -> float:
+        """One plain decoding step: the target on one row and a draw."""
+        return self.verify(1) + self.sample_seconds
+
+    def round_seconds(self, drafter_calls: dict[int, float], target_calls: dict[int, float], drafted: float) -> float:
+        """Seconds of drafter calls ``{rows: count}``, target calls ``{rows: count}`` and ``drafted``
+        draws."""
+        return (sum(count * self.draft(rows) for rows, count in drafter_calls.items())
+                + sum(count * self.verify(rows) for rows, count in target_calls.items())
+                + drafted * self.sample_seconds)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RoundCosts:
+        return cls(KernelSetting(**data["setting"]), tuple(data["rows"]), tuple(data["draft_seconds"]),
+                   tuple(data["verify_seconds"]), float(data["sample_seconds"]))
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """The drafter the costs are measured for: a separate ``model``, or the target's exit at
+    ``layer`` (with ``head``, or the target's final norm + LM head when None)."""
+
+    model: CausalLM | None = None
+    layer: int | None = None
+    head: torch.nn.Module | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.layer is None):
+            raise ValueError("DrafterSpec needs exactly one of model (a separate drafter) and layer (an exit)")
+
+
+@torch.inference_mode()
+def measure_round_costs(
+    target: CausalLM,
+    drafter: DrafterSpec,
+    settings: Sequence[KernelSetting],
+    params: SamplingParams = SamplingParams(0.0),
+    context_len: int = 128,
+    rows: Sequence[int] = DEFAULT_ROWS,
+    repeats: int = 3,
+    progress=None,
+) -> list[RoundCosts]:
+    """Time drafter and target calls of ``rows`` rows under every setting (threads are restored,
+    the models are left unpacked).
+
+    Args:
+        progress: optional callable(str) told which setting is being measured.
+    """
+    from sglang_hsd.verify.chain import verify_chain
+
+    rows = tuple(sorted(set(int(n) for n in rows)))
+    if not rows or rows[0] != 1:
+        raise ValueError(f"rows must include 1, got {rows}")
+    models = [target] + ([drafter.model] if drafter.model is not None else [])
+    threads_before = torch.get_num_threads()
+    generator = torch.Generator().manual_seed(0)
+    vocab = target.vocab_size
+    caches = {id(m): m.new_cache(1, context_len + rows[-1] + 1) for m in models}
+    for model in models:
+        cache = caches[id(model)]
+        model.forward_layers(model.embed(torch.randint(0, vocab, (1, context_len), generator=generator)),
+                             0, model.num_layers, cache)
+    bases = {key: cache.lengths[0].clone() for key, cache in caches.items()}
+
+    def call(model: CausalLM, lo: int, hi: int, n: int, head, extra: tuple[int, int] | None = None):
+        cache, base = caches[id(model)], bases[id(model)]
+        hidden = torch.randn(1, n, model.hidden_size, generator=generator)
+
+        def run():
+            out = model.forward_layers(hidden, lo, hi, cache)
+            if extra is not None:  # the exit drafter's layers on the position no level has seen
+                model.forward_layers(hidden[:, -1:], extra[0], extra[1], cache)
+            logits_to_probs(model.exit_logits(out, head), params)
+            cache.truncate(base)
+
+        return _median_seconds(run, repeats, warmup=1)
+
+    results = []
+    try:
+        for setting in settings:
+            if progress is not None:
+                progress(setting.label)
+            torch.set_num_threads(setting.threads)
+            for model in models:
+                model.pack_linears() if setting.packed else model.unpack_linears()
+            if drafter.model is not None:
+                draft = [call(drafter.model, 0, drafter.model.num_layers, n, None) for n in rows]
+                target_calls = [call(target, 0, target.num_layers, n, None) for n in rows]
+            else:
+                layer = drafter.layer
+                draft = [call(target, 0, layer, n, drafter.head) for n in rows]
+                target_calls = [call(target, layer, target.num_layers, n, None, extra=(0, layer)) for n in rows]
+            checks = []
+            for n in rows:
+                probs = torch.softmax(torch.randn(1, n, vocab, generator=generator), -1)
+                tokens = torch.randint(0, vocab, (1, n - 1), generator=generator)
+                checks.append(0.0 if n == 1 else _median_seconds(
+                    lambda: verify_chain(tokens, probs[:, : n - 1], probs, generator=generator, validate=False),
+                    repeats, warmup=1))
+            q = torch.softmax(torch.randn(1, vocab, generator=generator), -1)
+            sample = _median_seconds(lambda: torch.multinomial(q, 1, generator=generator), repeats, warmup=1)
+            results.append(RoundCosts(setting, rows, tuple(draft),
+                                      tuple(t + c for t, c in zip(target_calls, checks)), sample))
+    finally:
+        torch.set_num_threads(threads_before)
+        for model in models:
+            model.unpack_linears()
+    return results

@@ -1,0 +1,233 @@
+"""Choose a two-level hierarchy's runtime knobs from measured costs and replayed acceptance.
+
+The knobs: the round's draft shape (a fixed draft length K, an adaptive stopping rule
+``adaptive:threshold:max``, or a sampled tree ``D:k:N``) and the ``KernelSetting`` (threads,
+kernel path). Plain decoding under each setting is a candidate too, so the choice is never
+predicted slower than plain decoding.
+
+Prediction of a candidate, in seconds per token: replay its rounds over the acceptance records
+(``replay.py``: rounds, tokens, drafter and target calls by row count), price the calls with the
+setting's measured ``RoundCosts`` and divide by the tokens emitted. Greedy records make the
+replayed acceptance exact; costs are per-call medians, so the prediction leaves out what the
+engine does between calls (bookkeeping, cache compaction): ``benchmarks/bench_round_planner.py``
+measures the choice against plain decoding and the other candidates in one run.
+
+``record_acceptance`` builds the records: the target's own continuation of each prompt (greedy, or
+sampled under the request's parameters), then both levels' rows at every position of it, in one
+teacher-forced pass each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from sglang_hsd.draft_length import DraftLengthKind, DraftLengthRule, parse_draft_length
+from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
+from sglang_hsd.hierarchy.round_costs import DrafterSpec, RoundCosts
+from sglang_hsd.runtime.model import CausalLM
+from sglang_hsd.sampling import SamplingParams, logits_to_probs
+from sglang_hsd.verify.tree.expand import ExpandConfig
+from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES
+
+DEFAULT_FIXED = tuple(range(1, 17))
+DEFAULT_ADAPTIVE = tuple(f"adaptive:{t}:{m}" for t in (0.2, 0.4, 0.6) for m in (8, 16, 24, 32))
+DEFAULT_TREES = ((2, 2, 4), (3, 2, 6), (4, 2, 8), (5, 2, 10), (6, 2, 12), (8, 2, 16), (3, 3, 8),
+                 (4, 3, 10), (6, 3, 16))
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """How a round drafts. Exactly one of: ``fixed`` (K drafts), ``adaptive`` (a
+    ``DraftLengthRule`` of kind adaptive), ``tree`` (an ``ExpandConfig``); all None: plain decoding.
+    """
+
+    fixed: int | None = None
+    adaptive: DraftLengthRule | None = None
+    tree: ExpandConfig | None = None
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.fixed, self.adaptive, self.tree)) > 1:
+            raise ValueError("a RoundShape is one of fixed, adaptive and tree")
+        if self.fixed is not None and self.fixed < 1:
+            raise ValueError(f"fixed draft length must be >= 1, got {self.fixed}")
+        if self.adaptive is not None and not self.adaptive.adaptive:
+            raise ValueError("adaptive needs a DraftLengthRule of kind adaptive")
+
+    @property
+    def plain(self) -> bool:
+        return self.fixed is None and self.adaptive is None and self.tree is None
+
+    @property
+    def draft_length(self) -> str:
+        """The ``--draft-length`` spelling: ``fixed`` or ``adaptive:threshold:max``."""
+        rule = self.adaptive
+        return f"adaptive:{rule.threshold}:{rule.max_length}" if rule is not None else DraftLengthKind.FIXED.value
+
+    @property
+    def tree_text(self) -> str:
+        """The ``--tree`` spelling: ``none`` or ``D:k:N``."""
+        cfg = self.tree
+        return "none" if cfg is None else f"{cfg.depth}:{cfg.topk}:{cfg.num_draft_tokens}"
+
+    @property
+    def buffer(self) -> int:
+        """The drafter level's buffer: K, the adaptive maximum, or the tree's depth (1 for plain)."""
+        if self.fixed is not None:
+            return self.fixed
+        if self.adaptive is not None:
+            return self.adaptive.max_length
+        return self.tree.depth if self.tree is not None else 1
+
+    @property
+    def label(self) -> str:
+        if self.plain:
+            return "plain"
+        if self.fixed is not None:
+            return f"fixed {self.fixed}"
+        return self.draft_length if self.adaptive is not None else f"tree {self.tree_text}"
+
+    @property
+    def longest(self) -> int:
+        """The most positions past the round's start it can draft."""
+        return self.tree.depth if self.tree is not None else (self.buffer if not self.plain else 0)
+
+
+@dataclass(frozen=True)
+class RoundPrediction:
+    """One candidate's predicted behaviour.
+
+    Fields:
+        shape, costs: the draft shape and the setting's measured costs.
+        seconds_per_token: predicted time per emitted token.
+        tokens_per_round: emitted tokens per target round (1 for plain decoding).
+        drafted_per_round: drafter tokens per round (tree: kept nodes).
+    """
+
+    shape: RoundShape
+    costs: RoundCosts
+    seconds_per_token: float
+    tokens_per_round: float
+    drafted_per_round: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.shape.label} ({self.costs.setting.label})"
+
+
+def candidate_shapes(
+    fixed: Sequence[int] = DEFAULT_FIXED,
+    adaptive: Sequence[str] = DEFAULT_ADAPTIVE,
+    trees: Sequence[tuple[int, int, int]] = DEFAULT_TREES,
+) -> list[RoundShape]:
+    """Plain decoding and every given shape. Trees that ``spine_wide`` cannot fill, and adaptive
+    thresholds outside ``replay.STOP_THRESHOLDS``, raise ``ValueError`` naming them."""
+    shapes = [RoundShape()]
+    shapes += [RoundShape(fixed=k) for k in fixed]
+    for text in adaptive:
+        rule = parse_draft_length(text, name="adaptive candidate")
+        if not rule.adaptive or rule.threshold not in STOP_THRESHOLDS:
+            raise ValueError(f"adaptive candidate {text!r}: needs adaptive:<threshold>:<max> with a threshold "
+                             f"in {STOP_THRESHOLDS}")
+        shapes.append(RoundShape(adaptive=rule))
+    rule = LEVEL_RULES[DEFAULT_LEVEL_RULE]
+    for depth, topk, nodes in trees:
+        cfg = ExpandConfig(depth, topk, nodes)
+        if cfg.budget > min(cfg.pool, rule.capacity(cfg)):
+            raise ValueError(f"tree candidate {depth}:{topk}:{nodes} does not fit rule {DEFAULT_LEVEL_RULE!r}")
+        shapes.append(RoundShape(tree=cfg))
+    return shapes
+
+
+def replay(shape: RoundShape, records: list[AcceptanceRecord], new_tokens: int) -> ReplayStats:
+    """The shape's rounds over the records (plain decoding: one target call per token)."""
+    if shape.plain:
+        tokens = float(new_tokens * len(records))
+        return ReplayStats(tokens, tokens, 0.0, {}, {1: tokens})
+    if shape.tree is not None:
+        return replay_tree(records, new_tokens, shape.tree)
+    rule = shape.adaptive or DraftLengthRule()
+    return replay_chain(records, new_tokens, rule, shape.fixed or 1)
+
+
+def predict(shape: RoundShape, costs: RoundCosts, records: list[AcceptanceRecord], new_tokens: int) -> RoundPrediction:
+    stats = replay(shape, records, new_tokens)
+    seconds = costs.round_seconds(stats.drafter_calls, stats.target_calls, stats.drafted)
+    if shape.plain:
+        seconds += stats.tokens * costs.sample_seconds
+    return RoundPrediction(shape, costs, seconds / stats.tokens, stats.tokens_per_round,
+                           stats.drafted / stats.rounds)
+
+
+def rank_candidates(
+    shapes: Sequence[RoundShape], costs: Sequence[RoundCosts], records: list[AcceptanceRecord], new_tokens: int
+) -> list[RoundPrediction]:
+    """Every (shape, setting) pair, fastest first."""
+    if not records:
+        raise ValueError("records must not be empty")
+    out = [predict(shape, cost, records, new_tokens) for cost in costs for shape in shapes]
+    return sorted(out, key=lambda p: p.seconds_per_token)
+
+
+def best_plain(predictions: Sequence[RoundPrediction]) -> RoundPrediction:
+    """The fastest plain-decoding candidate."""
+    return min((p for p in predictions if p.shape.plain), key=lambda p: p.seconds_per_token)
+
+
+# --------------------------------------------------------------------------- acceptance records
+@torch.inference_mode()
+def continuation(model: CausalLM, prompt: list[int], num_tokens: int, params: SamplingParams,
+                 generator: torch.Generator) -> list[int]:
+    """``num_tokens`` tokens of ``model`` after ``prompt``: greedy at temperature 0, else drawn from
+    its distribution under ``params`` (the target's own continuation)."""
+    cache = model.new_cache(1, len(prompt) + num_tokens + 1)
+    ids = torch.tensor([prompt])
+    out = []
+    for _ in range(num_tokens):
+        logits = model.forward(ids, cache)[:, -1]
+        if params.temperature == 0.0:
+            ids = logits.argmax(-1, keepdim=True)
+        else:
+            ids = torch.multinomial(logits_to_probs(logits, params), 1, generator=generator)
+        out.append(int(ids))
+    return out
+
+
+@torch.inference_mode()
+def _logits_at(model: CausalLM, ids: list[int], start: int, end_layer: int | None = None, head=None) -> torch.Tensor:
+    """Logits of ``model`` (or of its exit after ``end_layer`` with ``head``) predicting ids[start + 1:],
+    i.e. at positions start .. len(ids) - 2. float [P, V]."""
+    cache = model.new_cache(1, len(ids))
+    end = model.num_layers if end_layer is None else end_layer
+    hidden = model.forward_layers(model.embed(torch.tensor([ids])), 0, end, cache)
+    return model.exit_logits(hidden[:, start:-1], head)[0]
+
+
+def record_acceptance(
+    target: CausalLM,
+    drafter: DrafterSpec,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    length: int,
+    seed: int = 0,
+) -> list[AcceptanceRecord]:
+    """One ``AcceptanceRecord`` of ``length`` positions per prompt (module docstring)."""
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    generator = torch.Generator().manual_seed(seed)
+    records = []
+    for prompt in prompts:
+        tail = continuation(target, list(prompt), length, params, generator)
+        ids = list(prompt) + tail
+        start = len(prompt) - 1
+        p = logits_to_probs(_logits_at(target, ids, start)[None], params)[0]
+        if drafter.model is not None:
+            raw = _logits_at(drafter.model, ids, start)
+        else:
+            raw = _logits_at(target, ids, start, drafter.layer, drafter.head)
+        q = logits_to_probs(raw[None], params)[0]
+        records.append(AcceptanceRecord.from_distributions(
+            torch.tensor(tail), p, q, raw, greedy=params.temperature == 0.0))
+    return records

@@ -1,0 +1,144 @@
+"""The round planner: greedy replays reproduce the engine's rounds exactly (fixed, adaptive and
+tree drafts, a separate drafter model and an exit drafter), the top-k tree's kept paths, the
+sampled replay's limits, the choice between plain decoding and speculation from costs, and the
+errors for inputs the planner cannot replay."""
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from sglang_hsd.draft_length import DraftLengthRule, parse_draft_length  # noqa: E402
+from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, kept_rank_paths, replay_chain  # noqa: E402
+from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts  # noqa: E402
+from sglang_hsd.hierarchy.round_planner import (  # noqa: E402
+    RoundShape, best_plain, candidate_shapes, rank_candidates, record_acceptance, replay,
+)
+from sglang_hsd.runtime.config import parse_levels  # noqa: E402
+from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
+from sglang_hsd.runtime.model import CausalLM  # noqa: E402
+from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
+from sglang_hsd.sampling import SamplingParams  # noqa: E402
+from sglang_hsd.verify.tree.expand import ExpandConfig  # noqa: E402
+from tests.runtime.helpers import PROMPTS, sharpen_lm_head  # noqa: E402
+
+NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def target():
+    with torch.inference_mode():
+        return CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0))
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    with torch.inference_mode():
+        return CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=2), 4.0))
+
+
+SHAPES = [RoundShape(fixed=1), RoundShape(fixed=3), RoundShape(fixed=6),
+          RoundShape(adaptive=parse_draft_length("adaptive:0.6:8")),
+          RoundShape(adaptive=parse_draft_length("adaptive:0.9:4")),
+          RoundShape(tree=ExpandConfig(3, 2, 6)), RoundShape(tree=ExpandConfig(4, 2, 8)),
+          RoundShape(tree=ExpandConfig(2, 3, 5))]
+
+
+@pytest.mark.parametrize("spec", ["model:tiny,target", "exit:2,target"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.label)
+def test_greedy_replay_equals_the_engine(target, drafter, spec, shape):
+    spec_drafter = DrafterSpec(model=drafter) if spec.startswith("model") else DrafterSpec(layer=2)
+    records = record_acceptance(target, spec_drafter, PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
+    stats = replay(shape, records, NEW_TOKENS)
+    rule = shape.adaptive or DraftLengthRule()
+    config = parse_levels(spec, buffers=[shape.buffer], methods=["hsd"], draft_length=rule, tree=shape.tree)
+    gen = SpeculativeGenerator(target, config, drafter=drafter if spec.startswith("model") else None)
+    rounds = accepted = 0
+    for prompt in PROMPTS:
+        top = gen.generate([prompt], SamplingParams(0.0), max_new_tokens=NEW_TOKENS).levels[-1]
+        rounds += top.rounds
+        accepted += top.accepted
+    assert stats.rounds == rounds, (spec, shape.label)
+    assert stats.tokens == NEW_TOKENS * len(PROMPTS)
+    # The engine counts every accepted draft, the replay the emitted tokens (cut at max_new_tokens).
+    assert stats.tokens <= accepted + rounds
+    if shape.fixed is not None:
+        assert stats.drafted == rounds * shape.fixed
+
+
+def test_replay_counts_a_chains_accepted_drafts_like_the_engine(target, drafter):
+    # Stronger than rounds alone: every round's accepted count, for a chain of 4.
+    records = record_acceptance(target, DrafterSpec(model=drafter), PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
+    gen = SpeculativeGenerator(target, parse_levels("model:tiny,target", buffers=[4]), drafter=drafter)
+    for prompt, record in zip(PROMPTS, records):
+        result = gen.generate([prompt], SamplingParams(0.0), max_new_tokens=NEW_TOKENS)
+        stats = replay_chain([record], NEW_TOKENS, DraftLengthRule(), 4)
+        top = result.levels[-1]
+        assert (stats.rounds, stats.drafted) == (top.rounds, top.proposed)
+
+
+def test_a_wrong_record_is_caught_by_the_replay_test(target, drafter):
+    # The exactness test has teeth: records of the drafter's *own* continuation (not the target's)
+    # replay other rounds than the engine runs.
+    spec = DrafterSpec(model=drafter)
+    right = record_acceptance(target, spec, PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
+    wrong = record_acceptance(drafter, DrafterSpec(model=target), PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
+    shape = RoundShape(fixed=3)
+    assert replay(shape, right, NEW_TOKENS).rounds != replay(shape, wrong, NEW_TOKENS).rounds
+
+
+def test_kept_rank_paths_of_a_small_tree():
+    # D = 3, k = 2, N = 6: the argmax chain, then the root's second draw, then c_1's second draw.
+    assert kept_rank_paths(ExpandConfig(3, 2, 6)) == ((0,), (0, 0), (0, 0, 0), (1,), (0, 1))
+    # A larger budget reaches the children of the root's second draw (the spare beam's).
+    paths = kept_rank_paths(ExpandConfig(3, 2, 8))
+    assert (1, 0) in paths and (1, 1) in paths and len(paths) == 7
+
+
+def _record(alpha: float, length: int = 64, stop: float = 0.0) -> AcceptanceRecord:
+    return AcceptanceRecord(False, np.full(length, alpha), np.zeros(length, dtype=np.int64),
+                            np.full((len(STOP_THRESHOLDS), length), stop))
+
+
+def test_sampled_replay_limits():
+    full, none = [_record(1.0)], [_record(0.0)]
+    assert replay(RoundShape(fixed=4), full, 40).tokens_per_round == pytest.approx(5.0)
+    assert replay(RoundShape(fixed=4), none, 40).tokens_per_round == pytest.approx(1.0)
+    # A tree with two children per node at alpha 0.5 accepts more per round than the chain.
+    half = [_record(0.5)]
+    chain = replay(RoundShape(fixed=3), half, 40).tokens_per_round
+    tree = replay(RoundShape(tree=ExpandConfig(3, 2, 6)), half, 40).tokens_per_round
+    assert 1.5 < chain < tree
+    # An adaptive rule that always stops drafts one token per round.
+    always = [_record(1.0, stop=1.0)]
+    assert replay(RoundShape(adaptive=parse_draft_length("adaptive:0.4:16")), always, 40).drafted == pytest.approx(20)
+
+
+def _costs(draft_ratio: float, verify_growth: float = 0.05) -> RoundCosts:
+    rows = (1, 2, 4, 8, 17, 33)
+    return RoundCosts(KernelSetting(1, "mkl"), rows, tuple(draft_ratio * (1 + 0.01 * n) for n in rows),
+                      tuple(1.0 + verify_growth * (n - 1) for n in rows), 0.0)
+
+
+def test_choice_follows_costs_and_acceptance():
+    shapes = candidate_shapes()
+    cheap = rank_candidates(shapes, [_costs(0.05)], [_record(1.0, 80)], 40)
+    # Every draft accepted and drafts nearly free: the longest chains win.
+    assert cheap[0].shape.tree is None and not cheap[0].shape.plain and cheap[0].drafted_per_round >= 16
+    assert cheap[0].seconds_per_token < best_plain(cheap).seconds_per_token
+    costly = rank_candidates(shapes, [_costs(1.0)], [_record(0.3, 80)], 40)
+    assert costly[0].shape.plain
+
+
+def test_bad_candidates_are_refused():
+    with pytest.raises(ValueError, match="threshold"):
+        candidate_shapes(adaptive=["adaptive:0.45:16"])
+    with pytest.raises(ValueError, match="tree candidate 2:2:9"):
+        candidate_shapes(trees=[(2, 2, 9)])
+    with pytest.raises(ValueError, match="cannot replay"):
+        replay(RoundShape(fixed=8), [_record(1.0, 20)], 16)
+    with pytest.raises(ValueError, match="exactly one"):
+        DrafterSpec()
+    with pytest.raises(ValueError, match="kernel_path"):
+        KernelSetting(1, "int8")
