@@ -31,10 +31,107 @@ def add_plan_parser(subparsers) -> None:
     parser.add_argument("--max-levels", type=int, help="cap on levels including the target (default: none)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--out", type=Path, default=Path("plan.json"), help="JSON config to write (default plan.json)")
+    knobs = parser.add_argument_group(
+        "round planning (with --drafter)",
+        "Plan one drafter's rounds instead of exit levels: the draft shape (fixed length, adaptive rule or "
+        "sampled tree), threads and kernel path, from acceptance replayed over the target's own "
+        "continuations and call costs measured under each setting (sglang_hsd/hierarchy/round_planner.py).")
+    knobs.add_argument("--drafter", help="the drafter: model:<name or folder> or exit:<layer>")
+    knobs.add_argument("--new-tokens", type=int, default=64, help="tokens per generation the plan is for (default 64)")
+    knobs.add_argument("--thread-options", default="auto",
+                       help="comma list of thread counts to measure, or 'auto': 1 and every core (default)")
+    knobs.add_argument("--kernel-paths", default="mkl,onednn-packed", help="comma list (default mkl,onednn-packed)")
+    knobs.add_argument("--fixed", default="1-16", help="fixed draft lengths: 'a-b' or a comma list (default 1-16)")
+    knobs.add_argument("--adaptive", help="comma list of adaptive:threshold:max rules ('' for none; default: "
+                       "thresholds 0.2, 0.4, 0.6 x maxima 8, 16, 24, 32)")
+    knobs.add_argument("--trees", help="comma list of D:k:N trees ('' for none; default: "
+                       "round_planner.DEFAULT_TREES, 2:2:4 to 6:3:16)")
     parser.set_defaults(func=run_plan)
 
 
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))
+            return list(range(lo, hi + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be 'a-b' or a comma list of integers, got {text!r}") from None
+
+
+def _round_plan_inputs(args: argparse.Namespace):
+    """(drafter level, settings, shapes, sampling parameters) from the options, checked before any
+    model loads."""
+    import os
+
+    from sglang_hsd.hierarchy.round_costs import KernelSetting
+    from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes
+    from sglang_hsd.levels import LevelKind, parse_level_specs
+    from sglang_hsd.runtime.config import parse_tree
+    from sglang_hsd.sampling import SamplingParams
+
+    drafter_level = parse_level_specs(f"{args.drafter},target")[0]
+    if drafter_level.kind not in (LevelKind.MODEL, LevelKind.EXIT):
+        raise ValueError(f"--drafter must be model:<name> or exit:<layer>, got {args.drafter!r}")
+    if args.new_tokens < 1:
+        raise ValueError(f"--new-tokens must be >= 1, got {args.new_tokens}")
+    threads = ([1, os.cpu_count() or 1] if args.thread_options == "auto"
+               else _int_list(args.thread_options, "--thread-options"))
+    settings = [KernelSetting(t, path) for t in sorted(set(threads)) for path in args.kernel_paths.split(",")]
+    trees = DEFAULT_TREES
+    if args.trees is not None:
+        parsed = [parse_tree(t, "--trees") for t in args.trees.split(",") if t.strip()]
+        trees = [(t.depth, t.topk, t.num_draft_tokens) for t in parsed if t is not None]
+    adaptive = [a for a in args.adaptive.split(",") if a.strip()] if args.adaptive is not None else DEFAULT_ADAPTIVE
+    shapes = candidate_shapes(_int_list(args.fixed, "--fixed"), adaptive, trees)
+    return drafter_level, settings, shapes, SamplingParams(args.temperature, args.top_k, args.top_p)
+
+
+def run_round_plan(args: argparse.Namespace) -> int:
+    """``sglang-hsd plan --drafter ...``: the round planner (module ``round_planner``)."""
+    import json
+
+    from sglang_hsd.assets.chat import encode_prompts
+    from sglang_hsd.hierarchy.plan_file import PlanFile
+    from sglang_hsd.hierarchy.round_costs import DrafterSpec
+    from sglang_hsd.hierarchy.round_planner import plan_rounds
+    from sglang_hsd.levels import LevelKind
+    from sglang_hsd.runtime.loading import load_exit_heads_option, load_model, prompt_set_texts
+
+    drafter_level, settings, shapes, params = _round_plan_inputs(args)
+    loaded = load_model(args.model)
+    if drafter_level.kind is LevelKind.MODEL:
+        spec = DrafterSpec(model=load_model(drafter_level.model_path).model)
+    else:
+        heads = load_exit_heads_option(loaded, args.exit_heads)
+        spec = DrafterSpec(layer=drafter_level.layer, head=heads.get(drafter_level.layer) if heads else None)
+    prompts = encode_prompts(loaded.tokenizer, prompt_set_texts(args.prompts, args.num_prompts))
+    result = plan_rounds(loaded.model, spec, prompts, params, args.new_tokens, shapes, settings,
+                         progress=lambda text: print(text, flush=True))
+    plain = result.plain
+    print(f"\n{'candidate':<44} {'ms/token':>9} {'tokens/round':>12} {'vs best plain':>13}")
+    shown = [p for p in result.ranked if p.shape.plain] + [p for p in result.ranked if not p.shape.plain][:12]
+    for pred in sorted(shown, key=lambda p: p.seconds_per_token):
+        print(f"{pred.label:<44} {pred.seconds_per_token * 1e3:>9.1f} {pred.tokens_per_round:>12.2f} "
+              f"{plain.seconds_per_token / pred.seconds_per_token:>12.2f}x")
+    chosen = result.planned_hierarchy(drafter_level)
+    data = PlanFile(chosen).to_json()
+    data["round_planner"] = {
+        "model": args.model, "drafter": args.drafter, "temperature": args.temperature, "top_k": args.top_k,
+        "top_p": args.top_p, "prompts": args.prompts, "num_prompts": len(prompts), "new_tokens": args.new_tokens,
+        **result.as_dict(),
+    }
+    args.out.write_text(json.dumps(data, indent=2))
+    print(f"\nchosen: --levels {chosen.level_names} --buffers {chosen.buffer_text or '-'} --draft-length "
+          f"{chosen.draft_length or 'fixed'} --tree {chosen.tree or 'none'} --threads {chosen.threads} "
+          f"({chosen.kernel_path}); predicted {chosen.predicted_speedup:.2f}x the best plain decoding")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    if args.drafter:
+        return run_round_plan(args)
     import torch
 
     from sglang_hsd.assets.chat import encode_prompts

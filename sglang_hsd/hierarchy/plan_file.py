@@ -6,6 +6,10 @@ JSON layout, keys in this order (only ``levels`` and ``buffers`` are required, s
 
     levels, buffers                       the chosen hierarchy in the level grammar of
                                           ``sglang_hsd/levels.py``: "exit:4,exit:12,target", "3,5"
+    draft_length, tree, threads, kernel_path
+                                          optional runtime knobs (the round planner's,
+                                          ``round_planner.py``): "adaptive:0.4:16", "4:2:8", 2,
+                                          "onednn-packed"; absent: the runtime's defaults
     predicted_speedup, predicted_seconds_per_token,
     exact_model_speedup, exact_model_seconds_per_token
                                           the planner's predictions for it (docs/hierarchy.md)
@@ -40,6 +44,7 @@ PREDICTION_FIELDS = (
     "predicted_speedup", "predicted_seconds_per_token", "exact_model_speedup", "exact_model_seconds_per_token",
 )
 RUNNER_UP_FIELD = "runner_up_single_draft"
+KNOB_FIELDS = {"draft_length": str, "tree": str, "threads": int, "kernel_path": str}
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class PlannedHierarchy:
             formula of docs/hierarchy.md) for this hierarchy; None when the file has none.
         exact_model_speedup / exact_model_seconds_per_token: the same hierarchy under the
             runtime's exact latency model (buffer overshoot); None when the file has none.
+        draft_length / tree / threads / kernel_path: the runtime knobs to run it with
+            (``--draft-length``, ``--tree``, ``--threads``, the linears' kernel path); None: the
+            runtime's defaults.
     """
 
     levels: tuple[LevelSpec, ...]
@@ -60,10 +68,26 @@ class PlannedHierarchy:
     predicted_seconds_per_token: float | None = None
     exact_model_speedup: float | None = None
     exact_model_seconds_per_token: float | None = None
+    draft_length: str | None = None
+    tree: str | None = None
+    threads: int | None = None
+    kernel_path: str | None = None
 
     def __post_init__(self) -> None:
         if not self.levels or self.levels[-1].kind is not LevelKind.TARGET:
             raise ValueError(f"levels: the last level must be the target, got {format_level_names(self.levels)!r}")
+        from sglang_hsd.draft_length import parse_draft_length
+        from sglang_hsd.runtime.config import parse_tree
+        from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
+
+        if self.draft_length is not None:
+            parse_draft_length(self.draft_length, name="draft_length")
+        if self.tree is not None:
+            parse_tree(self.tree, name="tree")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.kernel_path is not None and self.kernel_path not in (PATH_MKL, PATH_PACKED):
+            raise ValueError(f"kernel_path must be one of {[PATH_MKL, PATH_PACKED]}, got {self.kernel_path!r}")
 
     @property
     def level_names(self) -> str:
@@ -104,6 +128,7 @@ class PlannedHierarchy:
     def to_json(self) -> dict[str, Any]:
         """``{"levels": ..., "buffers": ..., <predictions present>}``."""
         out: dict[str, Any] = {"levels": self.level_names, "buffers": self.buffer_text}
+        out.update({key: getattr(self, key) for key in KNOB_FIELDS if getattr(self, key) is not None})
         out.update({key: getattr(self, key) for key in PREDICTION_FIELDS if getattr(self, key) is not None})
         return out
 
@@ -128,8 +153,9 @@ class PlannedHierarchy:
             except ValueError as err:
                 raise ValueError(f"plan field {prefix}buffers: {err}") from None
         predictions = {key: _field(data, key, float, prefix, required=False) for key in PREDICTION_FIELDS}
+        knobs = {key: _field(data, key, kind, prefix, required=False) for key, kind in KNOB_FIELDS.items()}
         try:
-            return cls(levels, **predictions)
+            return cls(levels, **predictions, **knobs)
         except ValueError as err:
             raise ValueError(f"plan field {prefix}{err}") from None
 

@@ -119,6 +119,51 @@ class DrafterSpec:
             raise ValueError("DrafterSpec needs exactly one of model (a separate drafter) and layer (an exit)")
 
 
+class _CallTimer:
+    """Times calls of the runtime's shape on warmed KV caches of ``context_len`` positions."""
+
+    def __init__(self, models: list[CausalLM], params: SamplingParams, context_len: int, max_rows: int,
+                 repeats: int) -> None:
+        self.params, self.repeats = params, repeats
+        self.generator = torch.Generator().manual_seed(0)
+        self.caches, self.bases = {}, {}
+        for model in models:
+            cache = model.new_cache(1, context_len + max_rows + 1)
+            prompt = torch.randint(0, model.vocab_size, (1, context_len), generator=self.generator)
+            model.forward_layers(model.embed(prompt), 0, model.num_layers, cache)
+            self.caches[id(model)], self.bases[id(model)] = cache, cache.lengths[0].clone()
+
+    def call(self, model: CausalLM, lo: int, hi: int, n: int, head=None, extra: tuple[int, int] | None = None) -> float:
+        """Median seconds of layers [lo, hi) on n rows, the head and the transform on all n rows;
+        ``extra``: also layers extra[0]..extra[1] on the last row (an exit drafter's catch-up)."""
+        cache, base = self.caches[id(model)], self.bases[id(model)]
+        hidden = torch.randn(1, n, model.hidden_size, generator=self.generator)
+
+        def run():
+            out = model.forward_layers(hidden, lo, hi, cache)
+            if extra is not None:
+                model.forward_layers(hidden[:, -1:], extra[0], extra[1], cache)
+            logits_to_probs(model.exit_logits(out, head), self.params)
+            cache.truncate(base)
+
+        return _median_seconds(run, self.repeats, warmup=1)
+
+    def verify_chain(self, vocab: int, n: int) -> float:
+        """Median seconds of ``verify_chain`` on n - 1 drafts (0 for n = 1)."""
+        from sglang_hsd.verify.chain import verify_chain
+
+        if n == 1:
+            return 0.0
+        probs = torch.softmax(torch.randn(1, n, vocab, generator=self.generator), -1)
+        tokens = torch.randint(0, vocab, (1, n - 1), generator=self.generator)
+        return _median_seconds(lambda: verify_chain(tokens, probs[:, : n - 1], probs, generator=self.generator,
+                                                    validate=False), self.repeats, warmup=1)
+
+    def sample(self, vocab: int) -> float:
+        q = torch.softmax(torch.randn(1, vocab, generator=self.generator), -1)
+        return _median_seconds(lambda: torch.multinomial(q, 1, generator=self.generator), self.repeats, warmup=1)
+
+
 @torch.inference_mode()
 def measure_round_costs(
     target: CausalLM,
@@ -136,35 +181,12 @@ def measure_round_costs(
     Args:
         progress: optional callable(str) told which setting is being measured.
     """
-    from sglang_hsd.verify.chain import verify_chain
-
     rows = tuple(sorted(set(int(n) for n in rows)))
     if not rows or rows[0] != 1:
         raise ValueError(f"rows must include 1, got {rows}")
     models = [target] + ([drafter.model] if drafter.model is not None else [])
     threads_before = torch.get_num_threads()
-    generator = torch.Generator().manual_seed(0)
-    vocab = target.vocab_size
-    caches = {id(m): m.new_cache(1, context_len + rows[-1] + 1) for m in models}
-    for model in models:
-        cache = caches[id(model)]
-        model.forward_layers(model.embed(torch.randint(0, vocab, (1, context_len), generator=generator)),
-                             0, model.num_layers, cache)
-    bases = {key: cache.lengths[0].clone() for key, cache in caches.items()}
-
-    def call(model: CausalLM, lo: int, hi: int, n: int, head, extra: tuple[int, int] | None = None):
-        cache, base = caches[id(model)], bases[id(model)]
-        hidden = torch.randn(1, n, model.hidden_size, generator=generator)
-
-        def run():
-            out = model.forward_layers(hidden, lo, hi, cache)
-            if extra is not None:  # the exit drafter's layers on the position no level has seen
-                model.forward_layers(hidden[:, -1:], extra[0], extra[1], cache)
-            logits_to_probs(model.exit_logits(out, head), params)
-            cache.truncate(base)
-
-        return _median_seconds(run, repeats, warmup=1)
-
+    timer = _CallTimer(models, params, context_len, rows[-1], repeats)
     results = []
     try:
         for setting in settings:
@@ -174,23 +196,14 @@ def measure_round_costs(
             for model in models:
                 model.pack_linears() if setting.packed else model.unpack_linears()
             if drafter.model is not None:
-                draft = [call(drafter.model, 0, drafter.model.num_layers, n, None) for n in rows]
-                target_calls = [call(target, 0, target.num_layers, n, None) for n in rows]
+                draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
+                verify = [timer.call(target, 0, target.num_layers, n) for n in rows]
             else:
                 layer = drafter.layer
-                draft = [call(target, 0, layer, n, drafter.head) for n in rows]
-                target_calls = [call(target, layer, target.num_layers, n, None, extra=(0, layer)) for n in rows]
-            checks = []
-            for n in rows:
-                probs = torch.softmax(torch.randn(1, n, vocab, generator=generator), -1)
-                tokens = torch.randint(0, vocab, (1, n - 1), generator=generator)
-                checks.append(0.0 if n == 1 else _median_seconds(
-                    lambda: verify_chain(tokens, probs[:, : n - 1], probs, generator=generator, validate=False),
-                    repeats, warmup=1))
-            q = torch.softmax(torch.randn(1, vocab, generator=generator), -1)
-            sample = _median_seconds(lambda: torch.multinomial(q, 1, generator=generator), repeats, warmup=1)
-            results.append(RoundCosts(setting, rows, tuple(draft),
-                                      tuple(t + c for t, c in zip(target_calls, checks)), sample))
+                draft = [timer.call(target, 0, layer, n, drafter.head) for n in rows]
+                verify = [timer.call(target, layer, target.num_layers, n, extra=(0, layer)) for n in rows]
+            verify = [v + timer.verify_chain(target.vocab_size, n) for v, n in zip(verify, rows)]
+            results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size)))
     finally:
         torch.set_num_threads(threads_before)
         for model in models:

@@ -19,14 +19,17 @@ teacher-forced pass each.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from sglang_hsd.draft_length import DraftLengthKind, DraftLengthRule, parse_draft_length
+from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
-from sglang_hsd.hierarchy.round_costs import DrafterSpec, RoundCosts
+from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts, measure_round_costs
+from sglang_hsd.levels import LevelKind, LevelSpec
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify.tree.expand import ExpandConfig
@@ -231,3 +234,73 @@ def record_acceptance(
         records.append(AcceptanceRecord.from_distributions(
             torch.tensor(tail), p, q, raw, greedy=params.temperature == 0.0))
     return records
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A round planner run: what was measured and the candidates ranked.
+
+    Fields:
+        records: one ``AcceptanceRecord`` per planning prompt.
+        costs: ``RoundCosts`` per measured setting.
+        ranked: every (shape, setting), fastest predicted first (``rank_candidates``).
+    """
+
+    records: list[AcceptanceRecord]
+    costs: list[RoundCosts]
+    ranked: list[RoundPrediction]
+
+    @property
+    def best(self) -> RoundPrediction:
+        return self.ranked[0]
+
+    @property
+    def plain(self) -> RoundPrediction:
+        return best_plain(self.ranked)
+
+    def planned_hierarchy(self, drafter: LevelSpec) -> PlannedHierarchy:
+        """The best candidate as a plan-file hierarchy with its knobs (``drafter``: the drafter
+        level, its buffer replaced by the shape's); plain decoding: ``target`` alone. The predicted
+        speed-up is against the best plain decoding setting."""
+        best, shape, setting = self.best, self.best.shape, self.best.costs.setting
+        levels: tuple[LevelSpec, ...] = (LevelSpec(LevelKind.TARGET),)
+        if not shape.plain:
+            levels = (dataclasses.replace(drafter, buffer=shape.buffer), *levels)
+        return PlannedHierarchy(
+            levels, predicted_speedup=self.plain.seconds_per_token / best.seconds_per_token,
+            predicted_seconds_per_token=best.seconds_per_token,
+            draft_length=None if shape.plain else shape.draft_length,
+            tree=None if shape.plain else shape.tree_text,
+            threads=setting.threads, kernel_path=setting.kernel_path)
+
+    def as_dict(self) -> dict:
+        """The measured costs and every candidate's prediction (JSON-ready)."""
+        return {"costs": [c.as_dict() for c in self.costs],
+                "candidates": [{"shape": p.shape.label, "threads": p.costs.setting.threads,
+                                "kernel_path": p.costs.setting.kernel_path,
+                                "predicted_ms_per_token": p.seconds_per_token * 1e3,
+                                "predicted_tokens_per_round": p.tokens_per_round} for p in self.ranked]}
+
+
+def plan_rounds(
+    target: CausalLM,
+    drafter: DrafterSpec,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    new_tokens: int,
+    shapes: Sequence[RoundShape],
+    settings: Sequence[KernelSetting],
+    progress: Callable[[str], None] | None = None,
+) -> RoundPlan:
+    """Record acceptance on ``prompts``, time the calls under every setting, rank every candidate
+    for generations of ``new_tokens`` tokens."""
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    say = progress or (lambda text: None)
+    longest = max(shape.longest for shape in shapes)
+    say(f"recording {len(prompts)} continuations of {new_tokens + longest} tokens")
+    records = record_acceptance(target, drafter, prompts, params, new_tokens + longest)
+    context = int(sum(len(p) for p in prompts) / len(prompts)) + new_tokens // 2
+    costs = measure_round_costs(target, drafter, settings, params, context_len=context,
+                                progress=lambda label: say(f"timing calls: {label}"))
+    return RoundPlan(records, costs, rank_candidates(shapes, costs, records, new_tokens))

@@ -33,7 +33,8 @@ def add_generate_parser(subparsers) -> None:
         f"target (last); 'target' alone is autoregressive (default {DEFAULT_LEVELS})",
     )
     parser.add_argument("--buffers", help="comma list, one per level below the target: draft length N_d, then N_i")
-    parser.add_argument("--plan", type=Path, help="take --levels and --buffers from a `sglang-hsd plan` JSON file")
+    parser.add_argument("--plan", type=Path, help="take --levels and --buffers (and, when the plan has them, "
+                        "--draft-length, --tree, --threads and the kernel path) from a `sglang-hsd plan` JSON file")
     parser.add_argument(
         "--draft-length", default="fixed",
         help="drafter's tokens per round: 'fixed' (the drafter's buffer N_d) or "
@@ -74,20 +75,27 @@ def run_generate(args: argparse.Namespace) -> int:
     from sglang_hsd.runtime.loading import build_generator, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     buffers = parse_buffers(args.buffers) if args.buffers else None
+    pack_linears = False
     if args.plan:
         from sglang_hsd.hierarchy.plan_file import PlanFile
+        from sglang_hsd.runtime.kernel_paths import PATH_PACKED
 
         best = PlanFile.read(args.plan).best
         args.levels, buffers = best.level_names, best.buffers or None
+        # The round planner's knobs, when the plan has them, replace the options' defaults.
+        args.draft_length = best.draft_length or args.draft_length
+        args.tree = best.tree or args.tree
+        args.threads = best.threads or args.threads
+        pack_linears = best.kernel_path == PATH_PACKED
+    if args.threads:
+        torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
     draft_length = parse_draft_length(args.draft_length)  # bad input fails before loading a model
     tree = parse_tree(args.tree)
     target = load_model(args.model)
     gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse,
-                          draft_length=draft_length, tree=tree)
+                          draft_length=draft_length, tree=tree, pack_linears=pack_linears)
     texts = prompt_set_texts(args.prompt_set, args.num_prompts) if args.prompt_set else args.prompt or [DEFAULT_PROMPT]
     prompts = encode_prompts(target.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)

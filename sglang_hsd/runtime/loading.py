@@ -75,7 +75,7 @@ def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
 
 
 def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_heads: str, reuse_kv: bool = True,
-                    draft_length: DraftLengthRule | None = None, tree=None):
+                    draft_length: DraftLengthRule | None = None, tree=None, pack_linears: bool = False):
     """A ``SpeculativeGenerator`` for a ``--levels`` spec (loads a separate drafter if named).
 
     Args:
@@ -84,6 +84,7 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         reuse_kv: ``HierarchyConfig.reuse_kv``.
         draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``: the drafter's buffer).
         tree: ``HierarchyConfig.tree`` (an ``ExpandConfig``, e.g. from ``config.parse_tree``), None: chains.
+        pack_linears: ``SpeculativeGenerator(pack_linears=...)`` (the ``onednn-packed`` kernel path).
     """
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import HierarchyConfig
@@ -97,4 +98,4 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, config.levels[0].model_path)
         drafter = loaded.model
     heads = load_exit_heads_option(target, exit_heads)
-    return SpeculativeGenerator(target.model, config, drafter=drafter, exit_heads=heads)
+    return SpeculativeGenerator(target.model, config, drafter=drafter, exit_heads=heads, pack_linears=pack_linears)

@@ -1,0 +1,174 @@
+"""The round planner's choice against plain decoding and the other candidates, measured in one run.
+
+    PYTHONPATH=. python benchmarks/bench_round_planner.py --model qwen2.5-coder-1.5b \
+        --drafter model:qwen2.5-coder-0.5b --exit-heads none --prompt-set humaneval \
+        --plan-prompts 2 --num-prompts 4 --max-new-tokens 64 --name round_planner_qwen_pair
+
+Plans (``sglang_hsd/hierarchy/round_planner.py``: acceptance replayed over the target's own
+continuations, call costs timed under 1 thread / every core x ``mkl`` / ``onednn-packed``) on the
+first ``--plan-prompts`` prompts of the set, then measures on the next ``--num-prompts`` (no
+overlap), batch 1, ``--repeats`` times: plain decoding with the runtime's defaults (1 thread,
+``mkl``) and in the best plain setting, the planner's choice, and the best predicted candidate of
+every other kind (fixed length, adaptive, tree). Each runs in its own setting. The table gives
+predicted and measured ms per token (measured: wall time including prefill, which the prediction
+leaves out), measured speed-ups over both plain rows, and whether greedy outputs equal plain
+decoding's. Writes ``benchmarks/results/<name>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+
+from benchmarks.bench_e2e import run_runtime
+from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run, write_results
+from sglang_hsd.draft_length import DraftLengthRule
+from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting
+from sglang_hsd.hierarchy.round_planner import RoundPrediction, RoundShape, candidate_shapes, plan_rounds
+from sglang_hsd.levels import LevelKind, parse_level_specs
+from sglang_hsd.runtime.config import HierarchyConfig
+from sglang_hsd.runtime.engine import SpeculativeGenerator
+from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
+from sglang_hsd.runtime.loading import load_exit_heads_option, load_model
+from sglang_hsd.sampling import SamplingParams
+
+DEFAULT_SETTING = KernelSetting(1, PATH_MKL)
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = benchmark_parser(__doc__)
+    add_standard_arguments(parser, model="qwen2.5-coder-1.5b", name="round_planner", exit_heads=True)
+    parser.add_argument("--drafter", default="model:qwen2.5-coder-0.5b", help="model:<name> or exit:<layer>")
+    parser.add_argument("--prompt-set", default="humaneval")
+    parser.add_argument("--plan-prompts", type=int, default=2, help="prompts the planner records (default 2)")
+    parser.add_argument("--num-prompts", type=int, default=4, help="prompts measured, after those (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", default="auto", help="thread counts the planner may choose: 'auto' = 1 and every core")
+    return parser.parse_args(argv)
+
+
+def _generator(target, drafter, level, shape: RoundShape, setting: KernelSetting, heads) -> SpeculativeGenerator:
+    levels = parse_level_specs("target") if shape.plain else parse_level_specs(f"{level},target", [shape.buffer])
+    config = HierarchyConfig(levels, draft_length=shape.adaptive or DraftLengthRule(), tree=shape.tree)
+    return SpeculativeGenerator(target, config, drafter=drafter, exit_heads=heads, pack_linears=setting.packed)
+
+
+def _measure(target, drafter, level, shape, setting, heads, prompts, params, max_new, eos, repeats):
+    """Median tokens/s, the tokens, and tokens per target round, in ``setting``."""
+    torch.set_num_threads(setting.threads)
+    generator = _generator(target, drafter, level, shape, setting, heads)
+    rates, tokens, per_round = [], None, 1.0
+    try:
+        for _ in range(repeats):
+            tokens, seconds, levels = run_runtime(generator, prompts, params, max_new, eos, 0, 1)
+            rates.append(sum(len(t) for t in tokens) / seconds)
+            top = levels[-1]
+            if top["rounds"]:
+                per_round = (top["accepted"] + top["rounds"]) / top["rounds"]
+    finally:
+        for model in (target, drafter):
+            if model is not None:
+                model.unpack_linears()
+    return statistics.median(rates), tokens, per_round
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run = start_run(__file__, argv)
+    torch.inference_mode().__enter__()
+    level = parse_level_specs(f"{args.drafter},target")[0]
+    threads = [1, os.cpu_count() or 1] if args.threads == "auto" else [int(t) for t in args.threads.split(",")]
+    settings = [KernelSetting(t, path) for t in sorted(set(threads)) for path in (PATH_MKL, PATH_PACKED)]
+    loaded = load_model(args.model)
+    target = loaded.model
+    drafter, heads = None, {}
+    if level.kind is LevelKind.MODEL:
+        drafter = load_model(level.model_path).model
+        spec = DrafterSpec(model=drafter)
+    else:
+        heads = load_exit_heads_option(loaded, args.exit_heads)
+        spec = DrafterSpec(layer=level.layer, head=heads.get(level.layer))
+    prompts = encoded_prompts(loaded.tokenizer, args.prompt_set, args.plan_prompts + args.num_prompts)
+    plan_prompts, eval_prompts = prompts[: args.plan_prompts], prompts[args.plan_prompts :]
+    params = SamplingParams(args.temperature)
+    plan = plan_rounds(target, spec, plan_prompts, params, args.max_new_tokens, candidate_shapes(), settings,
+                       progress=lambda text: print(text, flush=True))
+
+    chosen, plain = plan.best, plan.plain
+    rows: list[tuple[str, RoundPrediction | None, RoundShape, KernelSetting]] = [
+        ("plain, runtime defaults", None, RoundShape(), DEFAULT_SETTING),
+        ("plain, best setting", plain, plain.shape, plain.costs.setting),
+        ("planner's choice", chosen, chosen.shape, chosen.costs.setting),
+    ]
+    kinds = {"fixed": lambda s: s.fixed is not None, "adaptive": lambda s: s.adaptive is not None,
+             "tree": lambda s: s.tree is not None}
+    for kind, test in kinds.items():
+        best = next(p for p in plan.ranked if test(p.shape))
+        if best is not chosen:
+            rows.append((f"best {kind}", best, best.shape, best.costs.setting))
+
+    eos = loaded.tokenizer.eos_token_id
+    results, reference = [], None
+    for role, pred, shape, setting in rows:
+        print(f"measuring {role}: {shape.label} ({setting.label})", flush=True)
+        rate, tokens, per_round = _measure(target, drafter, level.name if not shape.plain else None, shape, setting,
+                                           heads, eval_prompts, params, args.max_new_tokens, eos, args.repeats)
+        if reference is None:
+            reference = tokens
+        results.append({
+            "role": role, "shape": shape.label, "threads": setting.threads, "kernel_path": setting.kernel_path,
+            "predicted_ms_per_token": None if pred is None else pred.seconds_per_token * 1e3,
+            "predicted_tokens_per_round": None if pred is None else pred.tokens_per_round,
+            "measured_tokens_per_second": rate, "measured_ms_per_token": 1e3 / rate,
+            "measured_tokens_per_round": per_round,
+            "output_equals_plain": tokens == reference if args.temperature == 0.0 else None,
+        })
+    base, best_plain_rate = results[0]["measured_tokens_per_second"], results[1]["measured_tokens_per_second"]
+    for row in results:
+        row["vs_plain_defaults"] = row["measured_tokens_per_second"] / base
+        row["vs_plain_best"] = row["measured_tokens_per_second"] / best_plain_rate
+
+    payload = {"model": args.model, "drafter": args.drafter, "prompt_set": args.prompt_set,
+               "plan_prompts": args.plan_prompts, "num_prompts": args.num_prompts,
+               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "repeats": args.repeats,
+               "rows": results, **plan.as_dict()}
+    write_results(RESULTS_DIR / args.name, payload, _markdown(args, results, plan), run)
+    print(_markdown(args, results, plan))
+
+
+def _markdown(args, results, plan) -> str:
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    lines = [
+        f"# Round planner: {args.model} with {args.drafter}, {args.prompt_set}, T = {args.temperature}",
+        "",
+        f"Planned on prompts 0-{args.plan_prompts - 1}, measured on the next {args.num_prompts}, "
+        f"{args.max_new_tokens} new tokens, batch 1, median of {args.repeats}. Predicted ms/token leaves out "
+        "prefill; measured includes it.",
+        "",
+        "| row | shape | setting | predicted ms/tok | measured ms/tok | tokens/round pred. / meas. | "
+        "vs plain (defaults) | vs plain (best setting) | greedy = plain |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results:
+        same = {None: "-", True: "yes", False: "NO"}[row["output_equals_plain"]]
+        lines.append(
+            f"| {row['role']} | {row['shape']} | {row['threads']} thr, {row['kernel_path']} | "
+            f"{num(row['predicted_ms_per_token'], '.1f')} | {row['measured_ms_per_token']:.1f} | "
+            f"{num(row['predicted_tokens_per_round'], '.2f')} / {row['measured_tokens_per_round']:.2f} | "
+            f"{row['vs_plain_defaults']:.2f}x | {row['vs_plain_best']:.2f}x | {same} |")
+    lines += ["", "Top predicted candidates:", "", "| shape | setting | predicted ms/tok | tokens/round |",
+              "|---|---|---|---|"]
+    for pred in plan.ranked[:10]:
+        lines.append(f"| {pred.shape.label} | {pred.costs.setting.label} | {pred.seconds_per_token * 1e3:.1f} | "
+                     f"{pred.tokens_per_round:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
