@@ -102,3 +102,17 @@ def test_generate_rejects_a_bad_draft_length_before_loading_a_model():
 def test_generate_rejects_a_bad_tree_before_loading_a_model():
     with pytest.raises(ValueError, match="--tree must be none or D:k:N"):
         cli.main(["generate", "--model", "no-such-model", "--tree", "4x2x8"])
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--drafter", "target", "--drafter"),
+    ("--new-tokens", "0", "--new-tokens"),
+    ("--fixed", "1-x", "--fixed"),
+    ("--adaptive", "adaptive:0.45:16", "threshold"),
+    ("--trees", "4x2", "--trees"),
+    ("--kernel-paths", "mkl,int8", "kernel_path"),
+])
+def test_round_plan_rejects_bad_options_before_loading_a_model(option, value, message):
+    args = ["plan", "--model", "no-such-model", "--drafter", "model:no-such-drafter", option, value]
+    with pytest.raises(ValueError, match=message):
+        cli.main(args)

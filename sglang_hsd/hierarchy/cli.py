@@ -70,7 +70,10 @@ def _round_plan_inputs(args: argparse.Namespace):
     from sglang_hsd.runtime.config import parse_tree
     from sglang_hsd.sampling import SamplingParams
 
-    drafter_level = parse_level_specs(f"{args.drafter},target")[0]
+    try:
+        drafter_level = parse_level_specs(f"{args.drafter},target")[0]
+    except ValueError as err:
+        raise ValueError(f"--drafter must be model:<name> or exit:<layer>, got {args.drafter!r} ({err})") from None
     if drafter_level.kind not in (LevelKind.MODEL, LevelKind.EXIT):
         raise ValueError(f"--drafter must be model:<name> or exit:<layer>, got {args.drafter!r}")
     if args.new_tokens < 1:

@@ -142,3 +142,22 @@ def test_bad_candidates_are_refused():
         DrafterSpec()
     with pytest.raises(ValueError, match="kernel_path"):
         KernelSetting(1, "int8")
+
+
+def test_the_plan_file_entry_carries_the_chosen_knobs():
+    from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
+    from sglang_hsd.hierarchy.round_planner import RoundPlan
+    from sglang_hsd.levels import LevelKind, LevelSpec
+
+    drafter = LevelSpec(LevelKind.MODEL, model_path="drafter-folder")
+    cheap = RoundPlan([], [_costs(0.05)], rank_candidates(candidate_shapes(), [_costs(0.05)], [_record(1.0, 80)], 40))
+    entry = cheap.planned_hierarchy(drafter)
+    best = cheap.best
+    assert entry.level_names == "model:drafter-folder,target" and entry.buffers == [best.shape.buffer]
+    assert (entry.draft_length, entry.tree, entry.threads, entry.kernel_path) == (
+        best.shape.draft_length, best.shape.tree_text, 1, "mkl")
+    assert entry.predicted_speedup > 1
+    assert PlannedHierarchy.from_json(entry.to_json()) == entry
+    costly = RoundPlan([], [_costs(1.0)], rank_candidates(candidate_shapes(), [_costs(1.0)], [_record(0.3, 80)], 40))
+    plain = costly.planned_hierarchy(drafter)
+    assert plain.autoregressive and plain.draft_length is None and plain.predicted_speedup == 1.0
