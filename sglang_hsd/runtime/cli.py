@@ -44,7 +44,7 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument(
         "--tree", default="none",
         help="'none' (chains) or D:k:N: draft a sampled tree per round, depth D, k children per node, N nodes "
-        "with the root (two levels: a model: or exit: drafter and the target; e.g. 4:2:8)",
+        "with the root (two levels: a model:, exit: or eagle3: drafter and the target; e.g. 4:2:8)",
     )
     parser.add_argument("--methods", default="hsd", help="verify rule(s): hsd, tokenwise, greedy; one or one per level")
     parser.add_argument("--exit-heads", default="auto", help="folder of trained exit heads, 'auto' (use the "

@@ -13,7 +13,7 @@ from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, 
 # The tree rule each chain method becomes when the drafter draws a tree (the target level's method).
 TREE_METHOD_OF = {"hsd": "hsd", "tokenwise": "rrs", "greedy": "greedy"}
 # Drafters that can draft a tree: their forwards take a tree attention mask.
-TREE_DRAFTERS = (LevelKind.MODEL, LevelKind.EXIT)
+TREE_DRAFTERS = (LevelKind.MODEL, LevelKind.EXIT, LevelKind.EAGLE3)
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class HierarchyConfig:
         if not isinstance(self.tree, ExpandConfig):
             raise ValueError(f"tree must be an ExpandConfig(depth, topk, num_draft_tokens), got {self.tree!r}")
         if len(self.levels) != 2 or self.levels[0].kind not in TREE_DRAFTERS:
-            raise ValueError(f"tree needs two levels, a 'model' or 'exit' drafter and the target, got {names}")
+            raise ValueError(f"tree needs two levels, a 'model', 'exit' or 'eagle3' drafter and the target, got {names}")
         if self.window or self.draft_length.adaptive:
             raise ValueError("tree needs window=False and draft_length 'fixed' (the tree's depth is the draft length)")
         method = self.levels[1].method

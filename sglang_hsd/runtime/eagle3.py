@@ -131,13 +131,25 @@ class Eagle3Head(nn.Module):
         weight = self.fc.weight
         return KVCache(1, batch_size, self.num_kv_heads, self.head_dim, max_len, weight.dtype, weight.device)
 
-    def forward_cached(self, ids: torch.Tensor, hidden: torch.Tensor, cache: KVCache, num_new: torch.Tensor) -> torch.Tensor:
-        """Append ``num_new[b]`` entries per row to ``cache`` (rotary position = slot).
+    def forward_cached(
+        self,
+        ids: torch.Tensor,
+        hidden: torch.Tensor,
+        cache: KVCache,
+        num_new: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        mask_prefix: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Append ``num_new[b]`` entries per row to ``cache`` (rotary position = slot by default).
 
         Args:
             ids: int64 [B, T], the token each entry reads (x_{t+1} for entry t).
             hidden: [B, T, D], fused aux hidden or the head's own previous output.
             num_new: int64 [B], valid entries per row (right padding).
+            position_ids, attn_mask, mask_prefix: as ``CausalLM.forward_layers`` (draft trees: the
+                entries of one tree level at their depth's position, each attending its forwarded
+                ancestors among the last ``mask_prefix`` entries).
         Returns:
             the head's output hidden [B, T, D] (padding rows unspecified).
         """
@@ -145,9 +157,12 @@ class Eagle3Head(nn.Module):
         lengths = cache.lengths[0:1]
         kv_len, _ = CausalLM._kv_window(lengths, num_new, seq, cache)
         offsets = torch.arange(seq, device=ids.device)
-        positions = lengths[0][:, None] + offsets
-        masks = fold_groups(build_attention_mask(lengths, num_new, seq, kv_len, None), self.num_heads // self.num_kv_heads)
-        slots = torch.where(offsets[None] < num_new[:, None], positions, cache.scratch_slot)
+        slot_ids = lengths[0][:, None] + offsets
+        positions = slot_ids if position_ids is None else position_ids
+        prefix = CausalLM._check_mask(attn_mask, mask_prefix, lengths, num_new, batch, seq)
+        masks = fold_groups(build_attention_mask(lengths, num_new, seq, kv_len, attn_mask, prefix),
+                            self.num_heads // self.num_kv_heads)
+        slots = torch.where(offsets[None] < num_new[:, None], slot_ids, cache.scratch_slot)
         x = self._layer_input(ids, hidden)
         attn = self.midlayer.self_attn(x, self._rope(positions, x.dtype), cache, 0, slots, masks[0])
         lengths += num_new[None, :]

@@ -3,8 +3,9 @@ request per round.
 
 A round of rows ``idx`` whose last committed token r sits at position s = ``seq_len - 1``:
 
-1. **Root q.** The drafter (a separate model, or the target's first L layers and an exit head)
-   catches up to the committed tokens and gives q after r.
+1. **Root q.** The drafter (a separate model, the target's first L layers and an exit head, or an
+   EAGLE-3 head: ``_LayerTreeDrafter`` / ``_Eagle3TreeDrafter``) catches up to the committed
+   tokens and gives q after r.
 2. **Drafting.** ``LevelDrafter`` (``verify/tree/level_draft.py``, the rule the server's sampled
    trees run) draws the tree level by level: D - 1 drafter forwards of k beams per request. Beam j
    of forward i sits at depth i + 1 (position s + i + 1) in the drafter's cache slot
@@ -20,6 +21,11 @@ A round of rows ``idx`` whose last committed token r sits at position s = ``seq_
    and the accepted nodes is compacted in place (``KVCache.keep``), so the caches again hold every
    committed token but the last; the drafter's cache is cut back to the committed tokens it had,
    and its next catch-up runs the accepted path.
+
+An EAGLE-3 head reads the target's features up to the token before r (the target runs r with the
+tree); each beam's entry reads its token and its parent's output and attends its forwarded
+ancestors' entries (``Eagle3Head.forward_cached``'s ``mask_prefix``); the tree's entries are cut
+after drafting.
 
 An exit drafter shares the target's cache for layers [0, L) (``reuse_kv``): its tree slots are cut
 before the target's forward, which runs every layer on the tree (the drafter's forwards of those
@@ -39,6 +45,7 @@ from typing import Protocol
 
 import torch
 
+from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance
 from sglang_hsd.sampling import BatchSamplingParams, logits_to_probs
 from sglang_hsd.verify.tree.api import verify_tree
@@ -57,6 +64,7 @@ class TreeHost(Protocol):
         tokens: int64 [B, max_len]; seq_len: int64 [B]; buf_start: the drafter's at index 0.
         level_group / level_head: per level, its layer group and exit head (or None).
         stats: per level, ``LevelStats``; trace: ``RoundTrace`` or None; generator: torch.Generator.
+        eagle: the ``Eagle3Drafter`` of an EAGLE-3 drafter, else None.
         commit(idx): finish rows ``idx`` that produced EOS or reached their limit.
     """
 
@@ -70,6 +78,7 @@ class TreeHost(Protocol):
     stats: list
     trace: object
     generator: torch.Generator
+    eagle: object
 
     def commit(self, idx: torch.Tensor) -> None: ...
 
@@ -89,18 +98,15 @@ class TreeRounds:
         self.run = run
         config = run.gen.config
         self.shape, self.rule, self.method = config.tree, config.tree_rule, config.tree_method
-        self.drafter: LayerGroup = run.level_group[0]
         self.target: LayerGroup = run.level_group[-1]
-        if self.drafter.source is not None:
-            raise ValueError("a tree drafter must run from the token embeddings (its group has no source)")
         # The target's groups from the embeddings up (the last one is the target level's).
         self.target_chain: list[LayerGroup] = []
         group = self.target
         while group is not None:
             self.target_chain.insert(0, group)
             group = group.source
-        # An exit drafter reusing the target's cache must leave it aligned with the target's layers.
-        self.shares_target_cache = any(self.drafter.cache is group.cache for group in self.target_chain)
+        self.drafter: _TreeDrafter = (_Eagle3TreeDrafter(run, run.eagle) if run.eagle is not None
+                                      else _LayerTreeDrafter(run, self.target_chain))
 
     # ------------------------------------------------------------------ one round
     def round(self, rows: torch.Tensor) -> None:
@@ -147,19 +153,18 @@ class TreeRounds:
 
     def _draft(self, idx: torch.Tensor) -> LevelTree:
         """Steps 1-2: the root's q and D - 1 beam forwards; the drafter's tree slots are cut after."""
-        run, shape, group = self.run, self.shape, self.drafter
+        run, shape, drafter = self.run, self.shape, self.drafter
         k, rows = shape.topk, idx.numel()
-        advance(group, run.tokens, run.seq_len)  # r included: its output gives the root's q
         params = self._draft_params(idx)
-        root_logits = self._logits(group.hidden[idx, run.seq_len[idx] - 1].unsqueeze(1))[:, 0]
+        root_logits = drafter.root_logits(idx)
         greedy = run.params.temperature[idx] == 0
-        drafter = LevelDrafter(shape, self.rule, logits_to_probs(root_logits, params), greedy,
-                               generator=run.generator, validate=run.gen.validate)
+        level_drafter = LevelDrafter(shape, self.rule, logits_to_probs(root_logits, params), greedy,
+                                     generator=run.generator, validate=run.gen.validate)
         beam_params = params.repeat_interleave(k)
         num_forwarded = k * (shape.depth - 1)
         # ancestors[r, s, s']: forwarded slot s' is s or an ancestor of s (the root is cached, not a slot).
         ancestors = torch.zeros(rows, num_forwarded, num_forwarded, dtype=torch.bool, device=idx.device)
-        step, level = drafter.first(), 0
+        step, level = level_drafter.first(), 0
         while step is not None:
             slots = torch.arange(level * k, (level + 1) * k, device=idx.device)
             ancestors[:, slots, slots] = True
@@ -167,16 +172,15 @@ class TreeRounds:
                 parent = step.hidden_rows.view(rows, k) % k + (level - 1) * k  # [R, k]
                 ancestors[:, slots] |= ancestors.gather(1, parent.unsqueeze(-1).expand(-1, -1, num_forwarded))
             mask = ancestors[:, slots, : (level + 1) * k]  # [R, k, (level + 1) k]
-            hidden = self._beam_forward(idx, step.input_ids.view(rows, k), level, mask)
-            step = drafter.step(logits_to_probs(self._logits(hidden).reshape(rows * k, -1), beam_params))
+            logits = drafter.beam_logits(idx, step, level, mask)  # [R, k, V]
+            step = level_drafter.step(logits_to_probs(logits.reshape(rows * k, -1), beam_params))
             level += 1
-        tree = drafter.finish()
+        tree = level_drafter.finish()
         stats = run.stats[0]
         stats.drafts += rows
         stats.rounds += rows * shape.depth
         stats.proposed += int(tree.num_kept.sum())
-        keep = run.seq_len - 1 if self.shares_target_cache else run.seq_len
-        group.cache.truncate(torch.minimum(group.length(), keep), layers=range(group.start, group.end))
+        drafter.cut_back()
         return tree
 
     def _draft_params(self, idx: torch.Tensor) -> BatchSamplingParams:
@@ -185,29 +189,6 @@ class TreeRounds:
         params = self.run.params.rows(idx)
         temperature = torch.where(params.temperature == 0, torch.ones_like(params.temperature), params.temperature)
         return BatchSamplingParams(temperature, params.top_k, params.top_p)
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The drafter's logits of hidden states [R, T, D]. [R, T, V]."""
-        return self.drafter.model.exit_logits(hidden, self.run.level_head[0])
-
-    def _beam_forward(self, idx: torch.Tensor, tokens: torch.Tensor, level: int, mask: torch.Tensor) -> torch.Tensor:
-        """The drafter on forward ``level``'s beams (int64 [R, k]) of rows ``idx``, each attending
-        ``mask`` [R, k, (level + 1) k] over this round's forwarded slots. Returns hidden [R, k, D]."""
-        run, group = self.run, self.drafter
-        batch, k = run.seq_len.shape[0], tokens.shape[1]
-        ids = torch.zeros(batch, k, dtype=torch.long, device=idx.device)
-        ids[idx] = tokens
-        num_new = torch.zeros(batch, dtype=torch.long, device=idx.device)
-        num_new[idx] = k
-        positions = torch.zeros(batch, k, dtype=torch.long, device=idx.device)
-        positions[idx] = (run.seq_len[idx] + level).unsqueeze(-1).expand(-1, k)  # depth level + 1
-        full_mask = torch.zeros(batch, k, mask.shape[-1], dtype=torch.bool, device=idx.device)
-        full_mask[idx] = mask
-        prefix = torch.zeros(batch, dtype=torch.long, device=idx.device)
-        prefix[idx] = level * k
-        hidden = group.model.forward_layers(group.model.embed(ids), group.start, group.end, group.cache,
-                                            num_new, positions, full_mask, prefix)
-        return hidden[idx]
 
     def _target_forward(self, idx, candidates, parents, positions) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Step 3's forward: every target group on the trees (int64 [R, N] each) of rows ``idx``.
@@ -260,3 +241,100 @@ class TreeRounds:
         if run.trace is not None:
             run.trace.record(True, idx, accepted, emitted)
         run.commit(idx)
+
+
+def _scatter_rows(idx: torch.Tensor, batch: int, values: torch.Tensor, fill=0) -> torch.Tensor:
+    """``values`` [R, ...] of rows ``idx`` placed in a [B, ...] tensor filled with ``fill``."""
+    out = torch.full((batch, *values.shape[1:]), fill, dtype=values.dtype, device=values.device)
+    out[idx] = values
+    return out
+
+
+class _TreeDrafter(Protocol):
+    """How a tree round drives its drafter (rows ``idx`` of the run's batch)."""
+
+    def root_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """Catch up with the committed tokens; the logits after the last one. [R, V]"""
+
+    def beam_logits(self, idx: torch.Tensor, step, level: int, mask: torch.Tensor) -> torch.Tensor:
+        """Forward ``level``'s beams (a ``StepInput``: k tokens per row and the earlier output each
+        reads), each attending ``mask`` [R, k, (level + 1) k] over this round's forwarded slots.
+        Returns the logits of their children [R, k, V]."""
+
+    def cut_back(self) -> None:
+        """Drop this round's tree slots from the drafter's state."""
+
+
+class _LayerTreeDrafter:
+    """A separate draft model, or the target's first L layers with an exit head: token embeddings
+    in, beams attend their ancestors' KV (``forward_layers``'s ``mask_prefix``)."""
+
+    def __init__(self, run: TreeHost, target_chain: list[LayerGroup]) -> None:
+        self.run, self.group, self.head = run, run.level_group[0], run.level_head[0]
+        if self.group.source is not None:
+            raise ValueError("a tree drafter must run from the token embeddings (its group has no source)")
+        # An exit drafter reusing the target's cache must leave it aligned with the target's layers.
+        self.shares_target_cache = any(self.group.cache is group.cache for group in target_chain)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.group.model.exit_logits(hidden, self.head)
+
+    def root_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        run = self.run
+        advance(self.group, run.tokens, run.seq_len)  # r included: its output gives the root's q
+        return self._logits(self.group.hidden[idx, run.seq_len[idx] - 1].unsqueeze(1))[:, 0]
+
+    def beam_logits(self, idx: torch.Tensor, step, level: int, mask: torch.Tensor) -> torch.Tensor:
+        run, group = self.run, self.group
+        batch, rows = run.seq_len.shape[0], idx.numel()
+        tokens = step.input_ids.view(rows, -1)
+        k = tokens.shape[1]
+        positions = (run.seq_len[idx] + level).unsqueeze(-1).expand(-1, k)  # depth level + 1
+        width = torch.full((rows,), k, dtype=torch.long, device=idx.device)
+        hidden = group.model.forward_layers(
+            group.model.embed(_scatter_rows(idx, batch, tokens)), group.start, group.end, group.cache,
+            _scatter_rows(idx, batch, width), _scatter_rows(idx, batch, positions),
+            _scatter_rows(idx, batch, mask, False), _scatter_rows(idx, batch, width * level))
+        return self._logits(hidden[idx])
+
+    def cut_back(self) -> None:
+        run, group = self.run, self.group
+        keep = run.seq_len - 1 if self.shares_target_cache else run.seq_len
+        group.cache.truncate(torch.minimum(group.length(), keep), layers=range(group.start, group.end))
+
+
+class _Eagle3TreeDrafter:
+    """An EAGLE-3 head (``eagle3_drafter.Eagle3Drafter``): the root's entry reads the target's
+    features up to the token before r; a beam's entry reads its token and its parent's output (the
+    root entry's for the first forward) and attends its forwarded ancestors' entries."""
+
+    def __init__(self, run: TreeHost, eagle: Eagle3Drafter) -> None:
+        self.run, self.eagle = run, eagle
+        self.outputs: torch.Tensor | None = None  # [R, D] the root entry's, then [R * k, D] per forward
+
+    def root_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        run, eagle = self.run, self.eagle
+        # The target runs r with the tree, so its features stop at the token before r.
+        logits = eagle.propose(idx, run.tokens, run.seq_len, run.seq_len - 1)
+        self.outputs = eagle.out[idx, (run.seq_len[idx] - 2).clamp_min(0)]
+        return logits
+
+    def beam_logits(self, idx: torch.Tensor, step, level: int, mask: torch.Tensor) -> torch.Tensor:
+        run, head = self.run, self.eagle.head
+        batch, rows = run.seq_len.shape[0], idx.numel()
+        tokens = step.input_ids.view(rows, -1)
+        k = tokens.shape[1]
+        hidden = self.outputs[step.hidden_rows].view(rows, k, -1)
+        # Entry t reads x_{t+1}: a node at depth level + 1 (position seq_len + level) is entry seq_len - 1 + level.
+        positions = (run.seq_len[idx] - 1 + level).unsqueeze(-1).expand(-1, k)
+        width = torch.full((rows,), k, dtype=torch.long, device=idx.device)
+        out = head.forward_cached(
+            _scatter_rows(idx, batch, tokens), _scatter_rows(idx, batch, hidden), self.eagle.cache,
+            _scatter_rows(idx, batch, width), _scatter_rows(idx, batch, positions),
+            _scatter_rows(idx, batch, mask, False), _scatter_rows(idx, batch, width * level))[idx]
+        self.outputs = out.reshape(rows * k, -1)
+        return head.target_logits(out)
+
+    def cut_back(self) -> None:
+        # Keep entries 0 .. seq_len - 2 (target-fed); the next round feeds the accepted path.
+        self.eagle.truncate(self.run.seq_len)

@@ -19,7 +19,7 @@ from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E40
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
 from sglang_hsd.verify.oracles.stats import chi_square_p_value  # noqa: E402
 from sglang_hsd.verify.tree.expand import ExpandConfig  # noqa: E402
-from tests.runtime.helpers import PROMPTS, exact_target_prefix_probs, sharpen_lm_head  # noqa: E402
+from tests.runtime.helpers import PROMPTS, eagle3_head_for, exact_target_prefix_probs, sharpen_lm_head  # noqa: E402
 
 
 def _small(vocab, seed=2):
@@ -50,6 +50,58 @@ def test_greedy_output_equals_target_greedy(target, spec, reuse_kv, shape, metho
     assert 0 < top.accepted <= top.rounds * tree.depth
 
 
+@pytest.mark.parametrize("draft_vocab", [48, 24])
+@pytest.mark.parametrize("shape", [(3, 2, 6), (4, 2, 8), (2, 3, 5), (1, 3, 4)])
+@pytest.mark.parametrize("method", ["hsd", "greedy"])
+def test_eagle3_greedy_output_equals_target_greedy(target, draft_vocab, shape, method):
+    # An EAGLE-3 head (draft vocabulary all or half of the target's) drafting sampled trees: each
+    # beam reads its parent's output and attends its forwarded ancestors' entries of the head's cache.
+    head, _ = eagle3_head_for(target, draft_vocab, [2, 3, 5])
+    tree = ExpandConfig(*shape)
+    gen = SpeculativeGenerator(target, parse_levels("eagle3:x,target", [3], [method], tree=tree), eagle3_head=head,
+                               validate=True)
+    result = gen.generate(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=14)
+    for prompt, out in zip(PROMPTS, result.tokens):
+        assert out == greedy_reference(target, prompt, 14), (shape, method)
+    drafter, top = result.levels
+    assert top.rounds > 0 and 0 < top.accepted <= top.rounds * tree.depth
+
+
+def test_eagle3_head_forwarded_in_two_calls_equals_one_tree_masked_call(target):
+    # Eagle3Head.forward_cached's mask_prefix: entries 3..6 of a tree see entries 0..2 (written by
+    # an earlier call of the same tree) only where they are ancestors, as in one tree-masked call.
+    from tests.runtime.test_tree import PARENTS, tree_mask_and_depth
+
+    head, _ = eagle3_head_for(target, 48, [2, 3, 5])
+    gen = torch.Generator().manual_seed(3)
+    nodes = len(PARENTS)
+    ids = torch.randint(0, 48, (1, nodes), generator=gen)
+    hidden = torch.randn(1, nodes, target.hidden_size, generator=gen)
+    context_ids = torch.randint(0, 48, (1, 4), generator=gen)
+    context = torch.randn(1, 4, target.hidden_size, generator=gen)
+    mask, depth = tree_mask_and_depth(PARENTS)
+    positions = 4 + depth[None, :]
+
+    def fresh_cache():
+        cache = head.new_cache(1, 16)
+        head.forward_cached(context_ids, context, cache, torch.tensor([4]))
+        return cache
+
+    one = head.forward_cached(ids, hidden, fresh_cache(), torch.tensor([nodes]), positions, mask[None])
+    cache = fresh_cache()
+    first, rest = slice(0, 3), slice(3, nodes)
+    head.forward_cached(ids[:, first], hidden[:, first], cache, torch.tensor([3]), positions[:, first],
+                        mask[first, first][None])
+    two = head.forward_cached(ids[:, rest], hidden[:, rest], cache, torch.tensor([nodes - 3]), positions[:, rest],
+                              mask[rest][None], torch.tensor([3]))
+    assert (two - one[:, rest]).abs().max() < 1e-5
+    # Without the prefix mask the later entries see every earlier one: different outputs.
+    cache.truncate(torch.tensor([7]))
+    causal = head.forward_cached(ids[:, rest], hidden[:, rest], cache, torch.tensor([nodes - 3]),
+                                 positions[:, rest], mask[rest, rest][None])
+    assert (causal - one[:, rest]).abs().max() > 1e-3
+
+
 def test_greedy_trees_accept_more_than_a_chain_of_the_same_depth(target):
     # The top-k tree holds the chain's argmax path, so per target round it accepts at least as much.
     chain = SpeculativeGenerator(target, parse_levels("exit:2,target", buffers=[3]), validate=True)
@@ -65,8 +117,9 @@ def test_greedy_trees_accept_more_than_a_chain_of_the_same_depth(target):
 def _sampled_counts(spec, params, method, shape=(2, 2, 4), runs=6000, vocab=6, length=3, seed=0):
     model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
     drafter = _small(vocab, seed=7) if spec.startswith("model") else None
+    head = eagle3_head_for(model, vocab - 1, [1, 2, 3], std=0.3)[0] if spec.startswith("eagle3") else None
     config = parse_levels(spec, [2], [method], tree=ExpandConfig(*shape))
-    gen = SpeculativeGenerator(model, config, drafter=drafter, validate=True)
+    gen = SpeculativeGenerator(model, config, drafter=drafter, eagle3_head=head, validate=True)
     prompt = [1, 4, 2]
     result = gen.generate([prompt] * runs, params, max_new_tokens=length, seed=seed)
     codes = torch.tensor([t[0] * vocab * vocab + t[1] * vocab + t[2] for t in result.tokens])
@@ -80,6 +133,7 @@ def _sampled_counts(spec, params, method, shape=(2, 2, 4), runs=6000, vocab=6, l
     ("model:tiny,target", SamplingParams(temperature=1.0), (2, 2, 4)),
     ("exit:1,target", SamplingParams(temperature=0.8, top_p=0.9), (2, 2, 4)),
     ("model:tiny,target", SamplingParams(temperature=1.0, top_k=3), (3, 2, 6)),
+    ("eagle3:x,target", SamplingParams(temperature=1.0), (3, 2, 6)),
 ])
 @pytest.mark.parametrize("method", ["hsd", "tokenwise"])
 def test_sampled_output_matches_target_distribution(spec, params, shape, method):
@@ -116,8 +170,8 @@ def test_bad_tree_configurations_are_refused():
     tree = ExpandConfig(3, 2, 6)
     with pytest.raises(ValueError, match="two levels"):
         parse_levels("exit:1,exit:3,target", [3, 3], tree=tree)
-    with pytest.raises(ValueError, match="'model' or 'exit' drafter"):
-        parse_levels("eagle3:x,target", [3], tree=tree)
+    with pytest.raises(ValueError, match="'model', 'exit' or 'eagle3' drafter"):
+        parse_levels("eagle3:x,exit:3,target", [3, 3], tree=tree)
     with pytest.raises(ValueError, match="target's method must be one of"):
         parse_levels("exit:1,target", [3], ["hsd-paper"], tree=tree)
     with pytest.raises(ValueError, match="tree_rule must be one of"):
