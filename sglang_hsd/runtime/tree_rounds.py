@@ -19,8 +19,9 @@ A round of rows ``idx`` whose last committed token r sits at position s = ``seq_
    ``verify_tree`` with the target level's tree method (``config.TREE_METHOD_OF``).
 4. **Commit.** The accepted path and the corrected/bonus token are appended. The target's KV of r
    and the accepted nodes is compacted in place (``KVCache.keep``), so the caches again hold every
-   committed token but the last; the drafter's cache is cut back to the committed tokens it had,
-   and its next catch-up runs the accepted path.
+   committed token but the last. A drafter with its own cache keeps, compacted the same way, the
+   accepted nodes it forwarded (a prefix of the path: beams reach depth D - 1), so its next
+   catch-up runs only the rest of the path and the bonus token.
 
 An EAGLE-3 head reads the target's features up to the token before r (the target runs r with the
 tree); each beam's entry reads its token and its parent's output and attends its forwarded
@@ -131,6 +132,7 @@ class TreeRounds:
         res = verify_tree(candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs, p,
                           method=self.method, generator=run.generator, validate=False,
                           max_depth=self.shape.depth)
+        self.drafter.keep_accepted(idx, tree, res)
         self._commit(idx, root_pos, res, outputs)
         stats = run.stats[-1]
         stats.rounds += idx.numel()
@@ -262,7 +264,11 @@ class _TreeDrafter(Protocol):
         Returns the logits of their children [R, k, V]."""
 
     def cut_back(self) -> None:
-        """Drop this round's tree slots from the drafter's state."""
+        """After drafting: drop this round's tree slots from state the target's forward shares."""
+
+    def keep_accepted(self, idx: torch.Tensor, tree: LevelTree, res) -> None:
+        """After verification (``res``: ``verify_tree``'s result for rows ``idx``, before the
+        commit): keep what the drafter computed for the accepted path, drop the rest."""
 
 
 class _LayerTreeDrafter:
@@ -275,6 +281,9 @@ class _LayerTreeDrafter:
             raise ValueError("a tree drafter must run from the token embeddings (its group has no source)")
         # An exit drafter reusing the target's cache must leave it aligned with the target's layers.
         self.shares_target_cache = any(self.group.cache is group.cache for group in target_chain)
+
+        # Per forward of this round: (pool index [R, k], output hidden [R, k, D]) of its beams.
+        self.forwarded: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.group.model.exit_logits(hidden, self.head)
@@ -295,12 +304,43 @@ class _LayerTreeDrafter:
             group.model.embed(_scatter_rows(idx, batch, tokens)), group.start, group.end, group.cache,
             _scatter_rows(idx, batch, width), _scatter_rows(idx, batch, positions),
             _scatter_rows(idx, batch, mask, False), _scatter_rows(idx, batch, width * level))
+        self.forwarded.append((step.pool_index.view(rows, k), hidden[idx]))
         return self._logits(hidden[idx])
 
     def cut_back(self) -> None:
-        run, group = self.run, self.group
-        keep = run.seq_len - 1 if self.shares_target_cache else run.seq_len
-        group.cache.truncate(torch.minimum(group.length(), keep), layers=range(group.start, group.end))
+        # A shared cache must hold exactly the committed tokens but r when the target's tree forward runs.
+        if self.shares_target_cache:
+            run, group = self.run, self.group
+            group.cache.truncate(torch.minimum(group.length(), run.seq_len - 1), layers=range(group.start, group.end))
+            self.forwarded = []
+
+    def keep_accepted(self, idx: torch.Tensor, tree: LevelTree, res) -> None:
+        """Own cache: compact the KV and outputs of the accepted nodes the drafter forwarded (a
+        prefix of the path: beam forwards reach depth D - 1) right after r, so the next round's
+        catch-up runs only the rest of the path and the bonus token. Each kept beam attended the
+        committed tokens and its ancestors, i.e. exactly this prefix: its KV is the one a plain
+        forward of the path would write."""
+        if self.shares_target_cache:
+            return
+        run, group, forwarded, self.forwarded = self.run, self.group, self.forwarded, []
+        batch, rows = run.seq_len.shape[0], idx.numel()
+        offsets = torch.zeros(rows, max(len(forwarded), 1), dtype=torch.long, device=idx.device)
+        kept = torch.zeros(rows, dtype=torch.long, device=idx.device)
+        alive = torch.ones(rows, dtype=torch.bool, device=idx.device)
+        for level, (pool, hidden) in enumerate(forwarded):
+            node = res.accept_index[:, level + 1]  # [R], -1 past the accepted path
+            node_pool = tree.top_scores_index.gather(1, (node - 1).clamp_min(0).unsqueeze(-1))  # [R, 1]
+            match = (pool == node_pool) & (node >= 1).unsqueeze(-1)  # [R, k]
+            alive &= match.any(-1)
+            beam = match.long().argmax(-1)
+            offsets[:, level] = level * pool.shape[1] + beam
+            write = idx[alive]
+            group.hidden[write, run.seq_len[write] + level] = hidden[alive, beam[alive]]
+            kept += alive.long()
+        start = group.length().clone()
+        start[idx] = run.seq_len[idx]
+        group.cache.keep(range(group.start, group.end), start, _scatter_rows(idx, batch, offsets),
+                         _scatter_rows(idx, batch, kept))
 
 
 class _Eagle3TreeDrafter:
@@ -338,3 +378,6 @@ class _Eagle3TreeDrafter:
     def cut_back(self) -> None:
         # Keep entries 0 .. seq_len - 2 (target-fed); the next round feeds the accepted path.
         self.eagle.truncate(self.run.seq_len)
+
+    def keep_accepted(self, idx: torch.Tensor, tree: LevelTree, res) -> None:
+        pass  # the accepted path's entries are re-read from the target's features next round

@@ -102,6 +102,34 @@ def test_eagle3_head_forwarded_in_two_calls_equals_one_tree_masked_call(target):
     assert (causal - one[:, rest]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("spec,reuse_kv", [("model:tiny,target", True), ("exit:3,target", False)])
+def test_drafter_keeps_the_accepted_path_it_forwarded(target, monkeypatch, spec, reuse_kv):
+    # A drafter with its own cache compacts the accepted nodes it forwarded instead of re-running
+    # them: fewer drafter layer-forwards, and the KV it keeps is the one re-running would write, so
+    # the sampled output (same seed, same uniforms) is the same token for token.
+    params = SamplingParams(temperature=1.0)
+
+    def run():
+        gen = _generator(target, spec, ExpandConfig(4, 2, 8), reuse_kv=reuse_kv)
+        model = gen.drafter if gen.drafter is not None else target
+        before = model.counters.layer_token_forwards
+        result = gen.generate(PROMPTS, params, max_new_tokens=20, seed=3)
+        return result, model.counters.layer_token_forwards - before
+
+    compacted, compacted_forwards = run()
+
+    def recompute(self, idx, tree, res):  # the earlier behaviour: cut the tree, re-run the path
+        run_state, group = self.run, self.group
+        self.forwarded = []
+        group.cache.truncate(torch.minimum(group.length(), run_state.seq_len), layers=range(group.start, group.end))
+
+    monkeypatch.setattr(tree_rounds._LayerTreeDrafter, "keep_accepted", recompute)
+    rerun, rerun_forwards = run()
+    assert compacted.tokens == rerun.tokens
+    assert compacted.levels[-1].accepted == rerun.levels[-1].accepted > 0
+    assert compacted_forwards < rerun_forwards
+
+
 def test_greedy_trees_accept_more_than_a_chain_of_the_same_depth(target):
     # The top-k tree holds the chain's argmax path, so per target round it accepts at least as much.
     chain = SpeculativeGenerator(target, parse_levels("exit:2,target", buffers=[3]), validate=True)
