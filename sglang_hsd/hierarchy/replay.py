@@ -223,15 +223,29 @@ def kept_rank_paths(cfg: ExpandConfig) -> tuple[tuple[int, ...], ...]:
     return tuple(path(p) for p in order)
 
 
+def forwarded_prefix(path: tuple[int, ...], depth: int) -> int:
+    """How many leading nodes of an accepted path (draw ranks from the root) the drafter forwarded:
+    the spine rules forward, at depths 1 .. D - 1, the draws of the argmax chain's nodes, i.e. the
+    nodes whose path is zeros and then one rank. A drafter with its own cache keeps their KV
+    (``runtime/tree_rounds.py``), so its next catch-up runs only the rest and the bonus token."""
+    count = 0
+    for d in range(1, min(len(path), depth - 1) + 1):
+        if any(path[: d - 1]):
+            break
+        count = d
+    return count
+
+
 def replay_tree(records: list[AcceptanceRecord], new_tokens: int, cfg: ExpandConfig, samples: int = 32,
                 seed: int = 0) -> ReplayStats:
     """Tree rounds of shape ``cfg`` (``spine_wide``) until each record has emitted ``new_tokens``.
 
     Accepted: greedy records follow the target's rank sequence through the kept paths; sampled
     records try a node's kept children in draw order, each accepted with alpha_i (module
-    docstring). Drafter calls per round: the accepted path and the bonus token (catch-up, a + 1
-    rows; ``runtime/tree_rounds.py`` re-runs it) with the root's draft, then D - 1 forwards of k
-    beams. Target calls: N rows.
+    docstring). Drafter calls per round: the catch-up (the previous round's accepted nodes the
+    drafter did not forward, ``forwarded_prefix``, and the bonus token) with the root's draft, then
+    D - 1 forwards of k beams. Target calls: N rows. (An exit drafter sharing the target's cache
+    re-runs the whole path; the replay prices the own-cache drafter.)
     """
     paths = kept_rank_paths(cfg)
     kept = set(paths)
@@ -270,7 +284,7 @@ def replay_tree(records: list[AcceptanceRecord], new_tokens: int, cfg: ExpandCon
                     drafter_calls[cfg.topk] = drafter_calls.get(cfg.topk, 0.0) + cfg.depth - 1
                 tokens += min(accepted + 1, new_tokens - t)
                 t += accepted + 1
-                catch_up = accepted + 1
+                catch_up = accepted - forwarded_prefix(node, cfg.depth) + 1
     scale = 1.0 / draws
     return ReplayStats(rounds * scale, tokens * scale, rounds * scale * cfg.budget,
                        {k: v * scale for k, v in drafter_calls.items()},

@@ -96,6 +96,16 @@ def test_kept_rank_paths_of_a_small_tree():
     assert (1, 0) in paths and (1, 1) in paths and len(paths) == 7
 
 
+def test_forwarded_prefix_of_an_accepted_path():
+    from sglang_hsd.hierarchy.replay import forwarded_prefix
+
+    # D = 4: beams forward depths 1-3, the chain's draws only.
+    assert forwarded_prefix((0, 0, 0, 0), 4) == 3
+    assert forwarded_prefix((0, 1, 0), 4) == 2  # the sibling at depth 2 was a beam, its child not
+    assert forwarded_prefix((1, 0), 4) == 1
+    assert forwarded_prefix((), 4) == 0 and forwarded_prefix((0,), 1) == 0
+
+
 def _record(alpha: float, length: int = 64, stop: float = 0.0) -> AcceptanceRecord:
     return AcceptanceRecord(False, np.full(length, alpha), np.zeros(length, dtype=np.int64),
                             np.full((len(STOP_THRESHOLDS), length), stop))
