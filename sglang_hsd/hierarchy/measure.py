@@ -26,14 +26,24 @@ from sglang_hsd.sampling import SamplingParams, logits_to_probs
 
 
 @torch.inference_mode()
-def greedy_continuation(model: CausalLM, prompt: list[int], num_tokens: int) -> list[int]:
-    """``num_tokens`` greedy tokens of the target after ``prompt`` (prompt excluded)."""
+def target_continuation(
+    model: CausalLM,
+    prompt: list[int],
+    num_tokens: int,
+    params: SamplingParams = SamplingParams(0.0),
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """``num_tokens`` tokens of the target after ``prompt`` (prompt excluded): greedy at
+    temperature 0, else drawn from its distribution under ``params`` with ``generator``."""
     cache = model.new_cache(1, len(prompt) + num_tokens + 1)
     ids = torch.tensor([prompt])
     out = []
     for _ in range(num_tokens):
         logits = model.forward(ids, cache)[:, -1]
-        ids = logits.argmax(-1, keepdim=True)
+        if params.temperature == 0.0:
+            ids = logits.argmax(-1, keepdim=True)
+        else:
+            ids = torch.multinomial(logits_to_probs(logits, params), 1, generator=generator)
         out.append(int(ids))
     return out
 
@@ -105,7 +115,7 @@ def measure_acceptance(
         raise ValueError(f"exits must increase strictly inside [1, {model.num_layers}), got {exits}")
     total, count = np.zeros((len(exits) + 1, len(exits) + 1)), 0
     for prompt in prompts:
-        tail = greedy_continuation(model, prompt, continuation)
+        tail = target_continuation(model, prompt, continuation)
         ids = list(prompt) + tail
         probs = exit_probs(model, ids, exits, slice(len(prompt) - 1, len(ids) - 1), params, exit_heads)
         sums, positions = pairwise_acceptance(probs)

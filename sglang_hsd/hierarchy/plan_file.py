@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sglang_hsd.draft_length import parse_draft_length
 from sglang_hsd.levels import (
     LevelKind,
     LevelSpec,
@@ -36,6 +37,8 @@ from sglang_hsd.levels import (
     parse_buffers,
     parse_level_specs,
 )
+from sglang_hsd.runtime.config import parse_tree
+from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
 
 if TYPE_CHECKING:
     from sglang_hsd.hierarchy.planner import Plan, PlanResult
@@ -76,10 +79,6 @@ class PlannedHierarchy:
     def __post_init__(self) -> None:
         if not self.levels or self.levels[-1].kind is not LevelKind.TARGET:
             raise ValueError(f"levels: the last level must be the target, got {format_level_names(self.levels)!r}")
-        from sglang_hsd.draft_length import parse_draft_length
-        from sglang_hsd.runtime.config import parse_tree
-        from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
-
         if self.draft_length is not None:
             parse_draft_length(self.draft_length, name="draft_length")
         if self.tree is not None:

@@ -125,10 +125,6 @@ class ReplayStats:
     def tokens_per_round(self) -> float:
         return self.tokens / self.rounds if self.rounds else float("nan")
 
-    @property
-    def accepted_per_round(self) -> float:
-        return self.tokens_per_round - 1.0
-
 
 def _check_threshold(rule: DraftLengthRule) -> int:
     try:
@@ -191,8 +187,7 @@ def replay_chain(
                 tokens += emitted
                 t += accepted + 1
                 if rule.adaptive:
-                    cap = accepted + 1 if accepted < drafted_now else cap + rule.grow
-                    cap = min(max(cap, rule.min_length), rule.max_length)
+                    cap = int(rule.next_caps(*(torch.tensor([x]) for x in (cap, drafted_now, accepted)))[0])
     scale = 1.0 / draws
     return ReplayStats(rounds * scale, tokens * scale, drafted * scale,
                        {k: v * scale for k, v in drafter_calls.items()},

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from sglang_hsd.draft_length import DraftLengthKind, DraftLengthRule, parse_draft_length
+from sglang_hsd.hierarchy.measure import target_continuation
 from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts, measure_round_costs
@@ -181,24 +182,6 @@ def best_plain(predictions: Sequence[RoundPrediction]) -> RoundPrediction:
 
 # --------------------------------------------------------------------------- acceptance records
 @torch.inference_mode()
-def continuation(model: CausalLM, prompt: list[int], num_tokens: int, params: SamplingParams,
-                 generator: torch.Generator) -> list[int]:
-    """``num_tokens`` tokens of ``model`` after ``prompt``: greedy at temperature 0, else drawn from
-    its distribution under ``params`` (the target's own continuation)."""
-    cache = model.new_cache(1, len(prompt) + num_tokens + 1)
-    ids = torch.tensor([prompt])
-    out = []
-    for _ in range(num_tokens):
-        logits = model.forward(ids, cache)[:, -1]
-        if params.temperature == 0.0:
-            ids = logits.argmax(-1, keepdim=True)
-        else:
-            ids = torch.multinomial(logits_to_probs(logits, params), 1, generator=generator)
-        out.append(int(ids))
-    return out
-
-
-@torch.inference_mode()
 def _logits_at(model: CausalLM, ids: list[int], start: int, end_layer: int | None = None, head=None) -> torch.Tensor:
     """Logits of ``model`` (or of its exit after ``end_layer`` with ``head``) predicting ids[start + 1:],
     i.e. at positions start .. len(ids) - 2. float [P, V]."""
@@ -222,7 +205,7 @@ def record_acceptance(
     generator = torch.Generator().manual_seed(seed)
     records = []
     for prompt in prompts:
-        tail = continuation(target, list(prompt), length, params, generator)
+        tail = target_continuation(target, list(prompt), length, params, generator)
         ids = list(prompt) + tail
         start = len(prompt) - 1
         p = logits_to_probs(_logits_at(target, ids, start)[None], params)[0]

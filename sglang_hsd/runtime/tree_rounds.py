@@ -199,14 +199,11 @@ class TreeRounds:
         """
         run = self.run
         batch, nodes = run.seq_len.shape[0], candidates.shape[1]
-        ids = torch.zeros(batch, nodes, dtype=torch.long, device=idx.device)
-        ids[idx] = candidates
-        full_positions = torch.zeros_like(ids)
-        full_positions[idx] = positions
+        ids = _scatter_rows(idx, batch, candidates)
+        full_positions = _scatter_rows(idx, batch, positions)
         mask = torch.eye(nodes, dtype=torch.bool, device=idx.device).expand(batch, -1, -1).clone()
         mask[idx] = tree_attention_mask(parents)
-        num_new = torch.zeros(batch, dtype=torch.long, device=idx.device)
-        num_new[idx] = nodes
+        num_new = _scatter_rows(idx, batch, torch.full((idx.numel(),), nodes, dtype=torch.long, device=idx.device))
         hidden, outputs = self.target_chain[0].model.embed(ids), []
         for group in self.target_chain:
             hidden = group.model.forward_layers(hidden, group.start, group.end, group.cache, num_new,

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from sglang_hsd.hierarchy.measure import greedy_continuation, measure_acceptance, measure_costs  # noqa: E402
+from sglang_hsd.hierarchy.measure import target_continuation, measure_acceptance, measure_costs  # noqa: E402
 from sglang_hsd.hierarchy.plan_file import PlanFile, PlannedHierarchy  # noqa: E402
 from sglang_hsd.hierarchy.planner import Plan  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
@@ -30,7 +30,7 @@ def _direct_alpha(model, prompts, exits, params, continuation):
     num = len(exits) + 1
     total, count = np.zeros((num, num)), 0
     for prompt in prompts:
-        ids = prompt + greedy_continuation(model, prompt, continuation)
+        ids = prompt + target_continuation(model, prompt, continuation)
         probs = []
         for end in list(exits) + [model.num_layers]:
             hidden = model.forward_layers(model.embed(torch.tensor([ids])), 0, end, model.new_cache(1, len(ids)))
@@ -67,9 +67,9 @@ def test_costs_are_positive_and_compose(tiny):
     assert set(prefix) == {2, 4, 6}
     assert all(v > 0 for v in prefix.values())
     assert costs.draft_step(0) > 0 and costs.autoregressive_step() > costs.forward(0, 6, 1)
-    # Verifying a longer draft never costs less (interpolation is monotone in measured order
-    # only up to noise, so compare far-apart lengths).
-    assert costs.verify(0, 2, 30) > costs.verify(0, 2, 1)
+    # Verifying a longer draft never costs less: the measured tables are made non-decreasing, so
+    # this holds whatever the timer saw (on a tiny model the tables can be flat, hence >=).
+    assert costs.verify(0, 2, 30) >= costs.verify(0, 2, 4) >= costs.verify(0, 2, 1)
     assert costs.forward(3, 3, 5) == 0.0
 
 
