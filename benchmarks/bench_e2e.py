@@ -6,14 +6,17 @@
 ``--draft-length`` gives each configuration a drafter length rule (``fixed``, the default, or
 ``adaptive[:threshold[:max]]``, as ``sglang-hsd generate``), and ``--tree`` a draft shape
 (``none``, the default: chains; ``D:k:N``: a sampled tree per round), so one run can compare fixed,
-adaptive and tree drafts of the same levels.
+adaptive and tree drafts of the same levels. ``--drafter-precision`` gives a separate draft
+model's single-row projections a weight copy (``fp32``, the default, ``bf16`` or ``fp16``).
 
 Configurations are ``--levels`` strings of ``sglang-hsd generate`` (``target`` = autoregressive),
 plus the Hugging Face peers: ``hf`` (plain ``generate``), ``hf-assisted`` (``generate`` with
 ``assistant_model``, needs ``--assistant``) and ``hf-prompt-lookup``. Each configuration runs on
 the same prompts, for each temperature and batch size, ``--repeats`` times; the table reports the
 median and ratios against the autoregressive runtime and against HF assisted generation of the
-same run. Timings on a shared 2-core machine are noisy: compare ratios, not absolute numbers.
+same run. Before its timed repeats each row generates a few tokens untimed (first-call costs such
+as page faults on freshly packed weights stay out of the row). Timings on a shared 2-core machine
+are noisy: compare ratios, not absolute numbers.
 
 Batch sizes > 1 run the runtime on consecutive groups of prompts (the HF peers stay at batch 1:
 assisted generation supports no batches). At T = 0 every output is checked against the same
@@ -36,6 +39,7 @@ from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_pa
                                write_results)
 from sglang_hsd.draft_length import parse_draft_length
 from sglang_hsd.runtime.config import parse_tree
+from sglang_hsd.runtime.kernel_paths import parse_drafter_precision
 from sglang_hsd.runtime.loading import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 
@@ -100,6 +104,8 @@ def parse_args(argv: list[str] | None = None):
                         "adaptive[:threshold[:max]] (see sglang-hsd generate --draft-length)")
     parser.add_argument("--tree", nargs="+", help="one per config: none (default, chains) or D:k:N "
                         "(see sglang-hsd generate --tree)")
+    parser.add_argument("--drafter-precision", nargs="+", help="one per config: fp32 (default), bf16 or fp16, "
+                        "the weight copy a separate drafter's single-row projections read")
     add_standard_arguments(parser, exit_heads=True)
     parser.add_argument("--prompt-set", default="mtbench")
     parser.add_argument("--num-prompts", type=int, default=4)
@@ -108,12 +114,12 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pack-linears", action="store_true",
-                        help="run the target's projections and LM head on oneDNN pre-packed weights "
-                        "(CausalLM.pack_linears, as make demo does) in every runtime configuration, "
-                        "plain decoding included; the HF peers keep their own kernels")
+                        help="run the target's (and a separate drafter's) projections and LM head on oneDNN "
+                        "pre-packed weights (CausalLM.pack_linears, as make demo does) in every runtime "
+                        "configuration, plain decoding included; the HF peers keep their own kernels")
     add_standard_arguments(parser, threads=1, name="e2e")
     args = parser.parse_args(argv)
-    for option in ("buffers", "methods", "draft_length", "tree"):
+    for option in ("buffers", "methods", "draft_length", "tree", "drafter_precision"):
         values = getattr(args, option)
         if values is not None and len(values) != len(args.configs):
             raise ValueError(f"--{option.replace('_', '-')} needs one value per --configs entry "
@@ -122,6 +128,8 @@ def parse_args(argv: list[str] | None = None):
         parse_draft_length(text)  # bad input fails before any model is loaded
     for text in args.tree or []:
         parse_tree(text)
+    for text in args.drafter_precision or []:
+        parse_drafter_precision(text)
     return args
 
 
@@ -156,6 +164,17 @@ def main(argv: list[str] | None = None) -> None:
               f"output (prompts {r['mismatched_prompts']})")
 
 
+# Tokens of the untimed warm-up generation before each row's timed repeats.
+WARMUP_TOKENS = 8
+
+
+def _shared(assistant, config: str):
+    """The HF peer's assistant when ``config``'s first level is that model (one copy in memory; the
+    runtime's kernel choices wrap our layers, never the HF modules), else None (loaded anew)."""
+    first = config.split(",")[0]
+    return assistant if assistant is not None and first == f"model:{assistant.name}" else None
+
+
 def measure_all(args, target, assistant, prompts) -> list[dict]:
     """One row per (temperature, batch size, configuration): median time over ``--repeats``."""
     eos = target.tokenizer.eos_token_id
@@ -164,22 +183,27 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
     lengths = args.draft_length or ["fixed"] * len(args.configs)
     rules = [parse_draft_length(text) for text in lengths]
     trees = args.tree or ["none"] * len(args.configs)
+    precisions = args.drafter_precision or ["fp32"] * len(args.configs)
     rows = []
     for temperature in args.temperatures:
         params = SamplingParams(temperature=temperature)
         for batch_size in args.batch_sizes:
-            for config, buf, method, length, rule, tree in zip(args.configs, buffers, methods, lengths, rules, trees):
+            for config, buf, method, length, rule, tree, precision in zip(
+                    args.configs, buffers, methods, lengths, rules, trees, precisions):
+                gen = runner = None  # the previous row's generator is freed before the next one loads
                 if config in HF_CONFIGS:
                     if batch_size != 1 or (config == "hf-assisted" and assistant is None):
                         continue
-                    runner = lambda seed: run_hf(config, target, assistant, prompts, params,  # noqa: E731
-                                                 args.max_new_tokens, eos, seed)
+                    runner = lambda seed, prompts=prompts, new=args.max_new_tokens: run_hf(  # noqa: E731
+                        config, target, assistant, prompts, params, new, eos, seed)
                 else:
                     gen = build_generator(target, config, [int(x) for x in buf.split(",")] if buf else None,
                                           method.split(","), args.exit_heads, draft_length=rule,
-                                          tree=parse_tree(tree))
-                    runner = lambda seed: run_runtime(gen, prompts, params, args.max_new_tokens,  # noqa: E731
-                                                      eos, seed, batch_size)
+                                          tree=parse_tree(tree), drafter_precision=precision,
+                                          pack_linears=args.pack_linears, drafter=_shared(assistant, config))
+                    runner = lambda seed, prompts=prompts, new=args.max_new_tokens: run_runtime(  # noqa: E731
+                        gen, prompts, params, new, eos, seed, batch_size)
+                runner(0, prompts[:batch_size], WARMUP_TOKENS)  # untimed: first-call costs stay out of the row
                 times, tokens, levels = [], None, None
                 for repeat in range(args.repeats):
                     tokens, seconds, levels = runner(repeat)
@@ -189,7 +213,8 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
                 seconds = statistics.median(times)
                 rows.append({
                     "temperature": temperature, "batch_size": batch_size, "config": config, "method": method,
-                    "buffers": buf, "draft_length": length, "tree": tree, "tokens": sum(map(len, tokens)), "seconds": seconds,
+                    "buffers": buf, "draft_length": length, "tree": tree,
+                    "drafter_precision": precision, "tokens": sum(map(len, tokens)), "seconds": seconds,
                     "tokens_per_second": sum(map(len, tokens)) / seconds, "levels": levels,
                     "outputs": tokens,
                 })

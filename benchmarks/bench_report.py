@@ -179,7 +179,7 @@ def check_batch_outputs(rows: list[dict]) -> None:
             continue
         ref = [r for r in rows if r["temperature"] == 0 and r["batch_size"] == 1]
         key = lambda r: (r["config"], r["method"], r["buffers"], r.get("draft_length", "fixed"),  # noqa: E731
-                         r.get("tree", "none"))
+                         r.get("tree", "none"), r.get("drafter_precision", "fp32"))
         same = next((r for r in ref if key(r) == key(row)), None)
         auto = next((r for r in ref if r["config"] == "target"), None)
         if same is not None and same is not row:
@@ -218,11 +218,12 @@ def format_e2e_table(rows: list[dict], meta: dict) -> str:
 
 
 def _buffers(row: dict) -> str:
-    """The buffers of a row, with its draft-length rule unless fixed and its tree unless a chain:
-    ``3,4``, ``3,4 adaptive:0.4`` or ``- tree 4:2:8``."""
+    """The buffers of a row, with its draft-length rule unless fixed, its tree unless a chain and
+    its drafter precision unless fp32: ``3,4``, ``3,4 adaptive:0.4``, ``- tree 4:2:8`` or ``15 bf16``."""
     length, tree = row.get("draft_length", "fixed"), row.get("tree", "none")
+    precision = row.get("drafter_precision", "fp32")
     return ((row["buffers"] or "-") + ("" if length == "fixed" else f" {length}")
-            + ("" if tree == "none" else f" tree {tree}"))
+            + ("" if tree == "none" else f" tree {tree}") + ("" if precision == "fp32" else f" {precision}"))
 
 
 def config_label(row: dict) -> str:

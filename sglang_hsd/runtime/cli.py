@@ -42,6 +42,12 @@ def add_generate_parser(subparsers) -> None:
         "threshold (default 0.4) or at a per-request cap adapted from past rounds (at most max, default 16)",
     )
     parser.add_argument(
+        "--drafter-precision", choices=["fp32", "bf16", "fp16"],
+        help="weights a separate draft model's single-row (batch 1) drafting steps read: a bf16 / fp16 copy "
+        "halves the bytes a step streams; the output law is unchanged (the verifier uses the drafter's "
+        "actual probabilities). Default: bf16 with a model: drafter, fp32 otherwise (the only choice there)",
+    )
+    parser.add_argument(
         "--tree", default="none",
         help="'none' (chains) or D:k:N: draft a sampled tree per round, depth D, k children per node, N nodes "
         "with the root (two levels: a model:, exit: or eagle3: drafter and the target; e.g. 4:2:8)",
@@ -63,6 +69,18 @@ def add_generate_parser(subparsers) -> None:
         "matmuls lost 4x to contention in our measurements; 0 = torch default)",
     )
     parser.set_defaults(func=run_generate)
+
+
+def _drafter_precision(levels: str, chosen: str | None) -> str:
+    """``--drafter-precision`` for ``--levels`` (checked before any model loads): bf16 by default
+    with a separate draft model, and only fp32 for an exit or EAGLE-3 drafter (the target's numbers)."""
+    from sglang_hsd.levels import LevelKind, parse_level_specs
+
+    separate = parse_level_specs(levels)[0].kind is LevelKind.MODEL
+    if chosen not in (None, "fp32") and not separate:
+        raise ValueError(f"--drafter-precision {chosen} needs a model:<name> drafter as the first of --levels, "
+                         f"got {levels!r}")
+    return chosen or ("bf16" if separate else "fp32")
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -93,9 +111,11 @@ def run_generate(args: argparse.Namespace) -> int:
     methods = args.methods.split(",")
     draft_length = parse_draft_length(args.draft_length)  # bad input fails before loading a model
     tree = parse_tree(args.tree)
+    drafter_precision = _drafter_precision(args.levels, args.drafter_precision)
     target = load_model(args.model)
     gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse,
-                          draft_length=draft_length, tree=tree, pack_linears=pack_linears)
+                          draft_length=draft_length, tree=tree, pack_linears=pack_linears,
+                          drafter_precision=drafter_precision)
     texts = prompt_set_texts(args.prompt_set, args.num_prompts) if args.prompt_set else args.prompt or [DEFAULT_PROMPT]
     prompts = encode_prompts(target.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)

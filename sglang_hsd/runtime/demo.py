@@ -45,8 +45,9 @@ class DemoSpec:
             idle, one when other jobs keep it busy).
         pack_linears: run the target's multi-row projections (verification, prefill) through
             oneDNN prepacked weights (``CausalLM.pack_linears``; plain decoding uses the same
-            model). The drafter stays plain: it runs one row per call, and its packed copies
-            would only cost memory.
+            model), and a separate drafter's too (its prompt and its catch-up after each round).
+        drafter_precision: the weight copy a separate drafter's single-row steps read
+            (``kernel_paths.DRAFTER_PRECISIONS``; ``fp32`` for exit drafters).
         summary: one line for ``--help``.
     """
 
@@ -61,6 +62,7 @@ class DemoSpec:
     max_new_tokens: int
     threads: int
     pack_linears: bool
+    drafter_precision: str
     summary: str
 
     def __post_init__(self) -> None:
@@ -97,6 +99,7 @@ QWEN_PAIR = DemoSpec(
     max_new_tokens=96,
     threads=0,
     pack_linears=True,
+    drafter_precision="bf16",
     summary="Qwen2.5-Coder-0.5B-Instruct drafts for Qwen2.5-Coder-1.5B-Instruct on a HumanEval "
     "prompt (adaptive draft length); the default, a real speed-up",
 )
@@ -113,6 +116,7 @@ SMOLLM2_EXITS = DemoSpec(
     max_new_tokens=48,
     threads=1,
     pack_linears=False,
+    drafter_precision="fp32",
     summary="SmolLM2-135M-Instruct drafting with its own early exits (exit:8 -> exit:16 -> "
     "target); small and quick to fetch, but slower than plain decoding",
 )
@@ -224,7 +228,8 @@ def compare_on_prompts(target, drafter, spec: DemoSpec, prompts: list[list[int]]
     if spec.pack_linears:
         target.pack_linears()  # in place: plain and speculative decoding share these kernels
     plain = SpeculativeGenerator(target, HierarchyConfig(parse("target")))
-    speculative = SpeculativeGenerator(target, spec.hierarchy(), drafter=drafter, exit_heads=exit_heads)
+    speculative = SpeculativeGenerator(target, spec.hierarchy(), drafter=drafter, exit_heads=exit_heads,
+                                       pack_linears=spec.pack_linears, drafter_precision=spec.drafter_precision)
     results = []
     for number, prompt in enumerate(prompts, 1):
         load = os.getloadavg()[0]
@@ -274,7 +279,8 @@ def run_demo(spec: DemoSpec, progress: bool = True) -> int:
     if drafter is not None:
         loading.check_same_tokenizer(target.tokenizer, drafter.tokenizer, spec.drafter)
     print(f"models ready in {time.perf_counter() - start:.0f}s; {spec.levels}, draft length "
-          f"{spec.draft_length}, {torch.get_num_threads()} thread(s), oneDNN prepacked: {spec.pack_linears}")
+          f"{spec.draft_length}, {torch.get_num_threads()} thread(s), oneDNN prepacked: {spec.pack_linears}, "
+          f"drafter steps: {spec.drafter_precision}")
     if spec.prompt_set is not None:
         texts = loading.prompt_set_texts(spec.prompt_set, max(spec.prompt_indices) + 1)
         texts = [texts[i] for i in spec.prompt_indices]

@@ -45,6 +45,7 @@ from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.eagle3 import Eagle3Head
 from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
+from sglang_hsd.runtime.kernel_paths import configure_kernels
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats, RoundTrace
@@ -67,15 +68,10 @@ class SpeculativeGenerator:
         eagle3_head: the ``Eagle3Head`` when the first level is of kind ``"eagle3"`` (default:
             loaded from the level's ``model_path``).
         validate: validate verifier inputs every round (slower; for tests and debugging).
-        pack_linears: route the target's and the drafter's projections through oneDNN pre-packed
-            weights (``CausalLM.pack_linears``; CPU float32 only, else ignored; the models are
-            changed in place). Multi-row matmuls get up to ~2x cheaper, but the packed copies take
-            as much memory again as the linear weights: measured +9% tokens per CPU second for
-            SmolLM2 self-drafting, no gain for the Qwen2.5 0.5B -> 1.5B pair on a machine short of
-            memory (``benchmarks/README.md``, "Runtime cost per round"). Off by default.
-        packed_rows: with ``pack_linears``, the row counts each ``(in, out)`` shape runs packed,
-            e.g. ``KernelTable.packed_rows`` of a measured table (``runtime/kernel_paths.py``);
-            None: every call of 2 rows or more.
+        pack_linears, packed_rows, drafter_precision: the kernels of the target's and a separate
+            drafter's projections (:func:`~sglang_hsd.runtime.kernel_paths.configure_kernels`:
+            oneDNN pre-packed weights for multi-row calls, the drafter's single rows on a bf16 /
+            fp16 weight copy); the models are changed in place. Off / ``"fp32"`` by default.
     """
 
     def __init__(
@@ -88,6 +84,7 @@ class SpeculativeGenerator:
         eagle3_head: Eagle3Head | None = None,
         pack_linears: bool = False,
         packed_rows: Callable[[int, int], PackedRows] | None = None,
+        drafter_precision: str = "fp32",
     ) -> None:
         config.check_depth(target.num_layers)
         first = config.levels[0]
@@ -110,10 +107,8 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.exit_heads = dict(exit_heads or {})
         self.validate = validate
-        if pack_linears:
-            for model in (target, drafter if first.kind == "model" else None):
-                if model is not None:
-                    model.pack_linears(packed_rows)
+        configure_kernels(target, drafter if first.kind == "model" else None, pack_linears, packed_rows,
+                          drafter_precision)
 
     @torch.inference_mode()
     def generate(

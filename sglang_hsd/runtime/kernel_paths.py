@@ -33,8 +33,10 @@ from torch import nn
 from sglang_hsd.runtime.layers import PackedLinear, PackedRows
 
 __all__ = [
+    "DRAFTER_PRECISIONS",
     "PATH_MKL",
     "PATH_PACKED",
+    "configure_kernels",
     "RUNTIME_PATHS",
     "KernelChoice",
     "KernelTable",
@@ -45,6 +47,7 @@ __all__ = [
     "measure",
     "measure_table",
     "median_ms",
+    "parse_drafter_precision",
 ]
 
 PATH_MKL = "mkl"
@@ -52,6 +55,48 @@ PATH_PACKED = "onednn-packed"
 # Largest |path - F.linear| accepted as the same fp32 product: outputs of O(1) with inputs of up
 # to ~10^4 features; summation order changes them by ~1e-6.
 SAME_PRODUCT_ATOL = 1e-4
+
+# The weight copy a separate drafter's single-row projections read (``CausalLM.set_half_rows``):
+# None = its fp32 weights. Half the bytes make a drafting step at batch 1 up to twice as fast; the
+# drafter's numbers change, the output law does not (the verifier uses its actual probabilities).
+DRAFTER_PRECISIONS: Mapping[str, torch.dtype | None] = {
+    "fp32": None,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def parse_drafter_precision(text: str, name: str = "--drafter-precision") -> torch.dtype | None:
+    """A :data:`DRAFTER_PRECISIONS` name -> its dtype; ``ValueError`` naming ``name`` otherwise."""
+    if text not in DRAFTER_PRECISIONS:
+        raise ValueError(f"{name} must be one of {', '.join(DRAFTER_PRECISIONS)}, got {text!r}")
+    return DRAFTER_PRECISIONS[text]
+
+
+def configure_kernels(target: nn.Module, drafter: nn.Module | None, pack_linears: bool = False,
+                      packed_rows: Callable[[int, int], PackedRows] | None = None,
+                      drafter_precision: str = "fp32") -> None:
+    """Set the kernels of a target's and a separate drafter's projections (``CausalLM`` s, in place).
+
+    Args:
+        pack_linears: multi-row calls of both models on oneDNN pre-packed weights
+            (``CausalLM.pack_linears``; CPU float32 only, else left as they are): a verification
+            of K + 1 rows costs about twice one row instead of K + 1 times (``docs/cpu.md``); the
+            copies take as much memory again as the linear weights.
+        packed_rows: with ``pack_linears``, the row counts each ``(in, out)`` shape runs packed,
+            e.g. ``KernelTable.packed_rows`` of a measured table; None: every call of 2 rows or more.
+        drafter_precision: a :data:`DRAFTER_PRECISIONS` name for the drafter's single-row calls
+            (``CausalLM.set_half_rows``); anything but ``"fp32"`` needs ``drafter``.
+    """
+    half = parse_drafter_precision(drafter_precision, name="drafter_precision")
+    if half is not None and drafter is None:
+        raise ValueError(f"drafter_precision={drafter_precision!r} needs a separate draft model as the first level "
+                         "(an exit or EAGLE-3 drafter's numbers are the target's)")
+    for model in (target, drafter):
+        if pack_linears and model is not None:
+            model.pack_linears(packed_rows)
+    if drafter is not None:
+        drafter.set_half_rows(half)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,14 @@ from sglang_hsd.draft_length import DraftLengthRule
 
 @dataclass
 class LoadedModel:
-    """A target (or drafter): our ``CausalLM``, the transformers model it shares weights with, the tokenizer."""
+    """A target (or drafter): our ``CausalLM``, the transformers model it shares weights with, the
+    tokenizer, its folder and the name it was loaded by (a registry name or a path)."""
 
     model: object
     hf: object
     tokenizer: object
     path: Path
+    name: str = ""
 
 
 def load_model(name_or_path: str) -> LoadedModel:
@@ -36,7 +38,8 @@ def load_model(name_or_path: str) -> LoadedModel:
 
         path = fetch_model(name_or_path)  # raises ValueError listing known names
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager").eval()
-    return LoadedModel(CausalLM.from_hf(hf), hf, AutoTokenizer.from_pretrained(str(path)), path)
+    return LoadedModel(CausalLM.from_hf(hf), hf, AutoTokenizer.from_pretrained(str(path)), path,
+                       name_or_path)
 
 
 def check_same_tokenizer(target_tok, drafter_tok, drafter_name: str) -> None:
@@ -75,7 +78,8 @@ def load_exit_heads_option(target: LoadedModel, exit_heads: str) -> dict:
 
 
 def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_heads: str, reuse_kv: bool = True,
-                    draft_length: DraftLengthRule | None = None, tree=None, pack_linears: bool = False):
+                    draft_length: DraftLengthRule | None = None, tree=None, pack_linears: bool = False,
+                    drafter_precision: str = "fp32", drafter: LoadedModel | None = None):
     """A ``SpeculativeGenerator`` for a ``--levels`` spec (loads a separate drafter if named).
 
     Args:
@@ -85,6 +89,10 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``: the drafter's buffer).
         tree: ``HierarchyConfig.tree`` (an ``ExpandConfig``, e.g. from ``config.parse_tree``), None: chains.
         pack_linears: ``SpeculativeGenerator(pack_linears=...)`` (the ``onednn-packed`` kernel path).
+        drafter_precision: ``SpeculativeGenerator(drafter_precision=...)`` (a separate drafter's
+            single-row weight copy).
+        drafter: the first level's model if already loaded (checked against its name or path, so a
+            benchmark can share one copy with a Hugging Face peer); None: loaded here.
     """
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import HierarchyConfig
@@ -92,10 +100,14 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
 
     config = HierarchyConfig(parse_level_specs(levels, buffers, methods), reuse_kv=reuse_kv,
                              draft_length=draft_length or DraftLengthRule(), tree=tree)
-    drafter = None
+    drafter_model = None
     if config.levels[0].kind is LevelKind.MODEL:
-        loaded = load_model(config.levels[0].model_path)
-        check_same_tokenizer(target.tokenizer, loaded.tokenizer, config.levels[0].model_path)
-        drafter = loaded.model
+        name = config.levels[0].model_path
+        if drafter is not None and name not in (drafter.name, str(drafter.path)):
+            raise ValueError(f"drafter: the loaded {drafter.name!r} is not the first level's model {name!r}")
+        loaded = drafter or load_model(name)
+        check_same_tokenizer(target.tokenizer, loaded.tokenizer, name)
+        drafter_model = loaded.model
     heads = load_exit_heads_option(target, exit_heads)
-    return SpeculativeGenerator(target.model, config, drafter=drafter, exit_heads=heads, pack_linears=pack_linears)
+    return SpeculativeGenerator(target.model, config, drafter=drafter_model, exit_heads=heads, pack_linears=pack_linears,
+                                drafter_precision=drafter_precision)

@@ -30,6 +30,7 @@ from torch import nn
 from sglang_hsd.runtime.kv_cache import KVCache
 from sglang_hsd.runtime.layers import (
     DecoderLayer,
+    HalfRowsLinear,
     PackedLinear,
     PackedRows,
     RMSNorm,
@@ -142,6 +143,13 @@ class CausalLM(nn.Module):
         return cls.from_hf(hf_model.eval())
 
     def _linear_slots(self) -> list[tuple[nn.Module, str]]:
+        """``(owner, name)`` of every projection and the LM head, looking through a
+        :class:`HalfRowsLinear` to the fp32 module it keeps (``(wrapper, "inner")``)."""
+        return [(getattr(owner, name), "inner") if isinstance(getattr(owner, name), HalfRowsLinear) else (owner, name)
+                for owner, name in self._outer_slots()]
+
+    def _outer_slots(self) -> list[tuple[nn.Module, str]]:
+        """``(owner, name)`` of every projection and the LM head, as the forward calls them."""
         slots = [(self, "lm_head")]
         for layer in self.layers:
             slots += [(layer.attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
@@ -164,6 +172,7 @@ class CausalLM(nn.Module):
         runs packed (e.g. ``KernelTable.packed_rows`` of ``runtime/kernel_paths.py``); a shape with
         no packed rows stays a plain ``nn.Linear`` (no copy). None: every call of 2 rows or more.
         Linears packed earlier keep their ranges (:meth:`unpack_linears` first to change them).
+        Half-precision single rows (:meth:`set_half_rows`) keep serving their rows.
         Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
         or torch build; nothing changed).
         """
@@ -178,7 +187,21 @@ class CausalLM(nn.Module):
                 setattr(owner, name, PackedLinear(linear, rows))
         return True
 
-    # ---------------------------------------------------------------- pieces
+    def set_half_rows(self, dtype: torch.dtype | None, rows: PackedRows | None = None) -> None:
+        """Single-row projections (a drafting step at batch 1) on a ``dtype`` copy of the weights
+        (:class:`HalfRowsLinear`; ``torch.bfloat16`` or ``torch.float16``, half as much memory
+        again as the linear weights); None: back to fp32. Only for a separate draft model: it
+        changes the model's numbers. Composes with :meth:`pack_linears` (other row counts).
+        ``rows``: the row counts served by the copy (default: one row).
+        """
+        for owner, name in self._outer_slots():
+            module = getattr(owner, name)
+            if isinstance(module, HalfRowsLinear):
+                module = module.inner
+            half = None if dtype is None else HalfRowsLinear(module, dtype, *(() if rows is None else (rows,)))
+            setattr(owner, name, module if half is None else half)
+
+        # ---------------------------------------------------------------- pieces
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for ``batch_size`` rows of up to ``max_len`` positions."""
         weight = self.embed_tokens.weight
