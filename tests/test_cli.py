@@ -118,8 +118,14 @@ def test_generate_refuses_a_half_precision_exit_drafter_before_loading_a_model()
     ("--adaptive", "adaptive:0.45:16", "threshold"),
     ("--trees", "4x2", "--trees"),
     ("--kernel-paths", "mkl,int8", "kernel_path"),
+    ("--drafter-precisions", "fp32,int8", "--drafter-precisions must be one of"),
 ])
 def test_round_plan_rejects_bad_options_before_loading_a_model(option, value, message):
     args = ["plan", "--model", "no-such-model", "--drafter", "model:no-such-drafter", option, value]
     with pytest.raises(ValueError, match=message):
         cli.main(args)
+
+
+def test_round_plan_refuses_half_precision_for_an_exit_drafter():
+    with pytest.raises(ValueError, match="--drafter-precisions: an exit drafter runs the target's own weights"):
+        cli.main(["plan", "--model", "no-such-model", "--drafter", "exit:8", "--drafter-precisions", "bf16"])

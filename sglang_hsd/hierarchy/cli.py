@@ -41,6 +41,9 @@ def add_plan_parser(subparsers) -> None:
     knobs.add_argument("--thread-options", default="auto",
                        help="comma list of thread counts to measure, or 'auto': 1 and every core (default)")
     knobs.add_argument("--kernel-paths", default="mkl,onednn-packed", help="comma list (default mkl,onednn-packed)")
+    knobs.add_argument("--drafter-precisions", default="auto",
+                       help="comma list of a separate drafter's single-row weight copies to measure (fp32, bf16, "
+                       "fp16), or 'auto': fp32,bf16 with a model: drafter, fp32 with an exit drafter (default)")
     knobs.add_argument("--fixed", default="1-16", help="fixed draft lengths: 'a-b' or a comma list (default 1-16)")
     knobs.add_argument("--adaptive", help="comma list of adaptive:threshold:max rules ('' for none; default: "
                        "thresholds 0.2, 0.4, 0.6 x maxima 8, 16, 24, 32)")
@@ -68,6 +71,7 @@ def _round_plan_inputs(args: argparse.Namespace):
     from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import parse_tree
+    from sglang_hsd.runtime.kernel_paths import parse_drafter_precision
     from sglang_hsd.sampling import SamplingParams
 
     try:
@@ -80,7 +84,16 @@ def _round_plan_inputs(args: argparse.Namespace):
         raise ValueError(f"--new-tokens must be >= 1, got {args.new_tokens}")
     threads = ([1, os.cpu_count() or 1] if args.thread_options == "auto"
                else _int_list(args.thread_options, "--thread-options"))
-    settings = [KernelSetting(t, path) for t in sorted(set(threads)) for path in args.kernel_paths.split(",")]
+    separate = drafter_level.kind is LevelKind.MODEL
+    precisions = (("fp32", "bf16") if separate else ("fp32",)) if args.drafter_precisions == "auto" \
+        else tuple(p.strip() for p in args.drafter_precisions.split(",") if p.strip())
+    for precision in precisions:
+        parse_drafter_precision(precision, name="--drafter-precisions")
+    if not separate and precisions != ("fp32",):
+        raise ValueError(f"--drafter-precisions: an exit drafter runs the target's own weights (fp32 only), "
+                         f"got {args.drafter_precisions!r}")
+    settings = [KernelSetting(t, path, precision) for t in sorted(set(threads))
+                for path in args.kernel_paths.split(",") for precision in precisions]
     trees = DEFAULT_TREES
     if args.trees is not None:
         parsed = [parse_tree(t, "--trees") for t in args.trees.split(",") if t.strip()]
@@ -127,7 +140,7 @@ def run_round_plan(args: argparse.Namespace) -> int:
     args.out.write_text(json.dumps(data, indent=2))
     print(f"\nchosen: --levels {chosen.level_names} --buffers {chosen.buffer_text or '-'} --draft-length "
           f"{chosen.draft_length or 'fixed'} --tree {chosen.tree or 'none'} --threads {chosen.threads} "
-          f"({chosen.kernel_path}); predicted {chosen.predicted_speedup:.2f}x the best plain decoding")
+          f"--drafter-precision {chosen.drafter_precision or 'fp32'} ({chosen.kernel_path}); predicted {chosen.predicted_speedup:.2f}x the best plain decoding")
     print(f"wrote {args.out}")
     return 0
 

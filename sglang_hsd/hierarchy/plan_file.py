@@ -6,7 +6,7 @@ JSON layout, keys in this order (only ``levels`` and ``buffers`` are required, s
 
     levels, buffers                       the chosen hierarchy in the level grammar of
                                           ``sglang_hsd/levels.py``: "exit:4,exit:12,target", "3,5"
-    draft_length, tree, threads, kernel_path
+    draft_length, tree, threads, kernel_path, drafter_precision
                                           optional runtime knobs (the round planner's,
                                           ``round_planner.py``): "adaptive:0.4:16", "4:2:8", 2,
                                           "onednn-packed"; absent: the runtime's defaults
@@ -38,7 +38,7 @@ from sglang_hsd.levels import (
     parse_level_specs,
 )
 from sglang_hsd.runtime.config import parse_tree
-from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
+from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED, parse_drafter_precision
 
 if TYPE_CHECKING:
     from sglang_hsd.hierarchy.planner import Plan, PlanResult
@@ -47,7 +47,7 @@ PREDICTION_FIELDS = (
     "predicted_speedup", "predicted_seconds_per_token", "exact_model_speedup", "exact_model_seconds_per_token",
 )
 RUNNER_UP_FIELD = "runner_up_single_draft"
-KNOB_FIELDS = {"draft_length": str, "tree": str, "threads": int, "kernel_path": str}
+KNOB_FIELDS = {"draft_length": str, "tree": str, "threads": int, "kernel_path": str, "drafter_precision": str}
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,9 @@ class PlannedHierarchy:
             formula of docs/hierarchy.md) for this hierarchy; None when the file has none.
         exact_model_speedup / exact_model_seconds_per_token: the same hierarchy under the
             runtime's exact latency model (buffer overshoot); None when the file has none.
-        draft_length / tree / threads / kernel_path: the runtime knobs to run it with
-            (``--draft-length``, ``--tree``, ``--threads``, the linears' kernel path); None: the
-            runtime's defaults.
+        draft_length / tree / threads / kernel_path / drafter_precision: the runtime knobs to
+            run it with (``--draft-length``, ``--tree``, ``--threads``, the linears' kernel path,
+            ``--drafter-precision``); None: the runtime's defaults.
     """
 
     levels: tuple[LevelSpec, ...]
@@ -75,6 +75,7 @@ class PlannedHierarchy:
     tree: str | None = None
     threads: int | None = None
     kernel_path: str | None = None
+    drafter_precision: str | None = None
 
     def __post_init__(self) -> None:
         if not self.levels or self.levels[-1].kind is not LevelKind.TARGET:
@@ -87,6 +88,8 @@ class PlannedHierarchy:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.kernel_path is not None and self.kernel_path not in (PATH_MKL, PATH_PACKED):
             raise ValueError(f"kernel_path must be one of {[PATH_MKL, PATH_PACKED]}, got {self.kernel_path!r}")
+        if self.drafter_precision is not None:
+            parse_drafter_precision(self.drafter_precision, name="drafter_precision")
 
     @property
     def level_names(self) -> str:

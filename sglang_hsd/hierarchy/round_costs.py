@@ -25,7 +25,7 @@ import torch
 
 from sglang_hsd.hierarchy.costs import _interp
 from sglang_hsd.hierarchy.measure import _median_seconds
-from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
+from sglang_hsd.runtime.kernel_paths import DRAFTER_PRECISIONS, PATH_MKL, PATH_PACKED, parse_drafter_precision
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 
@@ -35,21 +35,25 @@ DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 17, 25)
 
 @dataclass(frozen=True)
 class KernelSetting:
-    """Threads and kernel path the runtime runs with.
+    """Threads and kernels the runtime runs with.
 
     Fields:
         threads: torch intra-op threads (>= 1).
-        kernel_path: one of ``KERNEL_PATHS``.
+        kernel_path: one of ``KERNEL_PATHS`` (the target's and a separate drafter's linears).
+        drafter_precision: a ``DRAFTER_PRECISIONS`` name, the weight copy a separate drafter's
+            single-row steps read (``fp32`` for an exit drafter).
     """
 
     threads: int
     kernel_path: str
+    drafter_precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.kernel_path not in KERNEL_PATHS:
             raise ValueError(f"kernel_path must be one of {KERNEL_PATHS}, got {self.kernel_path!r}")
+        parse_drafter_precision(self.drafter_precision, name="drafter_precision")
 
     @property
     def packed(self) -> bool:
@@ -57,7 +61,8 @@ class KernelSetting:
 
     @property
     def label(self) -> str:
-        return f"{self.threads} thread{'s' if self.threads > 1 else ''}, {self.kernel_path}"
+        drafter = "" if self.drafter_precision == "fp32" else f", drafter {self.drafter_precision}"
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''}, {self.kernel_path}{drafter}"
 
 
 @dataclass(frozen=True)
@@ -184,10 +189,12 @@ def measure_round_costs(
     rows = tuple(sorted(set(int(n) for n in rows)))
     if not rows or rows[0] != 1:
         raise ValueError(f"rows must include 1, got {rows}")
+    if drafter.model is None and any(s.drafter_precision != "fp32" for s in settings):
+        raise ValueError("settings: an exit drafter runs the target's own weights; drafter_precision must be fp32")
     models = [target] + ([drafter.model] if drafter.model is not None else [])
     threads_before = torch.get_num_threads()
     timer = _CallTimer(models, params, context_len, rows[-1], repeats)
-    results = []
+    results, verified = [], {}
     try:
         for setting in settings:
             if progress is not None:
@@ -196,8 +203,12 @@ def measure_round_costs(
             for model in models:
                 model.pack_linears() if setting.packed else model.unpack_linears()
             if drafter.model is not None:
+                drafter.model.set_half_rows(DRAFTER_PRECISIONS[setting.drafter_precision])
                 draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
-                verify = [timer.call(target, 0, target.num_layers, n) for n in rows]
+                # The target's calls do not depend on the drafter's precision: timed once per kernels.
+                key = (setting.threads, setting.kernel_path)
+                verify = verified.get(key) or [timer.call(target, 0, target.num_layers, n) for n in rows]
+                verified[key] = verify
             else:
                 layer = drafter.layer
                 draft = [timer.call(target, 0, layer, n, drafter.head) for n in rows]
@@ -206,6 +217,8 @@ def measure_round_costs(
             results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size)))
     finally:
         torch.set_num_threads(threads_before)
+        if drafter.model is not None:
+            drafter.model.set_half_rows(None)
         for model in models:
             model.unpack_linears()
     return results

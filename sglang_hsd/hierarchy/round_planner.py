@@ -171,7 +171,9 @@ def rank_candidates(
     """Every (shape, setting) pair, fastest first."""
     if not records:
         raise ValueError("records must not be empty")
-    out = [predict(shape, cost, records, new_tokens) for cost in costs for shape in shapes]
+    # Plain decoding does not run the drafter: one candidate per threads and kernel path.
+    out = [predict(shape, cost, records, new_tokens) for cost in costs for shape in shapes
+           if not (shape.plain and cost.setting.drafter_precision != "fp32")]
     return sorted(out, key=lambda p: p.seconds_per_token)
 
 
@@ -254,13 +256,15 @@ class RoundPlan:
             predicted_seconds_per_token=best.seconds_per_token,
             draft_length=None if shape.plain else shape.draft_length,
             tree=None if shape.plain else shape.tree_text,
-            threads=setting.threads, kernel_path=setting.kernel_path)
+            threads=setting.threads, kernel_path=setting.kernel_path,
+            drafter_precision=None if shape.plain else setting.drafter_precision)
 
     def as_dict(self) -> dict:
         """The measured costs and every candidate's prediction (JSON-ready)."""
         return {"costs": [c.as_dict() for c in self.costs],
                 "candidates": [{"shape": p.shape.label, "threads": p.costs.setting.threads,
                                 "kernel_path": p.costs.setting.kernel_path,
+                                "drafter_precision": p.costs.setting.drafter_precision,
                                 "predicted_ms_per_token": p.seconds_per_token * 1e3,
                                 "predicted_tokens_per_round": p.tokens_per_round} for p in self.ranked]}
 

@@ -34,7 +34,8 @@ def add_generate_parser(subparsers) -> None:
     )
     parser.add_argument("--buffers", help="comma list, one per level below the target: draft length N_d, then N_i")
     parser.add_argument("--plan", type=Path, help="take --levels and --buffers (and, when the plan has them, "
-                        "--draft-length, --tree, --threads and the kernel path) from a `sglang-hsd plan` JSON file")
+                        "--draft-length, --tree, --threads, --drafter-precision and the kernel path) from a `sglang-hsd plan` "
+                        "JSON file")
     parser.add_argument(
         "--draft-length", default="fixed",
         help="drafter's tokens per round: 'fixed' (the drafter's buffer N_d) or "
@@ -105,6 +106,7 @@ def run_generate(args: argparse.Namespace) -> int:
         args.draft_length = best.draft_length or args.draft_length
         args.tree = best.tree or args.tree
         args.threads = best.threads or args.threads
+        args.drafter_precision = best.drafter_precision or args.drafter_precision
         pack_linears = best.kernel_path == PATH_PACKED
     if args.threads:
         torch.set_num_threads(args.threads)

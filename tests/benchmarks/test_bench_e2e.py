@@ -36,3 +36,30 @@ def test_tree_rows_are_labelled_and_compared_by_their_tree():
     assert rows[2]["matches_b1"] is True  # compared with the B = 1 tree row, not the chain row
     assert config_label(rows[1]) == "exit:2,target hsd [- tree 3:2:6]"
     assert config_label(rows[0]) == "exit:2,target hsd"
+
+
+def test_drafter_precision_per_config_is_checked_and_labelled():
+    args = bench_e2e.parse_args(["--configs", "target", "model:x,target", "--drafter-precision", "fp32", "bf16"])
+    assert args.drafter_precision == ["fp32", "bf16"]
+    with pytest.raises(ValueError, match="--drafter-precision must be one of fp32, bf16, fp16, got 'int8'"):
+        bench_e2e.parse_args(["--configs", "model:x,target", "--drafter-precision", "int8"])
+    from benchmarks.bench_report import check_batch_outputs, config_label
+
+    base = {"temperature": 0, "config": "model:x,target", "method": "hsd", "buffers": "15", "draft_length": "fixed",
+            "tree": "none"}
+    rows = [{**base, "batch_size": 1, "drafter_precision": "fp32", "outputs": [[1, 2]]},
+            {**base, "batch_size": 1, "drafter_precision": "bf16", "outputs": [[1, 3]]},
+            {**base, "batch_size": 4, "drafter_precision": "bf16", "outputs": [[1, 3]]}]
+    check_batch_outputs(rows)
+    assert rows[2]["matches_b1"] is True  # compared with the bf16 B = 1 row
+    assert config_label(rows[1]) == "model:x,target hsd [15 bf16]"
+
+
+def test_the_hf_assistant_is_shared_only_with_its_own_level():
+    class Loaded:
+        name = "qwen2.5-coder-0.5b"
+
+    assistant = Loaded()
+    assert bench_e2e._shared(assistant, "model:qwen2.5-coder-0.5b,target") is assistant
+    assert bench_e2e._shared(assistant, "model:other,target") is None
+    assert bench_e2e._shared(None, "model:qwen2.5-coder-0.5b,target") is None

@@ -114,16 +114,17 @@ def test_planned_levels_are_typed():
 
 def test_round_planner_knobs_round_trip_and_bad_knobs_are_named(tmp_path):
     data = {"levels": "model:qwen2.5-coder-0.5b,target", "buffers": "16", "draft_length": "adaptive:0.4:16",
-            "tree": "none", "threads": 2, "kernel_path": "onednn-packed", "predicted_speedup": 1.7}
+            "tree": "none", "threads": 2, "kernel_path": "onednn-packed", "drafter_precision": "bf16",
+            "predicted_speedup": 1.7}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
     best = PlanFile.read(path).best
-    assert (best.draft_length, best.tree, best.threads, best.kernel_path) == ("adaptive:0.4:16", "none", 2,
-                                                                               "onednn-packed")
+    assert (best.draft_length, best.tree, best.threads, best.kernel_path, best.drafter_precision) == (
+        "adaptive:0.4:16", "none", 2, "onednn-packed", "bf16")
     assert best.to_json() == data
     for key, value, message in [("draft_length", "sometimes", "draft_length"), ("tree", "4:2", "tree"),
                                 ("threads", 0, "threads"), ("kernel_path", "int8", "kernel_path"),
-                                ("threads", "two", "threads")]:
+                                ("threads", "two", "threads"), ("drafter_precision", "int8", "drafter_precision")]:
         path.write_text(json.dumps({**data, key: value}))
         with pytest.raises(ValueError, match=message):
             PlanFile.read(path)

@@ -152,6 +152,24 @@ def test_bad_candidates_are_refused():
         DrafterSpec()
     with pytest.raises(ValueError, match="kernel_path"):
         KernelSetting(1, "int8")
+    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16"):
+        KernelSetting(1, "mkl", "int8")
+
+
+def test_a_cheaper_drafter_precision_is_chosen_and_plain_is_not_repeated():
+    import dataclasses
+
+    fp32 = _costs(0.3)
+    bf16 = dataclasses.replace(fp32, setting=KernelSetting(1, "mkl", "bf16"),
+                               draft_seconds=tuple(d / 2 for d in fp32.draft_seconds))
+    ranked = rank_candidates(candidate_shapes(), [fp32, bf16], [_record(1.0, 80)], 40)
+    assert ranked[0].costs.setting.drafter_precision == "bf16" and "drafter bf16" in ranked[0].label
+    assert [p.costs.setting.drafter_precision for p in ranked if p.shape.plain] == ["fp32"]
+    from sglang_hsd.hierarchy.round_planner import RoundPlan
+    from sglang_hsd.levels import LevelKind, LevelSpec
+
+    entry = RoundPlan([], [fp32, bf16], ranked).planned_hierarchy(LevelSpec(LevelKind.MODEL, model_path="d"))
+    assert entry.drafter_precision == "bf16"
 
 
 def test_the_plan_file_entry_carries_the_chosen_knobs():
@@ -171,3 +189,21 @@ def test_the_plan_file_entry_carries_the_chosen_knobs():
     costly = RoundPlan([], [_costs(1.0)], rank_candidates(candidate_shapes(), [_costs(1.0)], [_record(0.3, 80)], 40))
     plain = costly.planned_hierarchy(drafter)
     assert plain.autoregressive and plain.draft_length is None and plain.predicted_speedup == 1.0
+
+
+def test_round_costs_time_each_drafter_precision_and_restore_the_models(target, drafter, monkeypatch):
+    from sglang_hsd.hierarchy import round_costs
+
+    timed = []
+    call = round_costs._CallTimer.call
+    monkeypatch.setattr(round_costs._CallTimer, "call", lambda self, model, *a, **k: timed.append(
+        ("target" if model is target else "drafter", type(model.lm_head).__name__)) or call(self, model, *a, **k))
+    settings = [KernelSetting(1, "mkl"), KernelSetting(1, "mkl", "bf16")]
+    costs = round_costs.measure_round_costs(target, DrafterSpec(model=drafter), settings, context_len=8, rows=(1, 2),
+                                            repeats=1)
+    assert [c.setting for c in costs] == settings
+    # The drafter is timed under each precision, the target once (its calls do not depend on it).
+    assert timed == [("drafter", "Linear")] * 2 + [("target", "Linear")] * 2 + [("drafter", "HalfRowsLinear")] * 2
+    assert type(drafter.lm_head) is torch.nn.Linear and type(target.lm_head) is torch.nn.Linear
+    with pytest.raises(ValueError, match="an exit drafter runs the target's own weights"):
+        round_costs.measure_round_costs(target, DrafterSpec(layer=2), settings, context_len=8, rows=(1, 2), repeats=1)
