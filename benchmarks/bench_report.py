@@ -193,7 +193,7 @@ def format_e2e_table(rows: list[dict], meta: dict) -> str:
     lines = [
         f"model {meta['model']}, assistant {meta['assistant']}, {meta['num_prompts']} {meta['prompt_set']} prompts, "
         f"{meta['max_new_tokens']} new tokens, {meta['threads']} thread(s), exit heads: {meta['exit_heads']}"
-        + (", target linears oneDNN-packed (runtime rows)" if meta.get("pack_linears") else ""),
+        + (", target and drafter linears oneDNN-packed (runtime rows)" if meta.get("pack_linears") else ""),
         "",
         "| T | B | config | method | buffers | tok/s | vs AR | vs HF assisted | accepted/round per level "
         "| T=0 output = B=1 / = AR |",

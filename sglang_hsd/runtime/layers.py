@@ -161,17 +161,17 @@ class HalfRowsLinear(nn.Module):
     Args:
         inner: the fp32 projection, kept for the other row counts (and its shared parameters).
         dtype: ``torch.bfloat16`` or ``torch.float16``.
-        rows: the row counts the copy serves (default: one row).
+        rows: the row counts the copy serves (None: one row).
     """
 
-    def __init__(self, inner: nn.Module, dtype: torch.dtype, rows: PackedRows = _HALF_ROWS) -> None:
+    def __init__(self, inner: nn.Module, dtype: torch.dtype, rows: PackedRows | None = None) -> None:
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
         weight = inner.weight
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             raise ValueError(f"inner must be a CPU float32 linear, got {weight.dtype} on {weight.device}")
-        self.inner, self.dtype, self.rows = inner, dtype, rows
+        self.inner, self.dtype, self.rows = inner, dtype, _HALF_ROWS if rows is None else rows
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self._weight = weight.detach().to(dtype)
         self._bias = None if inner.bias is None else inner.bias.detach().to(dtype)

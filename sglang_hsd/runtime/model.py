@@ -192,14 +192,13 @@ class CausalLM(nn.Module):
         (:class:`HalfRowsLinear`; ``torch.bfloat16`` or ``torch.float16``, half as much memory
         again as the linear weights); None: back to fp32. Only for a separate draft model: it
         changes the model's numbers. Composes with :meth:`pack_linears` (other row counts).
-        ``rows``: the row counts served by the copy (default: one row).
+        ``rows``: the row counts served by the copy (None: one row).
         """
         for owner, name in self._outer_slots():
             module = getattr(owner, name)
             if isinstance(module, HalfRowsLinear):
                 module = module.inner
-            half = None if dtype is None else HalfRowsLinear(module, dtype, *(() if rows is None else (rows,)))
-            setattr(owner, name, module if half is None else half)
+            setattr(owner, name, module if dtype is None else HalfRowsLinear(module, dtype, rows))
 
         # ---------------------------------------------------------------- pieces
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
