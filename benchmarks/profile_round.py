@@ -38,6 +38,8 @@ from collections import defaultdict
 import torch
 
 from benchmarks.common import add_standard_arguments, benchmark_parser, encoded_prompts, start_run
+from sglang_hsd.draft_length import parse_draft_length
+from sglang_hsd.runtime.kernel_paths import parse_drafter_precision
 
 # Forwards over more new tokens than this per row are the prompt's prefill, reported apart.
 PREFILL_MIN_TOKENS = 32
@@ -56,7 +58,7 @@ class SectionTimer:
     def section(self, name: str):
         if self._stack and name.startswith("/"):
             name = self._stack[-1][0].split("/")[0] + name
-        if self._stack and self._stack[-1][0] == name:  # PackedLinear falling back to nn.Linear
+        if self._stack and self._stack[-1][0] == name:  # a wrapper (PackedLinear, HalfRowsLinear) calling its inner linear
             yield
             return
         frame = [name, self.clock(), 0.0]
@@ -103,6 +105,7 @@ def instrumented(timer: SectionTimer, roles: dict[int, str]):
     _wrap(timer, CausalLM, "exit_logits", lambda self, *a, **k: f"head:{role(self)}", patches)
     _wrap(timer, torch.nn.Linear, "forward", "/matmul", patches)
     _wrap(timer, getattr(layers, "PackedLinear", None), "forward", "/matmul", patches)
+    _wrap(timer, getattr(layers, "HalfRowsLinear", None), "forward", "/matmul", patches)
     for module in (engine, groups):
         _wrap(timer, module, "advance", "advance", patches)
     for attr, name in (("logits_to_probs", "probs"), ("verify_chain", "verify_chain"),
@@ -191,6 +194,11 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--config", default="model:smollm2-135m,target", help="levels string of sglang-hsd generate")
     parser.add_argument("--buffers", default="", help="comma list, one per level below the target")
     parser.add_argument("--method", default="hsd")
+    parser.add_argument("--draft-length", default="fixed",
+                        help="fixed (the buffer) or adaptive[:threshold[:max]] (sglang-hsd generate --draft-length)")
+    parser.add_argument("--drafter-precision", default="fp32", help="a separate drafter's single rows: fp32, bf16 or fp16")
+    parser.add_argument("--pack-linears", action="store_true",
+                        help="oneDNN pre-packed weights for multi-row calls (CausalLM.pack_linears)")
     add_standard_arguments(parser, exit_heads=True)
     parser.add_argument("--prompt-set", default="mtbench")
     parser.add_argument("--num-prompts", type=int, default=1)
@@ -205,7 +213,10 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--matmul-rows", type=int, nargs="*",
                         help="only time one projection and the LM head for these row counts (e.g. 1 2 5 8)")
     parser.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top operators")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    parse_draft_length(args.draft_length)  # bad input fails before any model is loaded
+    parse_drafter_precision(args.drafter_precision)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,7 +234,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     prompts = encoded_prompts(target.tokenizer, args.prompt_set, args.num_prompts)
     buffers = [int(x) for x in args.buffers.split(",")] if args.buffers else None
-    gen = build_generator(target, args.config, buffers, args.method.split(","), args.exit_heads)
+    gen = build_generator(target, args.config, buffers, args.method.split(","), args.exit_heads,
+                          draft_length=parse_draft_length(args.draft_length), pack_linears=args.pack_linears,
+                          drafter_precision=args.drafter_precision)
     roles = {id(target.model): "target"}
     if gen.drafter is not None:
         roles.setdefault(id(gen.drafter), "drafter")
