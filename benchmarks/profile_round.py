@@ -3,7 +3,8 @@
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python benchmarks/profile_round.py --model smollm2-135m \\
         --config "model:smollm2-135m,target" --buffers 4 --temperature 0
 
-The engine's functions are wrapped with timers for one ``generate`` call (after a short warm-up
+``--pack-linears``, ``--draft-length`` and ``--drafter-precision`` set the generator up as
+``bench_e2e.py`` does. The engine's functions are wrapped with timers for one ``generate`` call (after a short warm-up
 call); each section reports its *exclusive* time (time inside it minus time inside nested
 sections), so the shares add up to the total (wall time, or with ``--clock cpu`` the process's
 CPU time, which other jobs on a shared machine disturb less):
