@@ -4,8 +4,8 @@
         --config "model:smollm2-135m,target" --buffers 4 --temperature 0
 
 ``--pack-linears``, ``--draft-length`` and ``--drafter-precision`` set the generator up as
-``bench_e2e.py`` does. The engine's functions are wrapped with timers for one ``generate`` call (after a short warm-up
-call); each section reports its *exclusive* time (time inside it minus time inside nested
+``bench_e2e.py`` does. The engine's functions are wrapped with timers for one ``generate`` call
+(after a short warm-up call); each section reports its *exclusive* time (time inside it minus time inside nested
 sections), so the shares add up to the total (wall time, or with ``--clock cpu`` the process's
 CPU time, which other jobs on a shared machine disturb less):
 
@@ -59,7 +59,8 @@ class SectionTimer:
     def section(self, name: str):
         if self._stack and name.startswith("/"):
             name = self._stack[-1][0].split("/")[0] + name
-        if self._stack and self._stack[-1][0] == name:  # a wrapper (PackedLinear, HalfRowsLinear) calling its inner linear
+        # A wrapper (PackedLinear, HalfRowsLinear) calling its inner linear: one matmul, timed once.
+        if self._stack and self._stack[-1][0] == name:
             yield
             return
         frame = [name, self.clock(), 0.0]
@@ -197,7 +198,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--method", default="hsd")
     parser.add_argument("--draft-length", default="fixed",
                         help="fixed (the buffer) or adaptive[:threshold[:max]] (sglang-hsd generate --draft-length)")
-    parser.add_argument("--drafter-precision", default="fp32", help="a separate drafter's single rows: fp32, bf16 or fp16")
+    parser.add_argument("--drafter-precision", default="fp32",
+                        help="a separate drafter's single rows: fp32, bf16 or fp16")
     parser.add_argument("--pack-linears", action="store_true",
                         help="oneDNN pre-packed weights for multi-row calls (CausalLM.pack_linears)")
     add_standard_arguments(parser, exit_heads=True)
