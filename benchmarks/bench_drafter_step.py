@@ -6,9 +6,12 @@ rows. This times one forward (embedding, all layers, LM head) of ``--rows`` new 
 KV cache of ``--context`` positions, median of ``--repeats`` after one untimed call, for
 
 * ``fp32 mkl``: ``F.linear`` on the fp32 weights (torch's default);
-* ``fp32 packed``: oneDNN pre-packed weights for two rows or more (``CausalLM.pack_linears``);
+* ``fp32 packed``: oneDNN pre-packed weights for two rows or more, and for single rows where they
+  are measured faster (``kernel_paths.single_row_split``, as the runtime packs);
 * ``packed + bf16 rows`` / ``packed + fp16 rows``: packed, and single rows on a half-precision
-  weight copy (``CausalLM.set_half_rows``, what ``--drafter-precision`` selects).
+  weight copy (``CausalLM.set_half_rows``, what ``--drafter-precision`` selects);
+* ``bf16 every row`` / ``fp16 every row``: every row count on the copy, to see whether several
+  rows gain from it too on CPUs with half-precision dot products (AVX-512 BF16).
 
 It also reports, per half precision, how often the drafter's greedy token on a real prompt
 (teacher-forced, every position on the copy) equals the fp32 drafter's: the copy changes the
@@ -27,11 +30,14 @@ import time
 import torch
 
 from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_parser, start_run, write_results
+from sglang_hsd.runtime.kernel_paths import single_row_split
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.loading import load_model, prompt_set_texts
 
-VARIANTS = ("fp32 mkl", "fp32 packed", "packed + bf16 rows", "packed + fp16 rows")
+VARIANTS = ("fp32 mkl", "fp32 packed", "packed + bf16 rows", "packed + fp16 rows", "bf16 every row",
+            "fp16 every row")
 HALF = {"packed + bf16 rows": torch.bfloat16, "packed + fp16 rows": torch.float16}
+EVERY_ROW = {"bf16 every row": torch.bfloat16, "fp16 every row": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None):
@@ -54,9 +60,11 @@ def set_variant(model, variant: str) -> None:
     model.set_half_rows(None)
     model.unpack_linears()
     if variant != "fp32 mkl":
-        model.pack_linears()
+        model.pack_linears(single_row_split(model))
     if variant in HALF:
-        model.set_half_rows(HALF[variant])
+        model.set_half_rows(HALF[variant], PackedRows(((1, 1),)))
+    if variant in EVERY_ROW:
+        model.set_half_rows(EVERY_ROW[variant], PackedRows(((1, None),)))
 
 
 @torch.inference_mode()

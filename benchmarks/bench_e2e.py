@@ -39,7 +39,7 @@ from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_pa
                                write_results)
 from sglang_hsd.draft_length import parse_draft_length
 from sglang_hsd.runtime.config import parse_tree
-from sglang_hsd.runtime.kernel_paths import parse_drafter_precision
+from sglang_hsd.runtime.kernel_paths import parse_drafter_precision, single_row_split
 from sglang_hsd.runtime.loading import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
 
     target = load_model(args.model)
-    if args.pack_linears and not target.model.pack_linears():
+    if args.pack_linears and not target.model.pack_linears(single_row_split(target.model)):
         raise SystemExit("--pack-linears: this model / torch build cannot run oneDNN packed linears "
                          "(float32 on CPU with mkldnn needed)")
     assistant = load_model(args.assistant) if args.assistant else None

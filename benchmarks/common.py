@@ -5,7 +5,9 @@ import this module as ``benchmarks.common`` (no ``sys.path`` changes).
 
 Every result file says which run produced it (:class:`RunRecord`): the git commit of the code, the
 exact command line, the machine's load average at the start and at the end (on a shared machine a
-timing means little without it), the CPU count, the torch version and the times. JSON results carry
+timing means little without it), the CPU count and kind (model name and the vector units that decide
+which kernels win: machines of one name differ, AVX2-only or AVX-512 with bf16 dot products), the
+torch version and the times. JSON results carry
 it under the key ``"run"``, Markdown results end with a ``## Run`` block (:func:`write_results`),
 and plots carry it as PNG text (:func:`png_metadata`).
 """
@@ -41,6 +43,7 @@ class RunRecord:
         command: the command line, with the recorded environment variables in front.
         load_average_start, load_average_end: 1, 5 and 15 minute load averages ("1.02 0.87 0.80").
         cpu_count: ``os.cpu_count()``.
+        cpu: :func:`cpu_description`, e.g. "AMD EPYC 9B14; torch CPU capability AVX512; avx512_bf16".
         torch_version: the installed torch distribution's version.
         started, finished: UTC times, ISO 8601.
     """
@@ -53,6 +56,7 @@ class RunRecord:
     torch_version: str
     started: str
     finished: str
+    cpu: str = ""
 
     def finish(self) -> RunRecord:
         """Stamp the end load average and time (again on every call: a script that writes its
@@ -72,6 +76,7 @@ class RunRecord:
             f"- command: `{self.command}`",
             f"- machine load (1/5/15 min average): {self.load_average_start} at start, "
             f"{self.load_average_end} at end; {self.cpu_count} CPUs",
+            f"- CPU: {self.cpu or 'not recorded'}",
             f"- torch {self.torch_version}; started {self.started}, finished {self.finished}",
             "",
         ])
@@ -88,7 +93,7 @@ def start_run(script: str, argv: list[str] | None = None) -> RunRecord:
     return RunRecord(
         commit=git_commit(), command=command_line(script, argv), load_average_start=load_average(),
         load_average_end="", cpu_count=os.cpu_count(), torch_version=_torch_version(),
-        started=started, finished="",
+        started=started, finished="", cpu=cpu_description(),
     )
 
 
@@ -114,6 +119,33 @@ def command_line(script: str, argv: list[str] | None = None) -> str:
         shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
         words = ["python", str(shown), *argv]
     return " ".join([*env, shlex.join(words)])
+
+
+# /proc/cpuinfo flags that change which CPU kernels are fastest (half-precision and int8 dot products).
+CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_int8", "avx512_vnni", "avx_vnni")
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU's model name, torch's CPU capability (the widest vector ISA its kernels use: "AVX2",
+    "AVX512", ...) and which of :data:`CPU_FLAGS` it has; ``cpuinfo``: the text of /proc/cpuinfo
+    (None: read it; empty where it does not exist)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:40] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        capability = "unknown"
+    has = [flag for flag in CPU_FLAGS if flag in flags]
+    return "; ".join([fields.get("model name", "unknown model"), f"torch CPU capability {capability}",
+                      ", ".join(has) if has else "none of " + ", ".join(CPU_FLAGS)])
 
 
 def load_average() -> str:

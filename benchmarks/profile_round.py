@@ -40,7 +40,7 @@ import torch
 
 from benchmarks.common import add_standard_arguments, benchmark_parser, encoded_prompts, start_run
 from sglang_hsd.draft_length import parse_draft_length
-from sglang_hsd.runtime.kernel_paths import parse_drafter_precision
+from sglang_hsd.runtime.kernel_paths import parse_drafter_precision, single_row_split
 
 # Forwards over more new tokens than this per row are the prompt's prefill, reported apart.
 PREFILL_MIN_TOKENS = 32
@@ -179,7 +179,9 @@ def compare_packing(gen, prompts, params, max_new_tokens: int, repeats: int) -> 
     for _ in range(repeats):
         for packed in (False, True):
             for model in models:
-                model.pack_linears() if packed else model.unpack_linears()
+                model.unpack_linears()
+                if packed:
+                    model.pack_linears(single_row_split(model))
             start = time.process_time()
             generated = sum(gen.generate([prompt], params, max_new_tokens, seed=0).num_generated for prompt in prompts)
             rates[packed].append(generated / (time.process_time() - start))

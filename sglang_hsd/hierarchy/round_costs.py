@@ -25,7 +25,8 @@ import torch
 
 from sglang_hsd.hierarchy.costs import _interp
 from sglang_hsd.hierarchy.measure import _median_seconds
-from sglang_hsd.runtime.kernel_paths import DRAFTER_PRECISIONS, PATH_MKL, PATH_PACKED, parse_drafter_precision
+from sglang_hsd.runtime.kernel_paths import (DRAFTER_PRECISIONS, PATH_MKL, PATH_PACKED, parse_drafter_precision,
+                                             single_row_split)
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 
@@ -200,8 +201,10 @@ def measure_round_costs(
             if progress is not None:
                 progress(setting.label)
             torch.set_num_threads(setting.threads)
-            for model in models:
-                model.pack_linears() if setting.packed else model.unpack_linears()
+            for model in models:  # packed as the runtime packs at this thread count (kernel_paths)
+                model.unpack_linears()
+                if setting.packed:
+                    model.pack_linears(single_row_split(model))
             if drafter.model is not None:
                 drafter.model.set_half_rows(DRAFTER_PRECISIONS[setting.drafter_precision])
                 draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]

@@ -45,7 +45,8 @@ class DemoSpec:
             idle, one when other jobs keep it busy).
         pack_linears: run the target's multi-row projections (verification, prefill) through
             oneDNN prepacked weights (``CausalLM.pack_linears``; plain decoding uses the same
-            model), and a separate drafter's too (its prompt and its catch-up after each round).
+            model), and its single rows too where that is measured faster on this machine
+            (``kernel_paths.single_row_split``), and a separate drafter's likewise.
         drafter_precision: the weight copy a separate drafter's single-row steps read
             (``kernel_paths.DRAFTER_PRECISIONS``; ``fp32`` for exit drafters).
         summary: one line for ``--help``.
@@ -224,9 +225,10 @@ def compare_on_prompts(target, drafter, spec: DemoSpec, prompts: list[list[int]]
     """
     from sglang_hsd.levels import parse_level_specs as parse
     from sglang_hsd.runtime.engine import SpeculativeGenerator
+    from sglang_hsd.runtime.kernel_paths import configure_kernels
 
-    if spec.pack_linears:
-        target.pack_linears()  # in place: plain and speculative decoding share these kernels
+    if spec.pack_linears:  # in place: plain and speculative decoding share these kernels
+        configure_kernels(target, None, pack_linears=True)
     plain = SpeculativeGenerator(target, HierarchyConfig(parse("target")))
     speculative = SpeculativeGenerator(target, spec.hierarchy(), drafter=drafter, exit_heads=exit_heads,
                                        pack_linears=spec.pack_linears, drafter_precision=spec.drafter_precision)

@@ -10,7 +10,11 @@ rows of a verification forward (``docs/cpu.md``). This module
   runtime cannot run, such as an inductor-compiled GEMM, and writes the result as JSON);
 * turns measurements into a :class:`KernelTable` of :class:`KernelChoice` entries, per
   ``(in_features, out_features)`` and row range the fastest *selectable* path, and gives
-  :class:`PackedLinear` its packed row ranges (``CausalLM.pack_linears(table.packed_rows)``).
+  :class:`PackedLinear` its packed row ranges (``CausalLM.pack_linears(table.packed_rows)``);
+* decides, when packing is asked for without a table, whether single rows run packed too
+  (:func:`single_row_split`): which kernel is fastest for one row differs between machines
+  (on an AVX2-only EPYC, MKL's matrix-vector product about ties oneDNN at 2 threads; on an AVX-512
+  EPYC, MKL's single row is 2-3x slower than oneDNN's), so it is measured, not assumed.
 
 Every path computes the same fp32 product (no quantization); :func:`measure` records each path's
 largest absolute difference from ``F.linear`` on the same weights and input.
@@ -48,6 +52,7 @@ __all__ = [
     "measure_table",
     "median_ms",
     "parse_drafter_precision",
+    "single_row_split",
 ]
 
 PATH_MKL = "mkl"
@@ -84,7 +89,8 @@ def configure_kernels(target: nn.Module, drafter: nn.Module | None, pack_linears
             of K + 1 rows costs about twice one row instead of K + 1 times (``docs/cpu.md``); the
             copies take as much memory again as the linear weights.
         packed_rows: with ``pack_linears``, the row counts each ``(in, out)`` shape runs packed,
-            e.g. ``KernelTable.packed_rows`` of a measured table; None: every call of 2 rows or more.
+            e.g. ``KernelTable.packed_rows`` of a measured table; None: every call of 2 rows or
+            more, and single rows where :func:`single_row_split` measures packed faster.
         drafter_precision: a :data:`DRAFTER_PRECISIONS` name for the drafter's single-row calls
             (``CausalLM.set_half_rows``); anything but ``"fp32"`` needs ``drafter``.
     """
@@ -94,7 +100,7 @@ def configure_kernels(target: nn.Module, drafter: nn.Module | None, pack_linears
                          "(an exit or EAGLE-3 drafter's numbers are the target's)")
     for model in (target, drafter):
         if pack_linears and model is not None:
-            model.pack_linears(packed_rows)
+            model.pack_linears(packed_rows if packed_rows is not None else single_row_split(model))
     if drafter is not None:
         drafter.set_half_rows(half)
 
@@ -343,3 +349,22 @@ def measure_table(model: nn.Module, config: MeasureConfig) -> KernelTable:
     threads = torch.get_num_threads()
     config = MeasureConfig(config.rows, (threads,), config.repeats, config.warmup, config.flush_mb, config.seed)
     return KernelTable.from_measurements(measure(linear_shapes(model), config), threads=threads)
+
+
+# What single_row_split times: one row, after warm-up calls, the weights flushed from the cache.
+SINGLE_ROW_MEASURE = MeasureConfig(rows=(1,), repeats=5, warmup=2)
+
+
+def single_row_split(model: nn.Module, config: MeasureConfig = SINGLE_ROW_MEASURE) -> Callable[[int, int], PackedRows]:
+    """``(in_features, out_features) -> PackedRows`` for ``CausalLM.pack_linears``: every call of 2
+    rows or more packed, and single rows too for the shapes where oneDNN's packed kernel beats
+    ``F.linear`` in a quick measurement at the current thread count (:func:`measure_table` on
+    ``model``'s shapes; about a second for a 1.5B model). Both kernels compute the same fp32
+    product, so the choice changes speed, never the numbers beyond summation order. Plain
+    decoding is a stream of single rows: measuring keeps it on its fastest kernel, so speculative
+    decoding is compared against the best plain decoding this machine runs."""
+    if tuple(config.rows) != (1,):
+        raise ValueError(f"config.rows must be (1,), got {config.rows}")
+    packed_alone = {(c.in_features, c.out_features) for c in measure_table(model, config).choices
+                    if c.path == PATH_PACKED}
+    return lambda in_f, out_f: PackedRows(((1, None),)) if (in_f, out_f) in packed_alone else PackedRows()

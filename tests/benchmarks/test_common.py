@@ -27,10 +27,21 @@ def test_write_results_adds_the_run_to_json_and_markdown(tmp_path):
     assert recorded["command"].endswith("python benchmarks/bench_tree.py --name x")
     assert recorded["load_average_start"] and recorded["load_average_end"] and recorded["finished"]
     assert recorded["cpu_count"] and recorded["torch_version"] and recorded["commit"]
+    assert "torch CPU capability" in recorded["cpu"]
     text = md_path.read_text()
     assert text.startswith("| a |\n\n## Run\n")
-    for needle in (recorded["commit"], recorded["command"], recorded["load_average_end"], recorded["torch_version"]):
+    for needle in (recorded["commit"], recorded["command"], recorded["load_average_end"], recorded["torch_version"],
+                   recorded["cpu"]):
         assert needle in text
+
+
+def test_cpu_description_names_the_model_and_the_kernel_deciding_flags():
+    cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu avx2 fma avx512f avx512_bf16\n"
+    text = common.cpu_description(cpuinfo)
+    assert text.startswith("AMD EPYC 9B14; torch CPU capability ")
+    assert text.endswith("; avx512_bf16")
+    assert common.cpu_description("").startswith("unknown model;")
+    assert "none of avx512_bf16" in common.cpu_description("flags : avx2 fma\n")
 
 
 def test_plots_carry_the_run_in_their_png_text(tmp_path):

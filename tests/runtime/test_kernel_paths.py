@@ -168,3 +168,37 @@ def test_in_process_table_drives_the_generator_without_changing_its_output():
             assert module.packed_rows == table.packed_rows(module.in_features, module.out_features)
     result = gen.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.0), max_new_tokens=10)
     assert result.tokens[0] == expected
+
+
+@needs_onednn
+def test_single_row_split_packs_single_rows_only_where_packed_measured_faster(monkeypatch):
+    from sglang_hsd.runtime import kernel_paths
+
+    model = CausalLM.from_hf(tiny_qwen2())
+    lm_head = (model.lm_head.in_features, model.lm_head.out_features)
+    # Fake timings: packed wins one row for the LM head's shape only.
+    def fake_measure(shapes, config, paths=RUNTIME_PATHS):
+        assert config.rows == (1,)
+        threads = torch.get_num_threads()
+        return [m for shape in shapes
+                for m in _fake(shape, {PATH_MKL: [1], PATH_PACKED: [0.5 if shape == lm_head else 2]}, threads)]
+
+    monkeypatch.setattr(kernel_paths, "measure", fake_measure)
+    split = kernel_paths.single_row_split(model)
+    assert split(*lm_head) == PackedRows(((1, None),))
+    down = model.layers[0].mlp.down_proj
+    assert split(down.in_features, down.out_features) == PackedRows()  # 2 rows and up, as without a table
+    with pytest.raises(ValueError, match="config.rows must be"):
+        kernel_paths.single_row_split(model, MeasureConfig(rows=(1, 2)))
+
+
+@needs_onednn
+def test_configure_kernels_measures_the_single_row_split_and_keeps_greedy_output():
+    from sglang_hsd.runtime.kernel_paths import configure_kernels
+
+    target = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=4, hidden_size=32, seed=7))
+    expected = greedy_reference(target, [1, 2, 3, 4], 10)
+    configure_kernels(target, None, pack_linears=True)
+    packed = [m for m in target.modules() if isinstance(m, PackedLinear)]
+    assert packed and all(m.packed_rows in (PackedRows(), PackedRows(((1, None),))) for m in packed)
+    assert greedy_reference(target, [1, 2, 3, 4], 10) == expected
