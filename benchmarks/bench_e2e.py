@@ -23,7 +23,8 @@ assisted generation supports no batches). At T = 0 every output is checked again
 configuration at B = 1 and against the autoregressive runtime (last table column; a speculative
 runtime must reproduce greedy decoding token for token at every batch size).
 
-Writes ``benchmarks/results/<name>.json`` and ``.md``, and with matplotlib (the ``bench`` extra)
+Writes ``benchmarks/results/<name>.json`` and ``.md`` (rewritten after every row, so a run cut
+short keeps its finished rows), and with matplotlib (the ``bench`` extra)
 ``<name>_speedup.png`` and ``<name>_accepted.png`` (``bench_report.py``).
 """
 
@@ -144,14 +145,20 @@ def main(argv: list[str] | None = None) -> None:
                          "(float32 on CPU with mkldnn needed)")
     assistant = load_model(args.assistant) if args.assistant else None
     prompts = encoded_prompts(target.tokenizer, args.prompt_set, args.num_prompts)
-    rows = measure_all(args, target, assistant, prompts)
-    add_ratios(rows)
-    check_batch_outputs(rows)
     meta = {"model": args.model, "assistant": args.assistant, "prompt_set": args.prompt_set,
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
             "exit_heads": args.exit_heads, "pack_linears": args.pack_linears}
-    table = format_e2e_table(rows, meta)
-    write_results(RESULTS_DIR / args.name, {"meta": meta, "rows": rows}, table, run)
+
+    def write(rows: list[dict]) -> str:
+        """Ratios, output checks, then the result files of the rows so far (rewritten after each row)."""
+        add_ratios(rows)
+        check_batch_outputs(rows)
+        table = format_e2e_table(rows, meta)
+        write_results(RESULTS_DIR / args.name, {"meta": meta, "rows": rows}, table, run)
+        return table
+
+    rows = measure_all(args, target, assistant, prompts, on_row=write)
+    table = write(rows)
     print(table)
     try:
         for path in plot_e2e(rows, RESULTS_DIR / args.name, run=run.as_dict()):
@@ -175,8 +182,9 @@ def _shared(assistant, config: str):
     return assistant if assistant is not None and first == f"model:{assistant.name}" else None
 
 
-def measure_all(args, target, assistant, prompts) -> list[dict]:
-    """One row per (temperature, batch size, configuration): median time over ``--repeats``."""
+def measure_all(args, target, assistant, prompts, on_row=None) -> list[dict]:
+    """One row per (temperature, batch size, configuration): median time over ``--repeats``.
+    ``on_row(rows)``: called with the rows so far after each one (a long run keeps what it did)."""
     eos = target.tokenizer.eos_token_id
     buffers = args.buffers or [""] * len(args.configs)
     methods = args.methods or ["hsd"] * len(args.configs)
@@ -218,6 +226,8 @@ def measure_all(args, target, assistant, prompts) -> list[dict]:
                     "tokens_per_second": sum(map(len, tokens)) / seconds, "levels": levels,
                     "outputs": tokens,
                 })
+                if on_row is not None:
+                    on_row(rows)
     return rows
 
 
