@@ -22,6 +22,7 @@ largest absolute difference from ``F.linear`` on the same weights and input.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -362,9 +363,14 @@ def single_row_split(model: nn.Module, config: MeasureConfig = SINGLE_ROW_MEASUR
     ``model``'s shapes; about a second for a 1.5B model). Both kernels compute the same fp32
     product, so the choice changes speed, never the numbers beyond summation order. Plain
     decoding is a stream of single rows: measuring keeps it on its fastest kernel, so speculative
-    decoding is compared against the best plain decoding this machine runs."""
+    decoding is compared against the best plain decoding this machine runs. The measurement runs
+    on the first lookup, so a model whose linears are all packed already costs nothing."""
     if tuple(config.rows) != (1,):
         raise ValueError(f"config.rows must be (1,), got {config.rows}")
-    packed_alone = {(c.in_features, c.out_features) for c in measure_table(model, config).choices
-                    if c.path == PATH_PACKED}
-    return lambda in_f, out_f: PackedRows(((1, None),)) if (in_f, out_f) in packed_alone else PackedRows()
+
+    @functools.cache
+    def packed_alone() -> frozenset[tuple[int, int]]:
+        return frozenset((c.in_features, c.out_features) for c in measure_table(model, config).choices
+                         if c.path == PATH_PACKED)
+
+    return lambda in_f, out_f: PackedRows(((1, None),)) if (in_f, out_f) in packed_alone() else PackedRows()

@@ -177,17 +177,22 @@ def test_single_row_split_packs_single_rows_only_where_packed_measured_faster(mo
     model = CausalLM.from_hf(tiny_qwen2())
     lm_head = (model.lm_head.in_features, model.lm_head.out_features)
     # Fake timings: packed wins one row for the LM head's shape only.
+    calls = []
+
     def fake_measure(shapes, config, paths=RUNTIME_PATHS):
         assert config.rows == (1,)
+        calls.append(config)
         threads = torch.get_num_threads()
         return [m for shape in shapes
                 for m in _fake(shape, {PATH_MKL: [1], PATH_PACKED: [0.5 if shape == lm_head else 2]}, threads)]
 
     monkeypatch.setattr(kernel_paths, "measure", fake_measure)
     split = kernel_paths.single_row_split(model)
+    assert not calls  # measured on the first lookup only: nothing to pack, nothing timed
     assert split(*lm_head) == PackedRows(((1, None),))
     down = model.layers[0].mlp.down_proj
     assert split(down.in_features, down.out_features) == PackedRows()  # 2 rows and up, as without a table
+    assert len(calls) == 1
     with pytest.raises(ValueError, match="config.rows must be"):
         kernel_paths.single_row_split(model, MeasureConfig(rows=(1, 2)))
 
