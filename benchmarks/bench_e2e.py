@@ -12,10 +12,11 @@ model's single-row projections a weight copy (``fp32``, the default, ``bf16`` or
 Configurations are ``--levels`` strings of ``sglang-hsd generate`` (``target`` = autoregressive),
 plus the Hugging Face peers: ``hf`` (plain ``generate``), ``hf-assisted`` (``generate`` with
 ``assistant_model``, needs ``--assistant``) and ``hf-prompt-lookup``. Each configuration runs on
-the same prompts, for each temperature and batch size, ``--repeats`` times; the table reports the
-median and ratios against the autoregressive runtime and against HF assisted generation of the
-same run. Before its timed repeats each row generates a few tokens untimed (first-call costs such
-as page faults on freshly packed weights stay out of the row). Timings on a shared 2-core machine
+the same prompts, for each temperature and batch size, ``--repeats`` times, the repeats
+interleaved (repeat r of every row before repeat r + 1 of any, so the machine's drift over a long
+run spreads over all rows); the table reports the median and ratios against the autoregressive
+runtime and against HF assisted generation of the same run. Before each timed run a row generates
+a few tokens untimed (first-call costs such as page faults on fresh weight copies stay out of it). Timings on a shared 2-core machine
 are noisy: compare ratios, not absolute numbers.
 
 Batch sizes > 1 run the runtime on consecutive groups of prompts (the HF peers stay at batch 1:
@@ -23,8 +24,8 @@ assisted generation supports no batches). At T = 0 every output is checked again
 configuration at B = 1 and against the autoregressive runtime (last table column; a speculative
 runtime must reproduce greedy decoding token for token at every batch size).
 
-Writes ``benchmarks/results/<name>.json`` and ``.md`` (rewritten after every row, so a run cut
-short keeps its finished rows), and with matplotlib (the ``bench`` extra)
+Writes ``benchmarks/results/<name>.json`` and ``.md`` (rewritten after every timed run, so a run
+cut short keeps what it measured), and with matplotlib (the ``bench`` extra)
 ``<name>_speedup.png`` and ``<name>_accepted.png`` (``bench_report.py``).
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
               f"output (prompts {r['mismatched_prompts']})")
 
 
-# Tokens of the untimed warm-up generation before each row's timed repeats.
+# Tokens of the untimed warm-up generation before each timed run of a row.
 WARMUP_TOKENS = 8
 
 
@@ -182,53 +184,89 @@ def _shared(assistant, config: str):
     return assistant if assistant is not None and first == f"model:{assistant.name}" else None
 
 
+@dataclass(frozen=True)
+class RowSpec:
+    """One row of the table: a configuration with its knobs at one temperature and batch size."""
+
+    temperature: float
+    batch_size: int
+    config: str
+    method: str
+    buffers: str
+    draft_length: str
+    tree: str
+    drafter_precision: str
+
+
+def row_specs(args, has_assistant: bool) -> list[RowSpec]:
+    """The rows ``args`` ask for, in table order (the HF peers at batch size 1 only, HF assisted
+    only with ``--assistant``)."""
+    n = len(args.configs)
+    per_config = list(zip(args.configs, args.methods or ["hsd"] * n, args.buffers or [""] * n,
+                          args.draft_length or ["fixed"] * n, args.tree or ["none"] * n,
+                          args.drafter_precision or ["fp32"] * n))
+    return [RowSpec(temperature, batch_size, *knobs)
+            for temperature in args.temperatures for batch_size in args.batch_sizes for knobs in per_config
+            if knobs[0] not in HF_CONFIGS or (batch_size == 1 and (knobs[0] != "hf-assisted" or has_assistant))]
+
+
 def measure_all(args, target, assistant, prompts, on_row=None) -> list[dict]:
-    """One row per (temperature, batch size, configuration): median time over ``--repeats``.
-    ``on_row(rows)``: called with the rows so far after each one (a long run keeps what it did)."""
+    """Every row of ``args`` (:func:`row_specs`), timed :func:`interleaved`."""
     eos = target.tokenizer.eos_token_id
-    buffers = args.buffers or [""] * len(args.configs)
-    methods = args.methods or ["hsd"] * len(args.configs)
-    lengths = args.draft_length or ["fixed"] * len(args.configs)
-    rules = [parse_draft_length(text) for text in lengths]
-    trees = args.tree or ["none"] * len(args.configs)
-    precisions = args.drafter_precision or ["fp32"] * len(args.configs)
-    rows = []
-    for temperature in args.temperatures:
-        params = SamplingParams(temperature=temperature)
-        for batch_size in args.batch_sizes:
-            for config, buf, method, length, rule, tree, precision in zip(
-                    args.configs, buffers, methods, lengths, rules, trees, precisions):
-                gen = runner = None  # the previous row's generator is freed before the next one loads
-                if config in HF_CONFIGS:
-                    if batch_size != 1 or (config == "hf-assisted" and assistant is None):
-                        continue
-                    runner = lambda seed, prompts=prompts, new=args.max_new_tokens: run_hf(  # noqa: E731
-                        config, target, assistant, prompts, params, new, eos, seed)
-                else:
-                    gen = build_generator(target, config, [int(x) for x in buf.split(",")] if buf else None,
-                                          method.split(","), args.exit_heads, draft_length=rule,
-                                          tree=parse_tree(tree), drafter_precision=precision,
-                                          pack_linears=args.pack_linears, drafter=_shared(assistant, config))
-                    runner = lambda seed, prompts=prompts, new=args.max_new_tokens: run_runtime(  # noqa: E731
-                        gen, prompts, params, new, eos, seed, batch_size)
-                runner(0, prompts[:batch_size], WARMUP_TOKENS)  # untimed: first-call costs stay out of the row
-                times, tokens, levels = [], None, None
-                for repeat in range(args.repeats):
-                    tokens, seconds, levels = runner(repeat)
-                    times.append(seconds)
-                    print(f"T={temperature} B={batch_size} {config} [{method}] run {repeat}: "
-                          f"{sum(map(len, tokens)) / seconds:.2f} tok/s", flush=True)
-                seconds = statistics.median(times)
-                rows.append({
-                    "temperature": temperature, "batch_size": batch_size, "config": config, "method": method,
-                    "buffers": buf, "draft_length": length, "tree": tree,
-                    "drafter_precision": precision, "tokens": sum(map(len, tokens)), "seconds": seconds,
-                    "tokens_per_second": sum(map(len, tokens)) / seconds, "levels": levels,
-                    "outputs": tokens,
-                })
-                if on_row is not None:
-                    on_row(rows)
-    return rows
+
+    def make_runner(spec: RowSpec):
+        params = SamplingParams(temperature=spec.temperature)
+        if spec.config in HF_CONFIGS:
+            return lambda seed, batch, new: run_hf(spec.config, target, assistant, batch, params, new, eos, seed)
+        gen = build_generator(target, spec.config, [int(x) for x in spec.buffers.split(",")] if spec.buffers else None,
+                              spec.method.split(","), args.exit_heads, draft_length=parse_draft_length(spec.draft_length),
+                              tree=parse_tree(spec.tree), drafter_precision=spec.drafter_precision,
+                              pack_linears=args.pack_linears, drafter=_shared(assistant, spec.config))
+        return lambda seed, batch, new: run_runtime(gen, batch, params, new, eos, seed, spec.batch_size)
+
+    return interleaved(row_specs(args, assistant is not None), args.repeats, make_runner, prompts,
+                       args.max_new_tokens, on_row)
+
+
+def interleaved(specs: list[RowSpec], repeats: int, make_runner, prompts: list[list[int]], max_new_tokens: int,
+                on_row=None) -> list[dict]:
+    """Time every row ``repeats`` times, repeat r of every row before repeat r + 1 of any.
+
+    Why interleaved: a run of the whole matrix takes hours on this machine, and its speed drifts
+    (other jobs, the host); back-to-back repeats would put a slow stretch on a few rows and bias
+    their ratios, interleaved ones spread it over all rows. The cost: each row's runner is built
+    anew per repeat (``make_runner(spec)`` -> ``runner(seed, prompts, max_new) -> (tokens,
+    seconds, level stats)``; packing is kept on the shared models, so this is a weight copy at
+    most) and warmed up with ``WARMUP_TOKENS`` untimed tokens each time (first-call costs such as
+    page faults on fresh copies stay out of the row). Repeat r samples with seed r.
+
+    Returns one row dict per spec: the median tokens/s and seconds over the repeats
+    (``tokens_per_second_per_repeat`` and ``seconds_per_repeat`` list them), and the last repeat's
+    token count, outputs and level statistics.
+    ``on_row(rows)``: called after every timed run with the rows so far, each over the repeats it
+    has done (``repeats`` in the row), so a run cut short keeps what it measured.
+    """
+    times: list[list[float]] = [[] for _ in specs]
+    rates: list[list[float]] = [[] for _ in specs]
+    rows: list[dict | None] = [None] * len(specs)
+    for repeat in range(repeats):
+        for i, spec in enumerate(specs):
+            runner = None  # the previous row's generator is freed before the next one is built
+            runner = make_runner(spec)
+            runner(0, prompts[: spec.batch_size], WARMUP_TOKENS)
+            tokens, seconds, levels = runner(repeat, prompts, max_new_tokens)
+            n_tokens = sum(map(len, tokens))  # differs between repeats when sampling meets EOS
+            times[i].append(seconds)
+            rates[i].append(n_tokens / seconds)
+            print(f"T={spec.temperature} B={spec.batch_size} {spec.config} [{spec.method}] run {repeat}: "
+                  f"{rates[i][-1]:.2f} tok/s", flush=True)
+            rows[i] = {**asdict(spec), "tokens": n_tokens, "seconds": statistics.median(times[i]),
+                       "tokens_per_second": statistics.median(rates[i]), "repeats": len(times[i]),
+                       "seconds_per_repeat": list(times[i]), "tokens_per_second_per_repeat": list(rates[i]),
+                       "levels": levels, "outputs": tokens}
+            if on_row is not None:
+                on_row([row for row in rows if row is not None])
+    return [row for row in rows if row is not None]
 
 
 if __name__ == "__main__":

@@ -195,7 +195,8 @@ def format_e2e_table(rows: list[dict], meta: dict) -> str:
         f"{meta['max_new_tokens']} new tokens, {meta['threads']} thread(s), exit heads: {meta['exit_heads']}"
         + (", target and drafter linears oneDNN-packed (runtime rows)" if meta.get("pack_linears") else ""),
         "",
-        "| T | B | config | method | buffers | tok/s | vs AR | vs HF assisted | accepted/round per level "
+        "| T | B | config | method | buffers | tok/s (range over repeats) | vs AR | vs HF assisted "
+        "| accepted/round per level "
         "| T=0 output = B=1 / = AR |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -211,10 +212,17 @@ def format_e2e_table(rows: list[dict], meta: dict) -> str:
         check = f"{yes_no(r.get('matches_b1'))} / {yes_no(r.get('matches_ar'))}"
         lines.append(
             f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {r['method']} | {_buffers(r)} | "
-            f"{r['tokens_per_second']:.2f} | {fmt(r['vs_autoregressive'])} | {fmt(r['vs_hf_assisted'])} | "
+            f"{_rate(r)} | {fmt(r['vs_autoregressive'])} | {fmt(r['vs_hf_assisted'])} | "
             f"{accepted} | {check} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _rate(row: dict) -> str:
+    """Tokens/s of a row, with the lowest and highest repeat when it has more than one: ``6.50 (5.12-6.69)``."""
+    rate = f"{row['tokens_per_second']:.2f}"
+    runs = row.get("tokens_per_second_per_repeat") or []
+    return rate + (f" ({min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else "")
 
 
 def _buffers(row: dict) -> str:

@@ -111,6 +111,15 @@ def test_generate_refuses_a_half_precision_exit_drafter_before_loading_a_model()
         cli.main(["generate", "--model", "no-such-model", "--drafter-precision", "int8"])
 
 
+def test_generate_measures_a_separate_drafters_precision_by_default():
+    from sglang_hsd.runtime.cli import _drafter_precision
+
+    assert _drafter_precision("model:qwen2.5-coder-0.5b,target", None) == "auto"
+    assert _drafter_precision("model:qwen2.5-coder-0.5b,target", "bf16") == "bf16"
+    assert _drafter_precision("exit:8,target", None) == "fp32"
+    assert _drafter_precision("exit:8,target", "auto") == "fp32"  # the target's own numbers: nothing to choose
+
+
 @pytest.mark.parametrize("option,value,message", [
     ("--drafter", "target", "--drafter"),
     ("--new-tokens", "0", "--new-tokens"),

@@ -43,7 +43,7 @@ def add_plan_parser(subparsers) -> None:
     knobs.add_argument("--kernel-paths", default="mkl,onednn-packed", help="comma list (default mkl,onednn-packed)")
     knobs.add_argument("--drafter-precisions", default="auto",
                        help="comma list of a separate drafter's single-row weight copies to measure (fp32, bf16, "
-                       "fp16), or 'auto': fp32,bf16 with a model: drafter, fp32 with an exit drafter (default)")
+                       "fp16), or 'auto': all three with a model: drafter, fp32 with an exit drafter (default)")
     knobs.add_argument("--fixed", default="1-16", help="fixed draft lengths: 'a-b' or a comma list (default 1-16)")
     knobs.add_argument("--adaptive", help="comma list of adaptive:threshold:max rules ('' for none; default: "
                        "thresholds 0.2, 0.4, 0.6 x maxima 8, 16, 24, 32)")
@@ -85,7 +85,7 @@ def _round_plan_inputs(args: argparse.Namespace):
     threads = ([1, os.cpu_count() or 1] if args.thread_options == "auto"
                else _int_list(args.thread_options, "--thread-options"))
     separate = drafter_level.kind is LevelKind.MODEL
-    precisions = (("fp32", "bf16") if separate else ("fp32",)) if args.drafter_precisions == "auto" \
+    precisions = (("fp32", "bf16", "fp16") if separate else ("fp32",)) if args.drafter_precisions == "auto" \
         else tuple(p.strip() for p in args.drafter_precisions.split(",") if p.strip())
     for precision in precisions:
         parse_drafter_precision(precision, name="--drafter-precisions")

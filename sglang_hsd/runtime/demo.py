@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from sglang_hsd.draft_length import parse_draft_length
 from sglang_hsd.levels import LevelKind, parse_level_specs
 from sglang_hsd.runtime.config import HierarchyConfig
+from sglang_hsd.runtime.kernel_paths import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sampling import SamplingParams
 
 
@@ -48,7 +49,8 @@ class DemoSpec:
             model), and its single rows too where that is measured faster on this machine
             (``kernel_paths.single_row_split``), and a separate drafter's likewise.
         drafter_precision: the weight copy a separate drafter's single-row steps read
-            (``kernel_paths.DRAFTER_PRECISIONS``; ``fp32`` for exit drafters).
+            (``kernel_paths.DRAFTER_PRECISION_OPTIONS``: ``auto`` = the fastest measured on this CPU;
+            ``fp32`` for exit drafters).
         summary: one line for ``--help``.
     """
 
@@ -75,6 +77,9 @@ class DemoSpec:
             raise ValueError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {self.max_new_tokens}")
         if self.threads < 0:
             raise ValueError(f"threads (--threads) must be >= 0 (0 = auto), got {self.threads}")
+        if self.drafter_precision not in DRAFTER_PRECISION_OPTIONS:
+            raise ValueError(f"drafter_precision must be one of {', '.join(DRAFTER_PRECISION_OPTIONS)}, "
+                             f"got {self.drafter_precision!r}")
 
     @property
     def drafter(self) -> str | None:
@@ -100,7 +105,7 @@ QWEN_PAIR = DemoSpec(
     max_new_tokens=96,
     threads=0,
     pack_linears=True,
-    drafter_precision="bf16",
+    drafter_precision="auto",
     summary="Qwen2.5-Coder-0.5B-Instruct drafts for Qwen2.5-Coder-1.5B-Instruct on a HumanEval "
     "prompt (adaptive draft length); the default, a real speed-up",
 )
@@ -139,6 +144,7 @@ class PromptComparison:
         loads: 1-minute load average before the plain run and after the speculative one.
         accepted: per target round, the draft tokens the target accepted (the round emitted one
             more: the corrected or bonus token).
+        drafter_precision: the weights the drafter's single-row steps read (``"auto"`` resolved).
     """
 
     plain_tokens: list[int]
@@ -149,6 +155,7 @@ class PromptComparison:
     spec_cpu_seconds: float
     loads: tuple[float, float]
     accepted: list[int]
+    drafter_precision: str = "fp32"
 
     @property
     def identical(self) -> bool:
@@ -240,7 +247,8 @@ def compare_on_prompts(target, drafter, spec: DemoSpec, prompts: list[list[int]]
                                 progress, True)
         accepted = [entry["target_accepted"] for entry in fast.round_trace[0]]
         results.append(PromptComparison(base.tokens[0], fast.tokens[0], base.seconds, fast.seconds, base_cpu,
-                                        fast_cpu, (load, os.getloadavg()[0]), accepted))
+                                        fast_cpu, (load, os.getloadavg()[0]), accepted,
+                                        speculative.drafter_precision))
     return results
 
 
@@ -256,7 +264,7 @@ def format_comparison(result: PromptComparison, label: str, decode: Callable[[li
         f"accepted draft tokens per round: mean {result.mean_accepted:.2f} over {len(result.accepted)} rounds "
         f"[{compress_runs(result.accepted)}]  (vxn = v in n rounds in a row)",
         f"plain {result.plain_tokens_per_second:.2f} tok/s, speculative {result.spec_tokens_per_second:.2f} tok/s: "
-        f"{result.speedup:.2f}x",
+        f"{result.speedup:.2f}x (drafter steps on {result.drafter_precision} weights)",
         f"(process CPU time: plain {result.plain_cpu_seconds:.1f}s, speculative {result.spec_cpu_seconds:.1f}s, "
         f"{result.plain_cpu_seconds / result.spec_cpu_seconds:.2f}x; 1-minute load average "
         f"{result.loads[0]:.1f} -> {result.loads[1]:.1f}: other jobs stretch wall time)",

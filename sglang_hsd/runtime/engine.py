@@ -71,7 +71,8 @@ class SpeculativeGenerator:
         pack_linears, packed_rows, drafter_precision: the kernels of the target's and a separate
             drafter's projections (:func:`~sglang_hsd.runtime.kernel_paths.configure_kernels`:
             oneDNN pre-packed weights for multi-row calls, the drafter's single rows on a bf16 /
-            fp16 weight copy); the models are changed in place. Off / ``"fp32"`` by default.
+            fp16 weight copy, or ``"auto"``: the faster here, measured); the models are changed in
+            place. Off / ``"fp32"`` by default.
     """
 
     def __init__(
@@ -107,8 +108,9 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.exit_heads = dict(exit_heads or {})
         self.validate = validate
-        configure_kernels(target, drafter if first.kind == "model" else None, pack_linears, packed_rows,
-                          drafter_precision)
+        # The drafter precision in place ("auto" resolved by measuring this machine's kernels).
+        self.drafter_precision = configure_kernels(target, drafter if first.kind == "model" else None,
+                                                   pack_linears, packed_rows, drafter_precision)
 
     @torch.inference_mode()
     def generate(

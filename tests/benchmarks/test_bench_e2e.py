@@ -63,3 +63,40 @@ def test_the_hf_assistant_is_shared_only_with_its_own_level():
     assert bench_e2e._shared(assistant, "model:qwen2.5-coder-0.5b,target") is assistant
     assert bench_e2e._shared(assistant, "model:other,target") is None
     assert bench_e2e._shared(None, "model:qwen2.5-coder-0.5b,target") is None
+
+
+def test_rows_cover_every_temperature_and_batch_size_with_the_hf_peers_at_batch_one():
+    args = bench_e2e.parse_args(["--configs", "target", "hf-assisted", "hf-prompt-lookup", "model:x,target",
+                                 "--buffers", "", "", "", "4", "--drafter-precision", "fp32", "fp32", "fp32", "fp16",
+                                 "--temperatures", "0", "1", "--batch-sizes", "1", "4"])
+    specs = bench_e2e.row_specs(args, has_assistant=True)
+    assert [(s.temperature, s.batch_size, s.config) for s in specs[:6]] == [
+        (0, 1, "target"), (0, 1, "hf-assisted"), (0, 1, "hf-prompt-lookup"), (0, 1, "model:x,target"),
+        (0, 4, "target"), (0, 4, "model:x,target")]
+    assert len(specs) == 12 and specs[3].buffers == "4" and specs[3].drafter_precision == "fp16"
+    assert "hf-assisted" not in [s.config for s in bench_e2e.row_specs(args, has_assistant=False)]
+
+
+def test_repeats_are_interleaved_and_each_row_keeps_its_median():
+    specs = [bench_e2e.RowSpec(0.0, 1, config, "hsd", "", "fixed", "none", "fp32") for config in ("a", "b")]
+    seconds = {"a": iter([4.0, 1.0, 2.0]), "b": iter([9.0, 3.0, 6.0])}
+    calls, snapshots = [], []
+
+    def make_runner(spec):
+        def run(seed, prompts, max_new):
+            calls.append((spec.config, seed, max_new))
+            if max_new == bench_e2e.WARMUP_TOKENS:
+                return [[0]], 0.5, None  # the warm-up is never counted
+            return [[1] * 12, [2] * 12], next(seconds[spec.config]), [{"rounds": seed}]
+        return run
+
+    rows = bench_e2e.interleaved(specs, 3, make_runner, [[5], [6]], 24, on_row=lambda r: snapshots.append(
+        [(row["config"], row["repeats"]) for row in r]))
+    timed = [(config, seed) for config, seed, new in calls if new == 24]
+    assert timed == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]  # repeat r of all before r + 1
+    assert len(calls) == 12  # a warm-up before every timed run
+    assert [row["seconds"] for row in rows] == [2.0, 6.0]  # medians
+    assert rows[0]["seconds_per_repeat"] == [4.0, 1.0, 2.0] and rows[1]["tokens_per_second"] == 24 / 6.0
+    assert rows[0]["tokens_per_second_per_repeat"] == [6.0, 24.0, 12.0]
+    assert rows[1]["levels"] == [{"rounds": 2}]  # the last repeat's statistics
+    assert snapshots[0] == [("a", 1)] and snapshots[1] == [("a", 1), ("b", 1)] and snapshots[-1] == [("a", 3), ("b", 3)]

@@ -127,6 +127,9 @@ def test_e2e_ratios_batch_check_and_table():
             "threads": 1, "exit_heads": "auto"}
     table = bench_report.format_e2e_table(rows, meta)
     assert "| 0.0 | 4 | exit:16,target | hsd | 3 | 60.00 | 1.50x | 3.00x | target: 1.50 | NO / NO |" in table
+    # A row of several repeats shows its median and the lowest and highest repeat.
+    rows[0]["tokens_per_second_per_repeat"] = [9.0, 10.0, 12.5]
+    assert "| 0.0 | 1 | target | hsd | - | 10.00 (9.00-12.50) | 1.00x |" in bench_report.format_e2e_table(rows, meta)
 
 
 def test_plots_write_pngs(tmp_path):

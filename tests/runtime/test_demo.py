@@ -56,6 +56,9 @@ def test_compare_on_prompts_reports_identical_greedy_output():
         assert sum(result.accepted) + len(result.accepted) >= 12 and result.speedup > 0
         text = format_comparison(result, "prompt", decode=lambda tokens: "x")
         assert "token for token: IDENTICAL (12 tokens)" in text and "accepted draft tokens per round" in text
+        # The demo's "auto" drafter precision is resolved by measurement and reported.
+        assert result.drafter_precision in ("fp32", "bf16", "fp16")
+        assert f"drafter steps on {result.drafter_precision} weights" in text
 
 
 def test_demo_command_runs_end_to_end_on_tiny_models(monkeypatch, capsys):
@@ -93,3 +96,9 @@ def test_auto_threads_uses_every_core_only_on_an_idle_machine():
     assert demo.auto_threads(cores=2, load=1.2) == 1
     with pytest.raises(ValueError, match="--threads"):
         cli.main(["demo", "--skip-check", "--threads", "-1"])
+
+
+def test_demo_spec_refuses_an_unknown_drafter_precision():
+    assert QWEN_PAIR.drafter_precision == "auto"  # measured on the machine it runs on
+    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, auto, got 'int4'"):
+        dataclasses.replace(QWEN_PAIR, drafter_precision="int4")
