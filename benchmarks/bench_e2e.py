@@ -42,7 +42,8 @@ from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_pa
                                write_results)
 from sglang_hsd.draft_length import parse_draft_length
 from sglang_hsd.runtime.config import parse_tree
-from sglang_hsd.runtime.kernel_paths import parse_drafter_precision, single_row_split
+from sglang_hsd.runtime.kernel_paths import single_row_split
+from sglang_hsd.runtime.kernel_setup import parse_drafter_precision
 from sglang_hsd.runtime.loading import build_generator, load_model
 from sglang_hsd.sampling import SamplingParams
 

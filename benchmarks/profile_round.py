@@ -40,7 +40,8 @@ import torch
 
 from benchmarks.common import add_standard_arguments, benchmark_parser, encoded_prompts, start_run
 from sglang_hsd.draft_length import parse_draft_length
-from sglang_hsd.runtime.kernel_paths import parse_drafter_precision, single_row_split
+from sglang_hsd.runtime.kernel_paths import single_row_split
+from sglang_hsd.runtime.kernel_setup import parse_drafter_precision
 
 # Forwards over more new tokens than this per row are the prompt's prefill, reported apart.
 PREFILL_MIN_TOKENS = 32

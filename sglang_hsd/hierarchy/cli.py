@@ -71,7 +71,7 @@ def _round_plan_inputs(args: argparse.Namespace):
     from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import parse_tree
-    from sglang_hsd.runtime.kernel_paths import parse_drafter_precision
+    from sglang_hsd.runtime.kernel_setup import parse_drafter_precision
     from sglang_hsd.sampling import SamplingParams
 
     try:

@@ -38,7 +38,8 @@ from sglang_hsd.levels import (
     parse_level_specs,
 )
 from sglang_hsd.runtime.config import parse_tree
-from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED, parse_drafter_precision
+from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
+from sglang_hsd.runtime.kernel_setup import parse_drafter_precision
 
 if TYPE_CHECKING:
     from sglang_hsd.hierarchy.planner import Plan, PlanResult

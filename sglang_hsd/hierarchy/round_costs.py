@@ -25,8 +25,8 @@ import torch
 
 from sglang_hsd.hierarchy.costs import _interp
 from sglang_hsd.hierarchy.measure import _median_seconds
-from sglang_hsd.runtime.kernel_paths import (DRAFTER_PRECISIONS, PATH_MKL, PATH_PACKED, parse_drafter_precision,
-                                             single_row_split)
+from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED, single_row_split
+from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 

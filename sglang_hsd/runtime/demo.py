@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from sglang_hsd.draft_length import parse_draft_length
 from sglang_hsd.levels import LevelKind, parse_level_specs
 from sglang_hsd.runtime.config import HierarchyConfig
-from sglang_hsd.runtime.kernel_paths import DRAFTER_PRECISION_OPTIONS
+from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sampling import SamplingParams
 
 
@@ -49,7 +49,7 @@ class DemoSpec:
             model), and its single rows too where that is measured faster on this machine
             (``kernel_paths.single_row_split``), and a separate drafter's likewise.
         drafter_precision: the weight copy a separate drafter's single-row steps read
-            (``kernel_paths.DRAFTER_PRECISION_OPTIONS``: ``auto`` = the fastest measured on this CPU;
+            (``kernel_setup.DRAFTER_PRECISION_OPTIONS``: ``auto`` = the fastest measured on this CPU;
             ``fp32`` for exit drafters).
         summary: one line for ``--help``.
     """
@@ -232,7 +232,7 @@ def compare_on_prompts(target, drafter, spec: DemoSpec, prompts: list[list[int]]
     """
     from sglang_hsd.levels import parse_level_specs as parse
     from sglang_hsd.runtime.engine import SpeculativeGenerator
-    from sglang_hsd.runtime.kernel_paths import configure_kernels
+    from sglang_hsd.runtime.kernel_setup import configure_kernels
 
     if spec.pack_linears:  # in place: plain and speculative decoding share these kernels
         configure_kernels(target, None, pack_linears=True)

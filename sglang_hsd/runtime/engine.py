@@ -45,7 +45,7 @@ from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.eagle3 import Eagle3Head
 from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
-from sglang_hsd.runtime.kernel_paths import configure_kernels
+from sglang_hsd.runtime.kernel_setup import configure_kernels
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats, RoundTrace
@@ -69,7 +69,7 @@ class SpeculativeGenerator:
             loaded from the level's ``model_path``).
         validate: validate verifier inputs every round (slower; for tests and debugging).
         pack_linears, packed_rows, drafter_precision: the kernels of the target's and a separate
-            drafter's projections (:func:`~sglang_hsd.runtime.kernel_paths.configure_kernels`:
+            drafter's projections (:func:`~sglang_hsd.runtime.kernel_setup.configure_kernels`:
             oneDNN pre-packed weights for multi-row calls, the drafter's single rows on a bf16 /
             fp16 weight copy, or ``"auto"``: the faster here, measured); the models are changed in
             place. Off / ``"fp32"`` by default.

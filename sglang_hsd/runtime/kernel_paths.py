@@ -14,9 +14,9 @@ rows of a verification forward (``docs/cpu.md``). This module
 * decides, when packing is asked for without a table, whether single rows run packed too
   (:func:`single_row_split`): which kernel is fastest for one row differs between machines
   (on an AVX2-only EPYC, MKL's matrix-vector product about ties oneDNN at 2 threads; on an AVX-512
-  EPYC, MKL's single row is 2-3x slower than oneDNN's), so it is measured, not assumed;
-* likewise picks the weight copy a separate drafter's single rows read when asked for ``auto``
-  (:func:`fastest_drafter_precision`: bf16 wins on the AVX2 EPYC, fp16 on the AVX-512 one).
+  EPYC, MKL's single row is 2-3x slower than oneDNN's), so it is measured, not assumed.
+
+``kernel_setup`` applies these choices (and a separate drafter's weight copy) to a model pair.
 
 Every path computes the same fp32 product (no quantization); :func:`measure` records each path's
 largest absolute difference from ``F.linear`` on the same weights and input.
@@ -29,7 +29,6 @@ import json
 import math
 import statistics
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -38,16 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_hsd.runtime.layers import HalfRowsLinear, PackedLinear, PackedRows
+from sglang_hsd.runtime.layers import PackedLinear, PackedRows
 
 __all__ = [
-    "AUTO_PRECISION",
-    "DRAFTER_PRECISIONS",
-    "DRAFTER_PRECISION_OPTIONS",
     "PATH_MKL",
     "PATH_PACKED",
-    "configure_kernels",
-    "fastest_drafter_precision",
     "RUNTIME_PATHS",
     "KernelChoice",
     "KernelTable",
@@ -58,7 +52,6 @@ __all__ = [
     "measure",
     "measure_table",
     "median_ms",
-    "parse_drafter_precision",
     "single_row_split",
 ]
 
@@ -67,68 +60,6 @@ PATH_PACKED = "onednn-packed"
 # Largest |path - F.linear| accepted as the same fp32 product: outputs of O(1) with inputs of up
 # to ~10^4 features; summation order changes them by ~1e-6.
 SAME_PRODUCT_ATOL = 1e-4
-
-# The weight copy a separate drafter's single-row projections read (``CausalLM.set_half_rows``):
-# None = its fp32 weights. Half the bytes make a drafting step at batch 1 up to twice as fast; the
-# drafter's numbers change, the output law does not (the verifier uses its actual probabilities).
-DRAFTER_PRECISIONS: Mapping[str, torch.dtype | None] = {
-    "fp32": None,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
-
-
-# ``drafter_precision="auto"``: the fastest single-row copy on this machine, measured when the
-# kernels are configured (:func:`fastest_drafter_precision`); fp32 without a separate drafter.
-AUTO_PRECISION = "auto"
-DRAFTER_PRECISION_OPTIONS: tuple[str, ...] = (*DRAFTER_PRECISIONS, AUTO_PRECISION)
-
-
-def parse_drafter_precision(text: str, name: str = "--drafter-precision") -> torch.dtype | None:
-    """A :data:`DRAFTER_PRECISIONS` name -> its dtype; ``ValueError`` naming ``name`` otherwise."""
-    if text not in DRAFTER_PRECISIONS:
-        raise ValueError(f"{name} must be one of {', '.join(DRAFTER_PRECISIONS)}, got {text!r}")
-    return DRAFTER_PRECISIONS[text]
-
-
-def configure_kernels(target: nn.Module, drafter: nn.Module | None, pack_linears: bool = False,
-                      packed_rows: Callable[[int, int], PackedRows] | None = None,
-                      drafter_precision: str = "fp32") -> str:
-    """Set the kernels of a target's and a separate drafter's projections (``CausalLM`` s, in place).
-
-    Args:
-        pack_linears: multi-row calls of both models on oneDNN pre-packed weights
-            (``CausalLM.pack_linears``; CPU float32 only, else left as they are): a verification
-            of K + 1 rows costs about twice one row instead of K + 1 times (``docs/cpu.md``); the
-            copies take as much memory again as the linear weights.
-        packed_rows: with ``pack_linears``, the row counts each ``(in, out)`` shape runs packed,
-            e.g. ``KernelTable.packed_rows`` of a measured table; None: every call of 2 rows or
-            more, and single rows where :func:`single_row_split` measures packed faster.
-        drafter_precision: a :data:`DRAFTER_PRECISION_OPTIONS` name for the drafter's single-row
-            calls (``CausalLM.set_half_rows``); a half precision needs ``drafter``; ``"auto"``
-            measures the fastest (:func:`fastest_drafter_precision`; fp32 without ``drafter``).
-
-    Returns: the drafter precision now in place (``"auto"`` resolved).
-    """
-    if drafter_precision == AUTO_PRECISION:
-        half = None
-    else:
-        half = parse_drafter_precision(drafter_precision, name="drafter_precision")
-    if half is not None and drafter is None:
-        raise ValueError(f"drafter_precision={drafter_precision!r} needs a separate draft model as the first level "
-                         "(an exit or EAGLE-3 drafter's numbers are the target's)")
-    for model in (target, drafter):
-        if pack_linears and model is not None:
-            model.pack_linears(packed_rows if packed_rows is not None else single_row_split(model))
-    if drafter is None:
-        return "fp32"
-    if drafter_precision == AUTO_PRECISION:
-        drafter.set_half_rows(None)  # measure from the fp32 kernels, whatever a previous call left
-        drafter_precision = fastest_drafter_precision(drafter, pack_linears)[0]
-        half = DRAFTER_PRECISIONS[drafter_precision]
-    drafter.set_half_rows(half)
-    return drafter_precision
-
 
 @dataclass(frozen=True)
 class LinearPath:
@@ -398,45 +329,3 @@ def single_row_split(model: nn.Module, config: MeasureConfig = SINGLE_ROW_MEASUR
                          if c.path == PATH_PACKED)
 
     return lambda in_f, out_f: PackedRows(((1, None),)) if (in_f, out_f) in packed_alone() else PackedRows()
-
-
-# A half-precision weight copy as a path :func:`measure` can time (one row on the copy, as a
-# drafter's ``HalfRowsLinear`` runs it); never selectable: it changes the numbers.
-HALF_COPY_PATHS: Mapping[str, LinearPath] = {
-    name: LinearPath(name, lambda linear, dtype=dtype: HalfRowsLinear(linear, dtype), lambda half, rows, threads: half,
-                     selectable=False)
-    for name, dtype in DRAFTER_PRECISIONS.items() if dtype is not None
-}
-
-
-def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
-                              config: MeasureConfig = SINGLE_ROW_MEASURE) -> tuple[str, dict[str, float]]:
-    """The :data:`DRAFTER_PRECISIONS` name whose single-row projections cost ``model`` least here.
-
-    Times one row of each of ``model``'s linear shapes (:func:`measure`, at the current thread
-    count) in fp32 (the faster of MKL and oneDNN packed with ``pack_linears``, as
-    :func:`single_row_split` chooses; MKL alone without) and on a bf16 and an fp16 copy, and sums
-    each over the model's linear layers (a shape counts once per layer that has it). About a
-    second for a 0.5B model. Which copy is faster depends on the CPU (bf16 on the AVX2 EPYC,
-    fp16 on the AVX-512 one, ``docs/cpu.md``); only a separate drafter may run one (the verifier
-    uses the probabilities it produced, so the output law does not change).
-
-    Returns: ``(name, {precision: milliseconds of one step's projections})``; a copy that fails
-    to run costs ``inf``, and ties go to fp32.
-    """
-    if tuple(config.rows) != (1,):
-        raise ValueError(f"config.rows must be (1,), got {config.rows}")
-    counts = Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
-    fp32_paths = RUNTIME_PATHS if pack_linears else {PATH_MKL: RUNTIME_PATHS[PATH_MKL]}
-    threads = torch.get_num_threads()
-    config = MeasureConfig(config.rows, (threads,), config.repeats, config.warmup, config.flush_mb, config.seed)
-    per_shape: dict[tuple[str, tuple[int, int]], float] = {}
-    for m in measure(list(counts), config, {**fp32_paths, **HALF_COPY_PATHS}):
-        if m.error is not None or math.isnan(m.ms):
-            continue  # a copy that cannot run here costs infinitely much
-        name = m.path if m.path in HALF_COPY_PATHS else "fp32"
-        key = (name, m.shape)
-        per_shape[key] = min(per_shape.get(key, math.inf), m.ms)
-    totals = {name: sum(per_shape.get((name, shape), math.inf) * n for shape, n in counts.items())
-              for name in DRAFTER_PRECISIONS}
-    return min(totals, key=totals.__getitem__), totals
