@@ -16,8 +16,8 @@ the same prompts, for each temperature and batch size, ``--repeats`` times, the 
 interleaved (repeat r of every row before repeat r + 1 of any, so the machine's drift over a long
 run spreads over all rows); the table reports the median and ratios against the autoregressive
 runtime and against HF assisted generation of the same run. Before each timed run a row generates
-a few tokens untimed (first-call costs such as page faults on fresh weight copies stay out of it). Timings on a shared 2-core machine
-are noisy: compare ratios, not absolute numbers.
+a few tokens untimed (first-call costs such as page faults on fresh weight copies stay out of it).
+Timings on a shared 2-core machine are noisy: compare ratios, not absolute numbers.
 
 Batch sizes > 1 run the runtime on consecutive groups of prompts (the HF peers stay at batch 1:
 assisted generation supports no batches). At T = 0 every output is checked against the same
@@ -219,10 +219,11 @@ def measure_all(args, target, assistant, prompts, on_row=None) -> list[dict]:
         params = SamplingParams(temperature=spec.temperature)
         if spec.config in HF_CONFIGS:
             return lambda seed, batch, new: run_hf(spec.config, target, assistant, batch, params, new, eos, seed)
-        gen = build_generator(target, spec.config, [int(x) for x in spec.buffers.split(",")] if spec.buffers else None,
-                              spec.method.split(","), args.exit_heads, draft_length=parse_draft_length(spec.draft_length),
-                              tree=parse_tree(spec.tree), drafter_precision=spec.drafter_precision,
-                              pack_linears=args.pack_linears, drafter=_shared(assistant, spec.config))
+        buffers = [int(x) for x in spec.buffers.split(",")] if spec.buffers else None
+        gen = build_generator(target, spec.config, buffers, spec.method.split(","), args.exit_heads,
+                              draft_length=parse_draft_length(spec.draft_length), tree=parse_tree(spec.tree),
+                              drafter_precision=spec.drafter_precision, pack_linears=args.pack_linears,
+                              drafter=_shared(assistant, spec.config))
         return lambda seed, batch, new: run_runtime(gen, batch, params, new, eos, seed, spec.batch_size)
 
     return interleaved(row_specs(args, assistant is not None), args.repeats, make_runner, prompts,

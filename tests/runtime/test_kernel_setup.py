@@ -26,14 +26,12 @@ pytest.importorskip("transformers")
 
 @needs_onednn
 def test_configure_kernels_measures_the_single_row_split_and_keeps_greedy_output():
-
     target = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=4, hidden_size=32, seed=7))
     expected = greedy_reference(target, [1, 2, 3, 4], 10)
     kernel_setup.configure_kernels(target, None, pack_linears=True)
     packed = [m for m in target.modules() if isinstance(m, PackedLinear)]
     assert packed and all(m.packed_rows in (PackedRows(), PackedRows(((1, None),))) for m in packed)
     assert greedy_reference(target, [1, 2, 3, 4], 10) == expected
-
 
 
 def _two_shape_model():
@@ -47,7 +45,6 @@ FAKE_ONE_ROW = {PATH_MKL: (1.0, 1.0), PATH_PACKED: (1.1, 1.2), "bf16": (0.5, 1.0
 
 
 def test_fastest_drafter_precision_sums_one_row_over_the_layers(monkeypatch):
-
     seen_paths = []
 
     def fake_measure(shapes, config, paths=RUNTIME_PATHS):
@@ -70,7 +67,6 @@ def test_fastest_drafter_precision_sums_one_row_over_the_layers(monkeypatch):
 
 
 def test_a_copy_that_fails_to_run_is_never_the_fastest(monkeypatch):
-
     def fake_measure(shapes, config, paths=RUNTIME_PATHS):
         out = [m for shape in shapes for m in _fake(shape, {PATH_MKL: [9.0], "bf16": [0.1]})]
         return out + [Measurement(*shape, rows=1, path="fp16", threads=1, ms=float("nan"), error="RuntimeError: no")
@@ -82,7 +78,6 @@ def test_a_copy_that_fails_to_run_is_never_the_fastest(monkeypatch):
 
 
 def test_the_half_copy_paths_time_one_row_on_the_copy():
-
     found = measure([(16, 24)], MeasureConfig(rows=(1,), repeats=1, warmup=0, flush_mb=0), kernel_setup.HALF_COPY_PATHS)
     assert sorted(m.path for m in found) == ["bf16", "fp16"]
     assert all(m.error is None and 0 < m.max_abs_diff < 0.05 for m in found)  # a half product, not fp32's
@@ -90,7 +85,6 @@ def test_the_half_copy_paths_time_one_row_on_the_copy():
 
 
 def test_configure_kernels_resolves_auto_by_measuring_the_drafter(monkeypatch):
-
     target = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=7))
     drafter = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=8))
     drafter.set_half_rows(torch.bfloat16)  # left over from an earlier generator: measured from fp32
