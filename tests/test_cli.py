@@ -138,3 +138,10 @@ def test_round_plan_rejects_bad_options_before_loading_a_model(option, value, me
 def test_round_plan_refuses_half_precision_for_an_exit_drafter():
     with pytest.raises(ValueError, match="--drafter-precisions: an exit drafter runs the target's own weights"):
         cli.main(["plan", "--model", "no-such-model", "--drafter", "exit:8", "--drafter-precisions", "bf16"])
+
+
+def test_generate_offers_exactly_the_runtimes_drafter_precisions():
+    from sglang_hsd.runtime.cli import DRAFTER_PRECISION_CHOICES
+    from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
+
+    assert tuple(DRAFTER_PRECISION_CHOICES) == tuple(DRAFTER_PRECISION_OPTIONS)

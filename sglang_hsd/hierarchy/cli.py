@@ -71,7 +71,7 @@ def _round_plan_inputs(args: argparse.Namespace):
     from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.runtime.config import parse_tree
-    from sglang_hsd.runtime.kernel_setup import parse_drafter_precision
+    from sglang_hsd.runtime.kernel_setup import AUTO_PRECISION, DRAFTER_PRECISIONS, parse_drafter_precision
     from sglang_hsd.sampling import SamplingParams
 
     try:
@@ -85,7 +85,8 @@ def _round_plan_inputs(args: argparse.Namespace):
     threads = ([1, os.cpu_count() or 1] if args.thread_options == "auto"
                else _int_list(args.thread_options, "--thread-options"))
     separate = drafter_level.kind is LevelKind.MODEL
-    precisions = (("fp32", "bf16", "fp16") if separate else ("fp32",)) if args.drafter_precisions == "auto" \
+    # "auto" prices every copy a separate drafter can read; an exit drafter is the target itself.
+    precisions = (tuple(DRAFTER_PRECISIONS) if separate else ("fp32",)) if args.drafter_precisions == AUTO_PRECISION \
         else tuple(p.strip() for p in args.drafter_precisions.split(",") if p.strip())
     for precision in precisions:
         parse_drafter_precision(precision, name="--drafter-precisions")

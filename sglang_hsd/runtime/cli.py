@@ -8,6 +8,9 @@ from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_LEVELS = "exit:8,exit:16,target"
+# kernel_setup.DRAFTER_PRECISION_OPTIONS, spelled out so that --help does not import torch
+# (tests/test_cli.py holds the two equal).
+DRAFTER_PRECISION_CHOICES = ("fp32", "bf16", "fp16", "auto")
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime, and explain it briefly."
 
 
@@ -43,10 +46,10 @@ def add_generate_parser(subparsers) -> None:
         "threshold (default 0.4) or at a per-request cap adapted from past rounds (at most max, default 16)",
     )
     parser.add_argument(
-        "--drafter-precision", choices=["fp32", "bf16", "fp16", "auto"],
+        "--drafter-precision", choices=DRAFTER_PRECISION_CHOICES,
         help="weights a separate draft model's single-row (batch 1) drafting steps read: a bf16 / fp16 copy "
         "halves the bytes a step streams; the output law is unchanged (the verifier uses the drafter's "
-        "actual probabilities). 'auto' times the three on this CPU (about a second) and takes the fastest. "
+        "actual probabilities). 'auto' times the three on this CPU (a few seconds) and takes the fastest. "
         "Default: auto with a model: drafter, fp32 otherwise (the only choice there)",
     )
     parser.add_argument(

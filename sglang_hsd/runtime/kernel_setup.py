@@ -11,6 +11,7 @@ output law alone (the verifier uses the probabilities the drafter actually produ
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from typing import Callable, Mapping
@@ -110,10 +111,11 @@ def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
     Times one row of each of ``model``'s linear shapes (:func:`measure`, at the current thread
     count) in fp32 (the faster of MKL and oneDNN packed with ``pack_linears``, as
     :func:`single_row_split` chooses; MKL alone without) and on a bf16 and an fp16 copy, and sums
-    each over the model's linear layers (a shape counts once per layer that has it). About a
-    second for a 0.5B model. Which copy is faster depends on the CPU (bf16 on the AVX2 EPYC,
-    fp16 on the AVX-512 one, ``docs/cpu.md``); only a separate drafter may run one (the verifier
-    uses the probabilities it produced, so the output law does not change).
+    each over the model's linear layers (a shape counts once per layer that has it). A few
+    seconds for a 0.5B model (three rounds, ``SINGLE_ROW_MEASURE``). Which copy is faster
+    depends on the CPU (bf16 on the AVX2 EPYC, fp16 on the AVX-512 one, ``docs/cpu.md``); only a
+    separate drafter may run one (the verifier uses the probabilities it produced, so the output
+    law does not change).
 
     Returns: ``(name, {precision: milliseconds of one step's projections})``; a copy that fails
     to run costs ``inf``, and ties go to fp32.
@@ -123,7 +125,7 @@ def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
     counts = Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
     fp32_paths = RUNTIME_PATHS if pack_linears else {PATH_MKL: RUNTIME_PATHS[PATH_MKL]}
     threads = torch.get_num_threads()
-    config = MeasureConfig(config.rows, (threads,), config.repeats, config.warmup, config.flush_mb, config.seed)
+    config = dataclasses.replace(config, threads=(threads,))
     per_shape: dict[tuple[str, tuple[int, int]], float] = {}
     for m in measure(list(counts), config, {**fp32_paths, **HALF_COPY_PATHS}):
         if m.error is not None or math.isnan(m.ms):

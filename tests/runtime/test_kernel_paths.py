@@ -7,6 +7,7 @@ filter, a JSON round trip. Runtime: ``PackedLinear`` follows the table's packed 
 ``CausalLM.pack_linears(table.packed_rows)`` keeps the model's logits.
 """
 
+import dataclasses
 import json
 import math
 
@@ -196,3 +197,32 @@ def test_single_row_split_packs_single_rows_only_where_packed_measured_faster(mo
     with pytest.raises(ValueError, match="config.rows must be"):
         kernel_paths.single_row_split(model, MeasureConfig(rows=(1, 2)))
 
+
+
+def test_measure_keeps_each_entrys_fastest_round():
+    """A burst of other work during one round must not decide a choice (``MeasureConfig.rounds``)."""
+    import time
+
+    from sglang_hsd.runtime.kernel_paths import LinearPath
+
+    calls_per_round = 3  # warmup 1 + repeats 2
+
+    def bursty(rounds_slow):
+        count = [0]
+
+        def bind(linear, rows, threads):
+            def fn(x):
+                count[0] += 1
+                if (count[0] - 1) // (calls_per_round + 1) < rounds_slow:  # + 1: measure's check call
+                    time.sleep(0.02)
+                return torch.nn.functional.linear(x, linear.weight)
+            return fn
+        return LinearPath("bursty", lambda lin: lin, bind, False)
+
+    config = MeasureConfig(rows=(1,), threads=(1,), repeats=2, warmup=1, flush_mb=0)
+    (once,) = measure([(8, 8)], config, {"bursty": bursty(1)})
+    assert once.ms >= 20.0  # one round: the burst is the measurement
+    (thrice,) = measure([(8, 8)], dataclasses.replace(config, rounds=3), {"bursty": bursty(1)})
+    assert thrice.error is None and thrice.ms < 10.0
+    with pytest.raises(ValueError, match="rounds"):
+        MeasureConfig(rows=(1,), rounds=0)
