@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from benchmarks.bench_e2e import run_runtime
+from benchmarks.bench_e2e import WARMUP_TOKENS, run_runtime
 from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run, write_results
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting
@@ -58,11 +58,13 @@ def _generator(target, drafter, level, shape: RoundShape, setting: KernelSetting
 
 
 def _measure(target, drafter, level, shape, setting, heads, prompts, params, max_new, eos, repeats):
-    """Median tokens/s, the tokens, and tokens per target round, in ``setting``."""
+    """Tokens/s of every repeat, the tokens, and tokens per target round, in ``setting`` (after
+    ``WARMUP_TOKENS`` untimed tokens: first calls on fresh packed copies page-fault)."""
     torch.set_num_threads(setting.threads)
     generator = _generator(target, drafter, level, shape, setting, heads)
     rates, tokens, per_round = [], None, 1.0
     try:
+        run_runtime(generator, prompts[:1], params, WARMUP_TOKENS, eos, 0, 1)
         for _ in range(repeats):
             tokens, seconds, levels = run_runtime(generator, prompts, params, max_new, eos, 0, 1)
             rates.append(sum(len(t) for t in tokens) / seconds)
@@ -73,7 +75,7 @@ def _measure(target, drafter, level, shape, setting, heads, prompts, params, max
         for model in (target, drafter):
             if model is not None:
                 model.unpack_linears()
-    return statistics.median(rates), tokens, per_round
+    return rates, tokens, per_round
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,15 +117,17 @@ def main(argv: list[str] | None = None) -> None:
     results, reference = [], None
     for role, pred, shape, setting in rows:
         print(f"measuring {role}: {shape.label} ({setting.label})", flush=True)
-        rate, tokens, per_round = _measure(target, drafter, level.name if not shape.plain else None, shape, setting,
+        rates, tokens, per_round = _measure(target, drafter, level.name if not shape.plain else None, shape, setting,
                                            heads, eval_prompts, params, args.max_new_tokens, eos, args.repeats)
         if reference is None:
             reference = tokens
+        rate = statistics.median(rates)
         results.append({
             "role": role, "shape": shape.label, "threads": setting.threads, "kernel_path": setting.kernel_path,
             "predicted_ms_per_token": None if pred is None else pred.seconds_per_token * 1e3,
             "predicted_tokens_per_round": None if pred is None else pred.tokens_per_round,
             "measured_tokens_per_second": rate, "measured_ms_per_token": 1e3 / rate,
+            "measured_ms_per_token_per_repeat": [1e3 / r for r in rates],
             "measured_tokens_per_round": per_round,
             "output_equals_plain": tokens == reference if args.temperature == 0.0 else None,
         })
@@ -140,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     print(_markdown(args, results, plan))
 
 
+def _range(values: list[float]) -> str:
+    return f"{min(values):.1f}-{max(values):.1f}"
+
+
 def _markdown(args, results, plan) -> str:
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
@@ -151,7 +159,7 @@ def _markdown(args, results, plan) -> str:
         f"{args.max_new_tokens} new tokens, batch 1, median of {args.repeats}. Predicted ms/token leaves out "
         "prefill; measured includes it.",
         "",
-        "| row | shape | setting | predicted ms/tok | measured ms/tok | tokens/round pred. / meas. | "
+        "| row | shape | setting | predicted ms/tok | measured ms/tok (range) | tokens/round pred. / meas. | "
         "vs plain (defaults) | vs plain (best setting) | greedy = plain |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -159,7 +167,8 @@ def _markdown(args, results, plan) -> str:
         same = {None: "-", True: "yes", False: "NO"}[row["output_equals_plain"]]
         lines.append(
             f"| {row['role']} | {row['shape']} | {row['threads']} thr, {row['kernel_path']} | "
-            f"{num(row['predicted_ms_per_token'], '.1f')} | {row['measured_ms_per_token']:.1f} | "
+            f"{num(row['predicted_ms_per_token'], '.1f')} | {row['measured_ms_per_token']:.1f} "
+            f"({_range(row['measured_ms_per_token_per_repeat'])}) | "
             f"{num(row['predicted_tokens_per_round'], '.2f')} / {row['measured_tokens_per_round']:.2f} | "
             f"{row['vs_plain_defaults']:.2f}x | {row['vs_plain_best']:.2f}x | {same} |")
     lines += ["", "Top predicted candidates:", "", "| shape | setting | predicted ms/tok | tokens/round |",

@@ -1,0 +1,37 @@
+"""bench_round_planner's measurement of one row: a warm-up before the timed repeats, every repeat
+recorded, the models unpacked afterwards, and the range shown in the table."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from benchmarks import bench_round_planner  # noqa: E402
+from sglang_hsd.hierarchy.round_costs import KernelSetting  # noqa: E402
+from sglang_hsd.hierarchy.round_planner import RoundShape  # noqa: E402
+from sglang_hsd.runtime.kernel_paths import PATH_MKL  # noqa: E402
+from sglang_hsd.runtime.model import CausalLM  # noqa: E402
+from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
+from sglang_hsd.sampling import SamplingParams  # noqa: E402
+
+
+def test_measure_warms_up_and_returns_every_repeat(monkeypatch):
+    with torch.inference_mode():
+        target = CausalLM.from_hf(tiny_llama(vocab_size=40, num_layers=2, hidden_size=32, seed=1))
+    calls = []
+    real = bench_round_planner.run_runtime
+
+    def counting(generator, prompts, params, max_new, eos, seed, batch_size):
+        calls.append((len(prompts), max_new))
+        return real(generator, prompts, params, max_new, eos, seed, batch_size)
+
+    monkeypatch.setattr(bench_round_planner, "run_runtime", counting)
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    with torch.inference_mode():
+        rates, tokens, per_round = bench_round_planner._measure(
+            target, None, None, RoundShape(), KernelSetting(1, PATH_MKL), {}, prompts, SamplingParams(0.0), 6,
+            None, repeats=3)
+    assert calls == [(1, bench_round_planner.WARMUP_TOKENS), (2, 6), (2, 6), (2, 6)]
+    assert len(rates) == 3 and all(rate > 0 for rate in rates)
+    assert [len(t) for t in tokens] == [6, 6] and per_round == 1.0
+    assert bench_round_planner._range([30.0, 24.94, 37.21]) == "24.9-37.2"
