@@ -58,13 +58,16 @@ def _generator(target, drafter, level, shape: RoundShape, setting: KernelSetting
 
 
 def _measure(target, drafter, level, shape, setting, heads, prompts, params, max_new, eos, repeats):
-    """Tokens/s of every repeat, the tokens, and tokens per target round, in ``setting`` (after
-    ``WARMUP_TOKENS`` untimed tokens: first calls on fresh packed copies page-fault)."""
+    """Tokens/s of every repeat, the tokens, tokens per target round, and each model's shapes whose
+    single rows ran packed, in ``setting`` (after ``WARMUP_TOKENS`` untimed tokens: first calls on
+    fresh packed copies page-fault)."""
     torch.set_num_threads(setting.threads)
     generator = _generator(target, drafter, level, shape, setting, heads)
     rates, tokens, per_round = [], None, 1.0
     try:
         run_runtime(generator, prompts[:1], params, WARMUP_TOKENS, eos, 0, 1)
+        packed_single_rows = {role: [list(shape) for shape in model.packed_single_row_shapes()]
+                              for role, model in (("target", target), ("drafter", drafter)) if model is not None}
         for _ in range(repeats):
             tokens, seconds, levels = run_runtime(generator, prompts, params, max_new, eos, 0, 1)
             rates.append(sum(len(t) for t in tokens) / seconds)
@@ -75,7 +78,7 @@ def _measure(target, drafter, level, shape, setting, heads, prompts, params, max
         for model in (target, drafter):
             if model is not None:
                 model.unpack_linears()
-    return rates, tokens, per_round
+    return rates, tokens, per_round, packed_single_rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     results, reference = [], None
     for role, pred, shape, setting in rows:
         print(f"measuring {role}: {shape.label} ({setting.label})", flush=True)
-        rates, tokens, per_round = _measure(target, drafter, level.name if not shape.plain else None, shape, setting,
-                                           heads, eval_prompts, params, args.max_new_tokens, eos, args.repeats)
+        rates, tokens, per_round, packed_single_rows = _measure(
+            target, drafter, level.name if not shape.plain else None, shape, setting, heads, eval_prompts, params,
+            args.max_new_tokens, eos, args.repeats)
         if reference is None:
             reference = tokens
         rate = statistics.median(rates)
@@ -130,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
             "measured_ms_per_token_per_repeat": [1e3 / r for r in rates],
             "measured_tokens_per_round": per_round,
             "output_equals_plain": tokens == reference if args.temperature == 0.0 else None,
+            # [in, out] shapes whose single rows ran packed (the row's own single_row_split)
+            "packed_single_row_shapes": packed_single_rows,
         })
     base, best_plain_rate = results[0]["measured_tokens_per_second"], results[1]["measured_tokens_per_second"]
     for row in results:
@@ -171,6 +177,12 @@ def _markdown(args, results, plan) -> str:
             f"({_range(row['measured_ms_per_token_per_repeat'])}) | "
             f"{num(row['predicted_tokens_per_round'], '.2f')} / {row['measured_tokens_per_round']:.2f} | "
             f"{row['vs_plain_defaults']:.2f}x | {row['vs_plain_best']:.2f}x | {same} |")
+    lines += ["", "Shapes (in x out) whose single rows ran on the packed kernel, per row (each packed row measures "
+              "its own split; the rest ran `F.linear`):", ""]
+    for row in results:
+        packed = "; ".join(f"{role}: " + (", ".join(f"{i}x{o}" for i, o in shapes) or "none")
+                           for role, shapes in row.get("packed_single_row_shapes", {}).items())
+        lines.append(f"- {row['role']}: {packed or '-'}")
     lines += ["", "Top predicted candidates:", "", "| shape | setting | predicted ms/tok | tokens/round |",
               "|---|---|---|---|"]
     for pred in plan.ranked[:10]:

@@ -187,6 +187,14 @@ class CausalLM(nn.Module):
                 setattr(owner, name, PackedLinear(linear, rows))
         return True
 
+    def packed_single_row_shapes(self) -> list[tuple[int, int]]:
+        """``(in_features, out_features)`` of the linears whose single-row calls take oneDNN's
+        packed kernel (distinct, sorted); every other shape's single rows run ``F.linear``. What
+        :meth:`pack_linears` was given decides it (e.g. ``kernel_paths.single_row_split``'s
+        measurement), so benchmarks record it next to their timings."""
+        return sorted({(module.in_features, module.out_features) for owner, name in self._linear_slots()
+                       if isinstance(module := getattr(owner, name), PackedLinear) and 1 in module.packed_rows})
+
     def set_half_rows(self, dtype: torch.dtype | None, rows: PackedRows | None = None) -> None:
         """Single-row projections (a drafting step at batch 1) on a ``dtype`` copy of the weights
         (:class:`HalfRowsLinear`; ``torch.bfloat16`` or ``torch.float16``, half as much memory

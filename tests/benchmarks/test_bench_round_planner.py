@@ -1,5 +1,6 @@
 """bench_round_planner's measurement of one row: a warm-up before the timed repeats, every repeat
-recorded, the models unpacked afterwards, and the range shown in the table."""
+recorded, the shapes whose single rows ran packed, the models unpacked afterwards, and the range
+shown in the table."""
 
 import pytest
 import torch
@@ -28,10 +29,11 @@ def test_measure_warms_up_and_returns_every_repeat(monkeypatch):
     monkeypatch.setattr(bench_round_planner, "run_runtime", counting)
     prompts = [[1, 2, 3], [4, 5, 6, 7]]
     with torch.inference_mode():
-        rates, tokens, per_round = bench_round_planner._measure(
+        rates, tokens, per_round, packed = bench_round_planner._measure(
             target, None, None, RoundShape(), KernelSetting(1, PATH_MKL), {}, prompts, SamplingParams(0.0), 6,
             None, repeats=3)
     assert calls == [(1, bench_round_planner.WARMUP_TOKENS), (2, 6), (2, 6), (2, 6)]
     assert len(rates) == 3 and all(rate > 0 for rate in rates)
     assert [len(t) for t in tokens] == [6, 6] and per_round == 1.0
+    assert packed == {"target": []}  # mkl: nothing packed
     assert bench_round_planner._range([30.0, 24.94, 37.21]) == "24.9-37.2"

@@ -194,9 +194,11 @@ def test_single_row_split_packs_single_rows_only_where_packed_measured_faster(mo
     down = model.layers[0].mlp.down_proj
     assert split(down.in_features, down.out_features) == PackedRows()  # 2 rows and up, as without a table
     assert len(calls) == 1
+    assert model.packed_single_row_shapes() == []
+    assert model.pack_linears(split)
+    assert model.packed_single_row_shapes() == [lm_head]  # what benchmarks record per row
     with pytest.raises(ValueError, match="config.rows must be"):
         kernel_paths.single_row_split(model, MeasureConfig(rows=(1, 2)))
-
 
 
 def test_measure_keeps_each_entrys_fastest_round():
