@@ -8,14 +8,15 @@ KV cache of ``--context`` positions, median of ``--repeats`` after one untimed c
 * ``fp32 mkl``: ``F.linear`` on the fp32 weights (torch's default);
 * ``fp32 packed``: oneDNN pre-packed weights for two rows or more, and for single rows where they
   are measured faster (``kernel_paths.single_row_split``, as the runtime packs);
-* ``packed + bf16 rows`` / ``packed + fp16 rows``: packed, and single rows on a half-precision
-  weight copy (``CausalLM.set_half_rows``, what ``--drafter-precision`` selects);
-* ``bf16 every row`` / ``fp16 every row``: every row count on the copy, to see whether several
-  rows gain from it too on CPUs with half-precision dot products (AVX-512 BF16).
+* ``packed + KIND rows`` for each weight copy KIND (bf16, fp16, int8, int4;
+  ``runtime/weight_copies.py``): packed, and single rows on the copy (``CausalLM.set_weight_copy``,
+  what ``--drafter-precision`` selects);
+* ``KIND every row``: every row count on the copy, to see whether several rows gain from it too
+  (AVX-512 BF16 dot products, the int4 kernel's tiles).
 
-It also reports, per half precision, how often the drafter's greedy token on a real prompt
-(teacher-forced, every position on the copy) equals the fp32 drafter's: the copy changes the
-drafter's proposals, never the output law.
+It also reports, per copy, how often the drafter's greedy token on a real prompt (teacher-forced,
+every position on the copy) equals the fp32 drafter's: the copy changes the drafter's proposals,
+never the output law.
 
     PYTHONPATH=. python benchmarks/bench_drafter_step.py --model qwen2.5-coder-0.5b --threads 2
 
@@ -33,11 +34,11 @@ from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_par
 from sglang_hsd.runtime.kernel_paths import single_row_split
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.loading import load_model, prompt_set_texts
+from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES
 
-VARIANTS = ("fp32 mkl", "fp32 packed", "packed + bf16 rows", "packed + fp16 rows", "bf16 every row",
-            "fp16 every row")
-HALF = {"packed + bf16 rows": torch.bfloat16, "packed + fp16 rows": torch.float16}
-EVERY_ROW = {"bf16 every row": torch.bfloat16, "fp16 every row": torch.float16}
+SINGLE_ROW = {f"packed + {kind} rows": kind for kind in WEIGHT_COPIES}
+EVERY_ROW = {f"{kind} every row": kind for kind in WEIGHT_COPIES}
+VARIANTS = ("fp32 mkl", "fp32 packed", *SINGLE_ROW, *EVERY_ROW)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -57,14 +58,14 @@ def parse_args(argv: list[str] | None = None):
 
 
 def set_variant(model, variant: str) -> None:
-    model.set_half_rows(None)
+    model.set_weight_copy(None)
     model.unpack_linears()
     if variant != "fp32 mkl":
         model.pack_linears(single_row_split(model))
-    if variant in HALF:
-        model.set_half_rows(HALF[variant], PackedRows(((1, 1),)))
+    if variant in SINGLE_ROW:
+        model.set_weight_copy(SINGLE_ROW[variant], PackedRows(((1, 1),)))
     if variant in EVERY_ROW:
-        model.set_half_rows(EVERY_ROW[variant], PackedRows(((1, None),)))
+        model.set_weight_copy(EVERY_ROW[variant], PackedRows(((1, None),)))
 
 
 @torch.inference_mode()
@@ -85,17 +86,17 @@ def step_ms(model, rows: int, context: int, repeats: int, generator: torch.Gener
 
 
 @torch.inference_mode()
-def agreement(model, prompts: list[list[int]], dtype: torch.dtype) -> float:
-    """Share of positions where the drafter's greedy token on the copy equals the fp32 one."""
+def agreement(model, prompts: list[list[int]], kind: str) -> float:
+    """Share of positions where the drafter's greedy token on a ``kind`` copy equals the fp32 one."""
     same = total = 0
     for ids in prompts:
         x = torch.tensor([ids])
         set_variant(model, "fp32 mkl")
         ref = model.forward(x, model.new_cache(1, len(ids))).argmax(-1)
-        model.set_half_rows(dtype, PackedRows(((1, None),)))
-        half = model.forward(x, model.new_cache(1, len(ids))).argmax(-1)
-        same, total = same + int((ref == half).sum()), total + ref.numel()
-    model.set_half_rows(None)
+        model.set_weight_copy(kind, PackedRows(((1, None),)))
+        copy = model.forward(x, model.new_cache(1, len(ids))).argmax(-1)
+        same, total = same + int((ref == copy).sum()), total + ref.numel()
+    model.set_weight_copy(None)
     return same / total
 
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         ms[variant] = [step_ms(model, n, args.context, args.repeats, generator) for n in args.rows]
         print(variant, [f"{t:.1f}" for t in ms[variant]], flush=True)
     prompts = [loaded.tokenizer(text)["input_ids"] for text in prompt_set_texts(args.prompt_set, args.num_prompts)]
-    agree = {name.split()[2]: agreement(model, prompts, dtype) for name, dtype in HALF.items()}
+    agree = {kind: agreement(model, prompts, kind) for kind in WEIGHT_COPIES}
     result = {"model": args.model, "threads": args.threads, "context": args.context, "rows": args.rows,
               "repeats": args.repeats, "ms": ms, "prompt_set": args.prompt_set, "num_prompts": args.num_prompts,
               "positions": sum(map(len, prompts)), "agreement": agree}

@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None):
                         "adaptive[:threshold[:max]] (see sglang-hsd generate --draft-length)")
     parser.add_argument("--tree", nargs="+", help="one per config: none (default, chains) or D:k:N "
                         "(see sglang-hsd generate --tree)")
-    parser.add_argument("--drafter-precision", nargs="+", help="one per config: fp32 (default), bf16 or fp16, "
+    parser.add_argument("--drafter-precision", nargs="+", help="one per config: fp32 (default), bf16, fp16, int8 or int4, "
                         "the weight copy a separate drafter's single-row projections read")
     add_standard_arguments(parser, exit_heads=True)
     parser.add_argument("--prompt-set", default="mtbench")

@@ -60,7 +60,7 @@ class SectionTimer:
     def section(self, name: str):
         if self._stack and name.startswith("/"):
             name = self._stack[-1][0].split("/")[0] + name
-        # A wrapper (PackedLinear, HalfRowsLinear) calling its inner linear: one matmul, timed once.
+        # A wrapper (PackedLinear, CopyRowsLinear) calling its inner linear: one matmul, timed once.
         if self._stack and self._stack[-1][0] == name:
             yield
             return
@@ -108,7 +108,7 @@ def instrumented(timer: SectionTimer, roles: dict[int, str]):
     _wrap(timer, CausalLM, "exit_logits", lambda self, *a, **k: f"head:{role(self)}", patches)
     _wrap(timer, torch.nn.Linear, "forward", "/matmul", patches)
     _wrap(timer, getattr(layers, "PackedLinear", None), "forward", "/matmul", patches)
-    _wrap(timer, getattr(layers, "HalfRowsLinear", None), "forward", "/matmul", patches)
+    _wrap(timer, getattr(layers, "CopyRowsLinear", None), "forward", "/matmul", patches)
     for module in (engine, groups):
         _wrap(timer, module, "advance", "advance", patches)
     for attr, name in (("logits_to_probs", "probs"), ("verify_chain", "verify_chain"),
@@ -202,7 +202,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--draft-length", default="fixed",
                         help="fixed (the buffer) or adaptive[:threshold[:max]] (sglang-hsd generate --draft-length)")
     parser.add_argument("--drafter-precision", default="fp32",
-                        help="a separate drafter's single rows: fp32, bf16 or fp16")
+                        help="a separate drafter's single rows: fp32, bf16, fp16, int8 or int4")
     parser.add_argument("--pack-linears", action="store_true",
                         help="oneDNN pre-packed weights for multi-row calls (CausalLM.pack_linears)")
     add_standard_arguments(parser, exit_heads=True)

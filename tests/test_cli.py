@@ -108,7 +108,7 @@ def test_generate_refuses_a_half_precision_exit_drafter_before_loading_a_model()
     with pytest.raises(ValueError, match="--drafter-precision bf16 needs a model:<name> drafter"):
         cli.main(["generate", "--model", "no-such-model", "--levels", "exit:8,target", "--drafter-precision", "bf16"])
     with pytest.raises(SystemExit):  # argparse: not one of the choices
-        cli.main(["generate", "--model", "no-such-model", "--drafter-precision", "int8"])
+        cli.main(["generate", "--model", "no-such-model", "--drafter-precision", "int3"])
 
 
 def test_generate_measures_a_separate_drafters_precision_by_default():
@@ -127,7 +127,7 @@ def test_generate_measures_a_separate_drafters_precision_by_default():
     ("--adaptive", "adaptive:0.45:16", "threshold"),
     ("--trees", "4x2", "--trees"),
     ("--kernel-paths", "mkl,int8", "kernel_path"),
-    ("--drafter-precisions", "fp32,int8", "--drafter-precisions must be one of"),
+    ("--drafter-precisions", "fp32,int3", "--drafter-precisions must be one of"),
 ])
 def test_round_plan_rejects_bad_options_before_loading_a_model(option, value, message):
     args = ["plan", "--model", "no-such-model", "--drafter", "model:no-such-drafter", option, value]

@@ -206,7 +206,7 @@ def measure_round_costs(
                 if setting.packed:
                     model.pack_linears(single_row_split(model))
             if drafter.model is not None:
-                drafter.model.set_half_rows(DRAFTER_PRECISIONS[setting.drafter_precision])
+                drafter.model.set_weight_copy(DRAFTER_PRECISIONS[setting.drafter_precision])
                 draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
                 # The target's calls do not depend on the drafter's precision: timed once per kernels.
                 key = (setting.threads, setting.kernel_path)
@@ -221,7 +221,7 @@ def measure_round_costs(
     finally:
         torch.set_num_threads(threads_before)
         if drafter.model is not None:
-            drafter.model.set_half_rows(None)
+            drafter.model.set_weight_copy(None)
         for model in models:
             model.unpack_linears()
     return results

@@ -14,14 +14,15 @@ measures the choice against plain decoding and the other candidates in one run.
 
 ``record_acceptance`` builds the records: the target's own continuation of each prompt (greedy, or
 sampled under the request's parameters), then both levels' rows at every position of it, in one
-teacher-forced pass each.
+teacher-forced pass each; a separate drafter's rows once per drafter precision the settings use
+(its weight copy changes its proposals, so each precision is replayed with its own records).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -31,6 +32,8 @@ from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts, measure_round_costs
 from sglang_hsd.levels import LevelKind, LevelSpec
+from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
+from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify.tree.expand import ExpandConfig
@@ -166,14 +169,17 @@ def predict(shape: RoundShape, costs: RoundCosts, records: list[AcceptanceRecord
 
 
 def rank_candidates(
-    shapes: Sequence[RoundShape], costs: Sequence[RoundCosts], records: list[AcceptanceRecord], new_tokens: int
+    shapes: Sequence[RoundShape], costs: Sequence[RoundCosts], records: Mapping[str, list[AcceptanceRecord]],
+    new_tokens: int,
 ) -> list[RoundPrediction]:
-    """Every (shape, setting) pair, fastest first."""
-    if not records:
-        raise ValueError("records must not be empty")
+    """Every (shape, setting) pair, fastest first; a setting's candidates replay the records of its
+    drafter precision (``records``: precision -> one record per prompt)."""
+    for cost in costs:
+        if not records.get(cost.setting.drafter_precision):
+            raise ValueError(f"records: none for drafter precision {cost.setting.drafter_precision!r}")
     # Plain decoding does not run the drafter: one candidate per threads and kernel path.
-    out = [predict(shape, cost, records, new_tokens) for cost in costs for shape in shapes
-           if not (shape.plain and cost.setting.drafter_precision != "fp32")]
+    out = [predict(shape, cost, records[cost.setting.drafter_precision], new_tokens) for cost in costs
+           for shape in shapes if not (shape.plain and cost.setting.drafter_precision != "fp32")]
     return sorted(out, key=lambda p: p.seconds_per_token)
 
 
@@ -200,24 +206,39 @@ def record_acceptance(
     params: SamplingParams,
     length: int,
     seed: int = 0,
-) -> list[AcceptanceRecord]:
-    """One ``AcceptanceRecord`` of ``length`` positions per prompt (module docstring)."""
+    drafter_precisions: Sequence[str] = ("fp32",),
+) -> dict[str, list[AcceptanceRecord]]:
+    """Per drafter precision, one ``AcceptanceRecord`` of ``length`` positions per prompt (module
+    docstring). The target's continuation is drawn once; a separate drafter's rows are computed
+    on each precision's weight copy (every row on the copy, as its drafting steps run), an exit
+    drafter's only in fp32 (the target's own weights)."""
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
+    for precision in drafter_precisions:
+        parse_drafter_precision(precision, name="drafter_precisions")
+    if drafter.model is None and tuple(drafter_precisions) != ("fp32",):
+        raise ValueError(f"drafter_precisions: an exit drafter runs the target's own weights (fp32 only), "
+                         f"got {tuple(drafter_precisions)}")
     generator = torch.Generator().manual_seed(seed)
-    records = []
-    for prompt in prompts:
-        tail = target_continuation(target, list(prompt), length, params, generator)
-        ids = list(prompt) + tail
-        start = len(prompt) - 1
-        p = logits_to_probs(_logits_at(target, ids, start)[None], params)[0]
+    records: dict[str, list[AcceptanceRecord]] = {precision: [] for precision in drafter_precisions}
+    try:
+        for prompt in prompts:
+            tail = target_continuation(target, list(prompt), length, params, generator)
+            ids = list(prompt) + tail
+            start = len(prompt) - 1
+            p = logits_to_probs(_logits_at(target, ids, start)[None], params)[0]
+            for precision in drafter_precisions:
+                if drafter.model is not None:
+                    drafter.model.set_weight_copy(DRAFTER_PRECISIONS[precision], PackedRows(((1, None),)))
+                    raw = _logits_at(drafter.model, ids, start)
+                else:
+                    raw = _logits_at(target, ids, start, drafter.layer, drafter.head)
+                q = logits_to_probs(raw[None], params)[0]
+                records[precision].append(AcceptanceRecord.from_distributions(
+                    torch.tensor(tail), p, q, raw, greedy=params.temperature == 0.0))
+    finally:
         if drafter.model is not None:
-            raw = _logits_at(drafter.model, ids, start)
-        else:
-            raw = _logits_at(target, ids, start, drafter.layer, drafter.head)
-        q = logits_to_probs(raw[None], params)[0]
-        records.append(AcceptanceRecord.from_distributions(
-            torch.tensor(tail), p, q, raw, greedy=params.temperature == 0.0))
+            drafter.model.set_weight_copy(None)
     return records
 
 
@@ -226,12 +247,12 @@ class RoundPlan:
     """A round planner run: what was measured and the candidates ranked.
 
     Fields:
-        records: one ``AcceptanceRecord`` per planning prompt.
+        records: per drafter precision, one ``AcceptanceRecord`` per planning prompt.
         costs: ``RoundCosts`` per measured setting.
         ranked: every (shape, setting), fastest predicted first (``rank_candidates``).
     """
 
-    records: list[AcceptanceRecord]
+    records: Mapping[str, list[AcceptanceRecord]]
     costs: list[RoundCosts]
     ranked: list[RoundPrediction]
 
@@ -286,7 +307,8 @@ def plan_rounds(
     say = progress or (lambda text: None)
     longest = max(shape.longest for shape in shapes)
     say(f"recording {len(prompts)} continuations of {new_tokens + longest} tokens")
-    records = record_acceptance(target, drafter, prompts, params, new_tokens + longest)
+    precisions = tuple(dict.fromkeys(s.drafter_precision for s in settings))
+    records = record_acceptance(target, drafter, prompts, params, new_tokens + longest, drafter_precisions=precisions)
     context = int(sum(len(p) for p in prompts) / len(prompts)) + new_tokens // 2
     costs = measure_round_costs(target, drafter, settings, params, context_len=context,
                                 progress=lambda label: say(f"timing calls: {label}"))

@@ -2,11 +2,13 @@
 
 :func:`configure_kernels` applies :mod:`~sglang_hsd.runtime.kernel_paths`' choices to a model pair
 in place: oneDNN pre-packed weights for multi-row calls (and single rows where measured faster),
-and the copy a separate drafter's single-row steps read (:data:`DRAFTER_PRECISIONS`). With
-``"auto"`` the copy is measured too (:func:`fastest_drafter_precision`): which of fp32, bf16 and
-fp16 is fastest for one row differs between CPUs (bf16 on an AVX2-only EPYC, fp16 on an AVX-512
-one, ``docs/cpu.md``). The target's numbers never change; the drafter's may, which leaves the
-output law alone (the verifier uses the probabilities the drafter actually produced).
+and the copy a separate drafter's single-row steps read (:data:`DRAFTER_PRECISIONS`:
+:mod:`~sglang_hsd.runtime.weight_copies`' bf16, fp16, int8 and int4 copies, or fp32). With
+``"auto"`` the fastest is measured (:func:`fastest_drafter_precision`): which copy is fastest for
+one row differs between CPUs (``docs/cpu.md``). The target's numbers never change; the drafter's
+may, which leaves the output law alone (the verifier uses the probabilities the drafter actually
+produced) but can change how often its drafts are accepted: the round planner (``sglang-hsd plan
+--drafter``) replays acceptance with each copy.
 """
 
 from __future__ import annotations
@@ -21,26 +23,24 @@ from torch import nn
 
 from sglang_hsd.runtime.kernel_paths import (PATH_MKL, RUNTIME_PATHS, SINGLE_ROW_MEASURE, LinearPath, MeasureConfig,
                                              measure, single_row_split)
-from sglang_hsd.runtime.layers import HalfRowsLinear, PackedRows
+from sglang_hsd.runtime.layers import CopyRowsLinear, PackedRows
+from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES
 
 __all__ = [
     "AUTO_PRECISION",
     "DRAFTER_PRECISIONS",
     "DRAFTER_PRECISION_OPTIONS",
-    "HALF_COPY_PATHS",
+    "COPY_PATHS",
     "configure_kernels",
     "fastest_drafter_precision",
     "parse_drafter_precision",
 ]
 
-# The weight copy a separate drafter's single-row projections read (``CausalLM.set_half_rows``):
-# None = its fp32 weights. Half the bytes make a drafting step at batch 1 up to twice as fast; the
-# drafter's numbers change, the output law does not (the verifier uses its actual probabilities).
-DRAFTER_PRECISIONS: Mapping[str, torch.dtype | None] = {
-    "fp32": None,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
+# The weight copy a separate drafter's single-row projections read (``CausalLM.set_weight_copy``,
+# a ``WEIGHT_COPIES`` kind): None = its fp32 weights. Fewer bytes make a drafting step at batch 1
+# faster; the drafter's numbers change, the output law does not (the verifier uses its actual
+# probabilities).
+DRAFTER_PRECISIONS: Mapping[str, str | None] = {"fp32": None, **{kind: kind for kind in WEIGHT_COPIES}}
 
 
 # ``drafter_precision="auto"``: the fastest single-row copy on this machine, measured when the
@@ -49,8 +49,9 @@ AUTO_PRECISION = "auto"
 DRAFTER_PRECISION_OPTIONS: tuple[str, ...] = (*DRAFTER_PRECISIONS, AUTO_PRECISION)
 
 
-def parse_drafter_precision(text: str, name: str = "--drafter-precision") -> torch.dtype | None:
-    """A :data:`DRAFTER_PRECISIONS` name -> its dtype; ``ValueError`` naming ``name`` otherwise."""
+def parse_drafter_precision(text: str, name: str = "--drafter-precision") -> str | None:
+    """A :data:`DRAFTER_PRECISIONS` name -> its weight-copy kind (None: fp32); ``ValueError``
+    naming ``name`` otherwise."""
     if text not in DRAFTER_PRECISIONS:
         raise ValueError(f"{name} must be one of {', '.join(DRAFTER_PRECISIONS)}, got {text!r}")
     return DRAFTER_PRECISIONS[text]
@@ -70,16 +71,16 @@ def configure_kernels(target: nn.Module, drafter: nn.Module | None, pack_linears
             e.g. ``KernelTable.packed_rows`` of a measured table; None: every call of 2 rows or
             more, and single rows where :func:`single_row_split` measures packed faster.
         drafter_precision: a :data:`DRAFTER_PRECISION_OPTIONS` name for the drafter's single-row
-            calls (``CausalLM.set_half_rows``); a half precision needs ``drafter``; ``"auto"``
+            calls (``CausalLM.set_weight_copy``); a copy needs ``drafter``; ``"auto"``
             measures the fastest (:func:`fastest_drafter_precision`; fp32 without ``drafter``).
 
     Returns: the drafter precision now in place (``"auto"`` resolved).
     """
     if drafter_precision == AUTO_PRECISION:
-        half = None
+        copy = None
     else:
-        half = parse_drafter_precision(drafter_precision, name="drafter_precision")
-    if half is not None and drafter is None:
+        copy = parse_drafter_precision(drafter_precision, name="drafter_precision")
+    if copy is not None and drafter is None:
         raise ValueError(f"drafter_precision={drafter_precision!r} needs a separate draft model as the first level "
                          "(an exit or EAGLE-3 drafter's numbers are the target's)")
     for model in (target, drafter):
@@ -88,29 +89,31 @@ def configure_kernels(target: nn.Module, drafter: nn.Module | None, pack_linears
     if drafter is None:
         return "fp32"
     if drafter_precision == AUTO_PRECISION:
-        drafter.set_half_rows(None)  # measure from the fp32 kernels, whatever a previous call left
+        drafter.set_weight_copy(None)  # measure from the fp32 kernels, whatever a previous call left
         drafter_precision = fastest_drafter_precision(drafter, pack_linears)[0]
-        half = DRAFTER_PRECISIONS[drafter_precision]
-    drafter.set_half_rows(half)
+        copy = DRAFTER_PRECISIONS[drafter_precision]
+    drafter.set_weight_copy(copy)
     return drafter_precision
 
 
-# A half-precision weight copy as a path :func:`measure` can time (one row on the copy, as a
-# drafter's ``HalfRowsLinear`` runs it); never selectable: it changes the numbers.
-HALF_COPY_PATHS: Mapping[str, LinearPath] = {
-    name: LinearPath(name, lambda linear, dtype=dtype: HalfRowsLinear(linear, dtype), lambda half, rows, threads: half,
-                     selectable=False)
-    for name, dtype in DRAFTER_PRECISIONS.items() if dtype is not None
+# A weight copy as a path :func:`measure` can time (rows on the copy, as a drafter's
+# ``CopyRowsLinear`` runs them); never selectable: it changes the numbers.
+COPY_PATHS: Mapping[str, LinearPath] = {
+    kind: LinearPath(kind, lambda linear, kind=kind: CopyRowsLinear(linear, kind, PackedRows(((1, None),))),
+                     lambda copy, rows, threads: copy, selectable=False)
+    for kind in WEIGHT_COPIES
 }
 
 
 def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
-                              config: MeasureConfig = SINGLE_ROW_MEASURE) -> tuple[str, dict[str, float]]:
-    """The :data:`DRAFTER_PRECISIONS` name whose single-row projections cost ``model`` least here.
+                              config: MeasureConfig = SINGLE_ROW_MEASURE,
+                              candidates: tuple[str, ...] = tuple(DRAFTER_PRECISIONS)) -> tuple[str, dict[str, float]]:
+    """The ``candidates`` name (:data:`DRAFTER_PRECISIONS`) whose single-row projections cost
+    ``model`` least here.
 
     Times one row of each of ``model``'s linear shapes (:func:`measure`, at the current thread
     count) in fp32 (the faster of MKL and oneDNN packed with ``pack_linears``, as
-    :func:`single_row_split` chooses; MKL alone without) and on a bf16 and an fp16 copy, and sums
+    :func:`single_row_split` chooses; MKL alone without) and on each candidate copy, and sums
     each over the model's linear layers (a shape counts once per layer that has it). A few
     seconds for a 0.5B model (three rounds, ``SINGLE_ROW_MEASURE``). Which copy is faster
     depends on the CPU (bf16 on the AVX2 EPYC, fp16 on the AVX-512 one, ``docs/cpu.md``); only a
@@ -122,17 +125,20 @@ def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
     """
     if tuple(config.rows) != (1,):
         raise ValueError(f"config.rows must be (1,), got {config.rows}")
+    for name in candidates:
+        parse_drafter_precision(name, name="candidates")
+    copy_paths = {kind: path for kind, path in COPY_PATHS.items() if kind in candidates}
     counts = Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
     fp32_paths = RUNTIME_PATHS if pack_linears else {PATH_MKL: RUNTIME_PATHS[PATH_MKL]}
     threads = torch.get_num_threads()
     config = dataclasses.replace(config, threads=(threads,))
     per_shape: dict[tuple[str, tuple[int, int]], float] = {}
-    for m in measure(list(counts), config, {**fp32_paths, **HALF_COPY_PATHS}):
+    for m in measure(list(counts), config, {**fp32_paths, **copy_paths}):
         if m.error is not None or math.isnan(m.ms):
             continue  # a copy that cannot run here costs infinitely much
-        name = m.path if m.path in HALF_COPY_PATHS else "fp32"
+        name = m.path if m.path in copy_paths else "fp32"
         key = (name, m.shape)
         per_shape[key] = min(per_shape.get(key, math.inf), m.ms)
     totals = {name: sum(per_shape.get((name, shape), math.inf) * n for shape, n in counts.items())
-              for name in DRAFTER_PRECISIONS}
+              for name in ("fp32", *(c for c in candidates if c != "fp32"))}
     return min(totals, key=totals.__getitem__), totals

@@ -23,11 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
+from sglang_hsd.runtime.weight_copies import build_weight_copy
 
 __all__ = [
     "Attention",
+    "CopyRowsLinear",
     "DecoderLayer",
-    "HalfRowsLinear",
     "PackedLinear",
     "PackedRows",
     "RMSNorm",
@@ -143,38 +144,35 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-# Row counts a drafter's half-precision weight copy serves: one drafting step at batch 1. Without
-# AVX-512 BF16/FP16 units, half-precision GEMMs of more rows are slower than fp32 (docs/cpu.md).
-_HALF_ROWS = PackedRows(((1, 1),))
+# Row counts a drafter's weight copy serves by default: one drafting step at batch 1.
+_COPY_ROWS = PackedRows(((1, 1),))
 
 
-class HalfRowsLinear(nn.Module):
-    """A drafter's projection whose single-row calls read a bf16 or fp16 copy of its weight.
+class CopyRowsLinear(nn.Module):
+    """A drafter's projection whose calls of some row counts read a reduced-precision weight copy.
 
-    A one-row product is bound by reading the weight, so a copy of half the bytes makes it up to
-    twice as fast on this kind of CPU; ``inner`` (the fp32 ``nn.Linear`` or :class:`PackedLinear`)
-    serves every other row count. Activations stay fp32 outside the product. An fp16 product that
-    overflows (a non-finite output) is recomputed by ``inner``. This changes the numbers, so it is
-    only for a separate draft model: the verifier uses the probabilities the drafter actually
-    produced, and the output law does not depend on them (never wrap a target's layers).
+    A one-row product is bound by reading the weight, so a copy of fewer bytes
+    (:mod:`~sglang_hsd.runtime.weight_copies`: bf16, fp16, int8, int4) makes it faster; ``inner``
+    (the fp32 ``nn.Linear`` or :class:`PackedLinear`) serves every other row count, and a product
+    the copy reports unusable (an fp16 overflow). Activations stay fp32 outside the product. This
+    changes the numbers, so it is only for a separate draft model: the verifier uses the
+    probabilities the drafter actually produced, and the output law does not depend on them
+    (never wrap a target's layers).
 
     Args:
         inner: the fp32 projection, kept for the other row counts (and its shared parameters).
-        dtype: ``torch.bfloat16`` or ``torch.float16``.
+        kind: a ``WEIGHT_COPIES`` name.
         rows: the row counts the copy serves (None: one row).
     """
 
-    def __init__(self, inner: nn.Module, dtype: torch.dtype, rows: PackedRows | None = None) -> None:
+    def __init__(self, inner: nn.Module, kind: str, rows: PackedRows | None = None) -> None:
         super().__init__()
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
         weight = inner.weight
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             raise ValueError(f"inner must be a CPU float32 linear, got {weight.dtype} on {weight.device}")
-        self.inner, self.dtype, self.rows = inner, dtype, _HALF_ROWS if rows is None else rows
+        self.inner, self.kind, self.rows = inner, kind, _COPY_ROWS if rows is None else rows
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self._weight = weight.detach().to(dtype)
-        self._bias = None if inner.bias is None else inner.bias.detach().to(dtype)
+        self.copy = build_weight_copy(kind, weight, inner.bias)
 
     @property
     def weight(self) -> nn.Parameter:
@@ -188,12 +186,13 @@ class HalfRowsLinear(nn.Module):
         """``[..., in_features]`` fp32 -> ``[..., out_features]`` fp32."""
         if x.dtype != torch.float32 or (torch.is_grad_enabled() and x.requires_grad):
             return self.inner(x)
-        if x.reshape(-1, self.in_features).shape[0] not in self.rows:
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] not in self.rows:
             return self.inner(x)
-        out = F.linear(x.to(self.dtype), self._weight, self._bias)
-        if self.dtype == torch.float16 and not bool(torch.isfinite(out).all()):
+        out = self.copy(flat)
+        if out is None:
             return self.inner(x)
-        return out.float()
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 class RMSNorm(nn.Module):

@@ -30,7 +30,7 @@ from torch import nn
 from sglang_hsd.runtime.kv_cache import KVCache
 from sglang_hsd.runtime.layers import (
     DecoderLayer,
-    HalfRowsLinear,
+    CopyRowsLinear,
     PackedLinear,
     PackedRows,
     RMSNorm,
@@ -144,8 +144,8 @@ class CausalLM(nn.Module):
 
     def _linear_slots(self) -> list[tuple[nn.Module, str]]:
         """``(owner, name)`` of every projection and the LM head, looking through a
-        :class:`HalfRowsLinear` to the fp32 module it keeps (``(wrapper, "inner")``)."""
-        return [(getattr(owner, name), "inner") if isinstance(getattr(owner, name), HalfRowsLinear) else (owner, name)
+        :class:`CopyRowsLinear` to the fp32 module it keeps (``(wrapper, "inner")``)."""
+        return [(getattr(owner, name), "inner") if isinstance(getattr(owner, name), CopyRowsLinear) else (owner, name)
                 for owner, name in self._outer_slots()]
 
     def _outer_slots(self) -> list[tuple[nn.Module, str]]:
@@ -172,7 +172,7 @@ class CausalLM(nn.Module):
         runs packed (e.g. ``KernelTable.packed_rows`` of ``runtime/kernel_paths.py``); a shape with
         no packed rows stays a plain ``nn.Linear`` (no copy). None: every call of 2 rows or more.
         Linears packed earlier keep their ranges (:meth:`unpack_linears` first to change them).
-        Half-precision single rows (:meth:`set_half_rows`) keep serving their rows.
+        Rows on a weight copy (:meth:`set_weight_copy`) keep serving their rows.
         Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
         or torch build; nothing changed).
         """
@@ -195,18 +195,18 @@ class CausalLM(nn.Module):
         return sorted({(module.in_features, module.out_features) for owner, name in self._linear_slots()
                        if isinstance(module := getattr(owner, name), PackedLinear) and 1 in module.packed_rows})
 
-    def set_half_rows(self, dtype: torch.dtype | None, rows: PackedRows | None = None) -> None:
-        """Single-row projections (a drafting step at batch 1) on a ``dtype`` copy of the weights
-        (:class:`HalfRowsLinear`; ``torch.bfloat16`` or ``torch.float16``, half as much memory
-        again as the linear weights); None: back to fp32. Only for a separate draft model: it
-        changes the model's numbers. Composes with :meth:`pack_linears` (other row counts).
-        ``rows``: the row counts served by the copy (None: one row).
+    def set_weight_copy(self, kind: str | None, rows: PackedRows | None = None) -> None:
+        """Projections' calls of ``rows`` rows (None: one row, a drafting step at batch 1) on a
+        ``kind`` copy of the weights (:class:`CopyRowsLinear`; a ``WEIGHT_COPIES`` name: bf16 and
+        fp16 take half as much memory again as the linear weights, int8 a quarter, int4 an
+        eighth); None: back to fp32. Only for a separate draft model: it changes the model's
+        numbers. Composes with :meth:`pack_linears` (other row counts).
         """
         for owner, name in self._outer_slots():
             module = getattr(owner, name)
-            if isinstance(module, HalfRowsLinear):
+            if isinstance(module, CopyRowsLinear):
                 module = module.inner
-            setattr(owner, name, module if dtype is None else HalfRowsLinear(module, dtype, rows))
+            setattr(owner, name, module if kind is None else CopyRowsLinear(module, kind, rows))
 
         # ---------------------------------------------------------------- pieces
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:

@@ -124,7 +124,7 @@ def test_round_planner_knobs_round_trip_and_bad_knobs_are_named(tmp_path):
     assert best.to_json() == data
     for key, value, message in [("draft_length", "sometimes", "draft_length"), ("tree", "4:2", "tree"),
                                 ("threads", 0, "threads"), ("kernel_path", "int8", "kernel_path"),
-                                ("threads", "two", "threads"), ("drafter_precision", "int8", "drafter_precision")]:
+                                ("threads", "two", "threads"), ("drafter_precision", "int3", "drafter_precision")]:
         path.write_text(json.dumps({**data, key: value}))
         with pytest.raises(ValueError, match=message):
             PlanFile.read(path)

@@ -49,7 +49,7 @@ SHAPES = [RoundShape(fixed=1), RoundShape(fixed=3), RoundShape(fixed=6),
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.label)
 def test_greedy_replay_equals_the_engine(target, drafter, spec, shape):
     spec_drafter = DrafterSpec(model=drafter) if spec.startswith("model") else DrafterSpec(layer=2)
-    records = record_acceptance(target, spec_drafter, PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
+    records = record_acceptance(target, spec_drafter, PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)["fp32"]
     stats = replay(shape, records, NEW_TOKENS)
     rule = shape.adaptive or DraftLengthRule()
     config = parse_levels(spec, buffers=[shape.buffer], methods=["hsd"], draft_length=rule, tree=shape.tree)
@@ -69,7 +69,7 @@ def test_greedy_replay_equals_the_engine(target, drafter, spec, shape):
 
 def test_replay_counts_a_chains_accepted_drafts_like_the_engine(target, drafter):
     # Stronger than rounds alone: every round's accepted count, for a chain of 4.
-    records = record_acceptance(target, DrafterSpec(model=drafter), PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
+    records = record_acceptance(target, DrafterSpec(model=drafter), PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)["fp32"]
     gen = SpeculativeGenerator(target, parse_levels("model:tiny,target", buffers=[4]), drafter=drafter)
     for prompt, record in zip(PROMPTS, records):
         result = gen.generate([prompt], SamplingParams(0.0), max_new_tokens=NEW_TOKENS)
@@ -82,8 +82,8 @@ def test_a_wrong_record_is_caught_by_the_replay_test(target, drafter):
     # The exactness test has teeth: records of the drafter's *own* continuation (not the target's)
     # replay other rounds than the engine runs.
     spec = DrafterSpec(model=drafter)
-    right = record_acceptance(target, spec, PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
-    wrong = record_acceptance(drafter, DrafterSpec(model=target), PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)
+    right = record_acceptance(target, spec, PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)["fp32"]
+    wrong = record_acceptance(drafter, DrafterSpec(model=target), PROMPTS, SamplingParams(0.0), NEW_TOKENS + 10)["fp32"]
     shape = RoundShape(fixed=3)
     assert replay(shape, right, NEW_TOKENS).rounds != replay(shape, wrong, NEW_TOKENS).rounds
 
@@ -133,11 +133,11 @@ def _costs(draft_ratio: float, verify_growth: float = 0.05) -> RoundCosts:
 
 def test_choice_follows_costs_and_acceptance():
     shapes = candidate_shapes()
-    cheap = rank_candidates(shapes, [_costs(0.05)], [_record(1.0, 80)], 40)
+    cheap = rank_candidates(shapes, [_costs(0.05)], {"fp32": [_record(1.0, 80)]}, 40)
     # Every draft accepted and drafts nearly free: the longest chains win.
     assert cheap[0].shape.tree is None and not cheap[0].shape.plain and cheap[0].drafted_per_round >= 16
     assert cheap[0].seconds_per_token < best_plain(cheap).seconds_per_token
-    costly = rank_candidates(shapes, [_costs(1.0)], [_record(0.3, 80)], 40)
+    costly = rank_candidates(shapes, [_costs(1.0)], {"fp32": [_record(0.3, 80)]}, 40)
     assert costly[0].shape.plain
 
 
@@ -152,8 +152,8 @@ def test_bad_candidates_are_refused():
         DrafterSpec()
     with pytest.raises(ValueError, match="kernel_path"):
         KernelSetting(1, "int8")
-    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16"):
-        KernelSetting(1, "mkl", "int8")
+    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4"):
+        KernelSetting(1, "mkl", "int3")
 
 
 def test_a_cheaper_drafter_precision_is_chosen_and_plain_is_not_repeated():
@@ -162,13 +162,13 @@ def test_a_cheaper_drafter_precision_is_chosen_and_plain_is_not_repeated():
     fp32 = _costs(0.3)
     bf16 = dataclasses.replace(fp32, setting=KernelSetting(1, "mkl", "bf16"),
                                draft_seconds=tuple(d / 2 for d in fp32.draft_seconds))
-    ranked = rank_candidates(candidate_shapes(), [fp32, bf16], [_record(1.0, 80)], 40)
+    ranked = rank_candidates(candidate_shapes(), [fp32, bf16], {"fp32": [_record(1.0, 80)], "bf16": [_record(1.0, 80)]}, 40)
     assert ranked[0].costs.setting.drafter_precision == "bf16" and "drafter bf16" in ranked[0].label
     assert [p.costs.setting.drafter_precision for p in ranked if p.shape.plain] == ["fp32"]
     from sglang_hsd.hierarchy.round_planner import RoundPlan
     from sglang_hsd.levels import LevelKind, LevelSpec
 
-    entry = RoundPlan([], [fp32, bf16], ranked).planned_hierarchy(LevelSpec(LevelKind.MODEL, model_path="d"))
+    entry = RoundPlan({}, [fp32, bf16], ranked).planned_hierarchy(LevelSpec(LevelKind.MODEL, model_path="d"))
     assert entry.drafter_precision == "bf16"
 
 
@@ -178,7 +178,7 @@ def test_the_plan_file_entry_carries_the_chosen_knobs():
     from sglang_hsd.levels import LevelKind, LevelSpec
 
     drafter = LevelSpec(LevelKind.MODEL, model_path="drafter-folder")
-    cheap = RoundPlan([], [_costs(0.05)], rank_candidates(candidate_shapes(), [_costs(0.05)], [_record(1.0, 80)], 40))
+    cheap = RoundPlan({}, [_costs(0.05)], rank_candidates(candidate_shapes(), [_costs(0.05)], {"fp32": [_record(1.0, 80)]}, 40))
     entry = cheap.planned_hierarchy(drafter)
     best = cheap.best
     assert entry.level_names == "model:drafter-folder,target" and entry.buffers == [best.shape.buffer]
@@ -186,7 +186,7 @@ def test_the_plan_file_entry_carries_the_chosen_knobs():
         best.shape.draft_length, best.shape.tree_text, 1, "mkl")
     assert entry.predicted_speedup > 1
     assert PlannedHierarchy.from_json(entry.to_json()) == entry
-    costly = RoundPlan([], [_costs(1.0)], rank_candidates(candidate_shapes(), [_costs(1.0)], [_record(0.3, 80)], 40))
+    costly = RoundPlan({}, [_costs(1.0)], rank_candidates(candidate_shapes(), [_costs(1.0)], {"fp32": [_record(0.3, 80)]}, 40))
     plain = costly.planned_hierarchy(drafter)
     assert plain.autoregressive and plain.draft_length is None and plain.predicted_speedup == 1.0
 
@@ -203,7 +203,29 @@ def test_round_costs_time_each_drafter_precision_and_restore_the_models(target, 
                                             repeats=1)
     assert [c.setting for c in costs] == settings
     # The drafter is timed under each precision, the target once (its calls do not depend on it).
-    assert timed == [("drafter", "Linear")] * 2 + [("target", "Linear")] * 2 + [("drafter", "HalfRowsLinear")] * 2
+    assert timed == [("drafter", "Linear")] * 2 + [("target", "Linear")] * 2 + [("drafter", "CopyRowsLinear")] * 2
     assert type(drafter.lm_head) is torch.nn.Linear and type(target.lm_head) is torch.nn.Linear
     with pytest.raises(ValueError, match="an exit drafter runs the target's own weights"):
         round_costs.measure_round_costs(target, DrafterSpec(layer=2), settings, context_len=8, rows=(1, 2), repeats=1)
+
+
+def test_each_drafter_precision_replays_its_own_records(target, drafter):
+    import dataclasses
+
+    records = record_acceptance(target, DrafterSpec(model=drafter), PROMPTS, SamplingParams(1.0), NEW_TOKENS + 10,
+                                drafter_precisions=("fp32", "int4"))
+    assert type(drafter.lm_head) is torch.nn.Linear  # the copy is gone after recording
+    fp32_only = record_acceptance(target, DrafterSpec(model=drafter), PROMPTS, SamplingParams(1.0), NEW_TOKENS + 10)
+    assert all(np.array_equal(a.alpha, b.alpha) for a, b in zip(records["fp32"], fp32_only["fp32"]))
+    assert not all(np.array_equal(a.alpha, b.alpha) for a, b in zip(records["fp32"], records["int4"]))  # the copy's q
+    # A cheaper precision whose drafts are rarely accepted loses to one whose drafts always are.
+    fp32 = _costs(0.3)
+    int4 = dataclasses.replace(fp32, setting=KernelSetting(1, "mkl", "int4"),
+                               draft_seconds=tuple(d / 4 for d in fp32.draft_seconds))
+    ranked = rank_candidates(candidate_shapes(), [fp32, int4], {"fp32": [_record(1.0, 80)], "int4": [_record(0.1, 80)]},
+                             40)
+    assert ranked[0].costs.setting.drafter_precision == "fp32"
+    with pytest.raises(ValueError, match="records: none for drafter precision 'int4'"):
+        rank_candidates(candidate_shapes(), [fp32, int4], {"fp32": [_record(1.0, 80)]}, 40)
+    with pytest.raises(ValueError, match="an exit drafter runs the target's own weights"):
+        record_acceptance(target, DrafterSpec(layer=2), PROMPTS, SamplingParams(1.0), 8, drafter_precisions=("int4",))

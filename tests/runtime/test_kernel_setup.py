@@ -15,7 +15,7 @@ from sglang_hsd.runtime import kernel_setup
 from sglang_hsd.runtime.config import parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED, RUNTIME_PATHS, MeasureConfig, Measurement, measure
-from sglang_hsd.runtime.layers import HalfRowsLinear, PackedLinear, PackedRows
+from sglang_hsd.runtime.layers import CopyRowsLinear, PackedLinear, PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama
 from sglang_hsd.sampling import SamplingParams
@@ -40,8 +40,10 @@ def _two_shape_model():
 
 
 # Per precision path, ms of one row for shapes (4, 8) and (8, 4). Summed over the layers (x3 for
-# the first shape) bf16 wins: fp32 4.0, bf16 2.5, fp16 2.7; per shape alone fp16 would (1.1).
-FAKE_ONE_ROW = {PATH_MKL: (1.0, 1.0), PATH_PACKED: (1.1, 1.2), "bf16": (0.5, 1.0), "fp16": (0.8, 0.3)}
+# the first shape) bf16 wins: fp32 4.0, bf16 2.5, fp16 2.7 (int8 8.0, int4 12.0); per shape alone
+# fp16 would (1.1).
+FAKE_ONE_ROW = {PATH_MKL: (1.0, 1.0), PATH_PACKED: (1.1, 1.2), "bf16": (0.5, 1.0), "fp16": (0.8, 0.3),
+                "int8": (2.0, 2.0), "int4": (3.0, 3.0)}
 
 
 def test_fastest_drafter_precision_sums_one_row_over_the_layers(monkeypatch):
@@ -57,11 +59,11 @@ def test_fastest_drafter_precision_sums_one_row_over_the_layers(monkeypatch):
     monkeypatch.setattr(kernel_setup, "measure", fake_measure)
     name, totals = kernel_setup.fastest_drafter_precision(_two_shape_model())
     assert name == "bf16"
-    assert totals == pytest.approx({"fp32": 4.0, "bf16": 2.5, "fp16": 2.7})
-    assert seen_paths == [sorted([PATH_MKL, PATH_PACKED, "bf16", "fp16"])]
+    assert totals == pytest.approx({"fp32": 4.0, "bf16": 2.5, "fp16": 2.7, "int8": 8.0, "int4": 12.0})
+    assert seen_paths == [sorted([PATH_MKL, PATH_PACKED, "bf16", "fp16", "int8", "int4"])]
     # Without packing, fp32 single rows run on MKL only.
     kernel_setup.fastest_drafter_precision(_two_shape_model(), pack_linears=False)
-    assert seen_paths[-1] == sorted([PATH_MKL, "bf16", "fp16"])
+    assert seen_paths[-1] == sorted([PATH_MKL, "bf16", "fp16", "int8", "int4"])
     with pytest.raises(ValueError, match="config.rows must be"):
         kernel_setup.fastest_drafter_precision(_two_shape_model(), config=MeasureConfig(rows=(2,)))
 
@@ -77,17 +79,33 @@ def test_a_copy_that_fails_to_run_is_never_the_fastest(monkeypatch):
     assert name == "bf16" and totals["fp16"] == math.inf
 
 
-def test_the_half_copy_paths_time_one_row_on_the_copy():
-    found = measure([(16, 24)], MeasureConfig(rows=(1,), repeats=1, warmup=0, flush_mb=0), kernel_setup.HALF_COPY_PATHS)
-    assert sorted(m.path for m in found) == ["bf16", "fp16"]
-    assert all(m.error is None and 0 < m.max_abs_diff < 0.05 for m in found)  # a half product, not fp32's
-    assert not any(p.selectable for p in kernel_setup.HALF_COPY_PATHS.values())
+def test_the_copy_paths_time_rows_on_the_copy():
+    found = measure([(32, 24)], MeasureConfig(rows=(1, 3), repeats=1, warmup=0, flush_mb=0), kernel_setup.COPY_PATHS)
+    assert sorted({m.path for m in found}) == ["bf16", "fp16", "int4", "int8"]
+    assert all(m.error is None and 0 < m.max_abs_diff < 0.2 for m in found)  # the copy's product, not fp32's
+    assert not any(p.selectable for p in kernel_setup.COPY_PATHS.values())
+
+
+def test_fastest_drafter_precision_measures_only_its_candidates(monkeypatch):
+    seen_paths = []
+
+    def fake_measure(shapes, config, paths=RUNTIME_PATHS):
+        seen_paths.append(sorted(paths))
+        return [m for shape in shapes for m in _fake(shape, {p: [1.0 if p in RUNTIME_PATHS else 0.2] for p in paths},
+                                                     torch.get_num_threads())]
+
+    monkeypatch.setattr(kernel_setup, "measure", fake_measure)
+    name, totals = kernel_setup.fastest_drafter_precision(_two_shape_model(), candidates=("fp32", "int4"))
+    assert name == "int4" and sorted(totals) == ["fp32", "int4"]
+    assert seen_paths == [sorted([PATH_MKL, PATH_PACKED, "int4"])]
+    with pytest.raises(ValueError, match="candidates must be one of fp32, bf16, fp16, int8, int4, got 'int3'"):
+        kernel_setup.fastest_drafter_precision(_two_shape_model(), candidates=("fp32", "int3"))
 
 
 def test_configure_kernels_resolves_auto_by_measuring_the_drafter(monkeypatch):
     target = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=7))
     drafter = CausalLM.from_hf(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=8))
-    drafter.set_half_rows(torch.bfloat16)  # left over from an earlier generator: measured from fp32
+    drafter.set_weight_copy("bf16")  # left over from an earlier generator: measured from fp32
     measured = []
 
     def fake_fastest(model, pack_linears=True, config=None):
@@ -97,7 +115,7 @@ def test_configure_kernels_resolves_auto_by_measuring_the_drafter(monkeypatch):
     monkeypatch.setattr(kernel_setup, "fastest_drafter_precision", fake_fastest)
     assert kernel_setup.configure_kernels(target, drafter, drafter_precision="auto") == "fp16"
     assert measured == [(drafter, False, torch.nn.Linear)]
-    assert isinstance(drafter.lm_head, HalfRowsLinear) and drafter.lm_head.dtype == torch.float16
+    assert isinstance(drafter.lm_head, CopyRowsLinear) and drafter.lm_head.kind == "fp16"
     assert kernel_setup.configure_kernels(target, None, drafter_precision="auto") == "fp32"  # no drafter: fp32
     assert len(measured) == 1
     assert kernel_setup.configure_kernels(target, drafter, drafter_precision="bf16") == "bf16"

@@ -1,0 +1,194 @@
+"""Reduced-precision weight copies that a separate drafter's projections may read.
+
+A drafting step at batch 1 is a chain of one-row matrix products, each bound by reading its
+weight, so a copy with fewer bytes per weight makes it faster: on the AVX-512 EPYC, one row of the
+Qwen2.5-Coder-0.5B LM head (896 x 151,936) costs 24 ms in packed fp32, 9 ms on an fp16 copy and
+4 ms on an int4 copy (2 threads, ``docs/cpu.md``, "The drafter's weight copy"). A copy changes the
+drafter's numbers, never the output law: the verifier uses the probabilities the drafter actually
+produced. So copies are only for a separate draft model, never for a target or an early exit
+(whose numbers are the target's).
+
+:data:`WEIGHT_COPIES` is the one registry of copy kinds:
+
+* ``bf16`` / ``fp16``: the weight cast to half precision; activations cast for the product. An
+  fp16 product that overflows is reported unusable and recomputed in fp32 by the caller.
+* ``int8``: symmetric per-output-channel int8 (scale = row max / 127), bf16 activations,
+  ``torch.ops.aten._weight_int8pack_mm``.
+* ``int4``: asymmetric int4 in groups of 32 input features (scale and zero point per group from
+  the group's min and max), bf16 activations, ``torch.ops.aten._weight_int4pack_mm_for_cpu``.
+
+The integer copies pad shapes their kernels cannot take (input features to a multiple of 32,
+int4's output features to 16) with zero weights.
+
+Every copy computes ``x @ weight.T + bias`` for ``x`` ``[rows, in_features]`` fp32 and returns
+fp32 ``[rows, out_features]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "INT4_GROUP_SIZE",
+    "WEIGHT_COPIES",
+    "HalfCopy",
+    "Int4Copy",
+    "Int8Copy",
+    "WeightCopy",
+    "WeightCopyKind",
+    "build_weight_copy",
+]
+
+# Input features sharing one int4 scale and zero point (GGUF's Q4_0 / Q4_1 block size).
+INT4_GROUP_SIZE = 32
+# The int4 kernel packs output features in tiles of 16.
+_INT4_OUT_MULTIPLE = 16
+# The int8 kernel reads input features in blocks: torch 2.13's crashes (a segmentation fault, not
+# an error) on in_features = 72, so every integer copy pads the input features to 32.
+_INT_IN_MULTIPLE = 32
+# torch's int4 CPU kernel dequantizes q in [0, 15] as (q - 8) * scale + zero.
+_INT4_MID = 8
+
+
+class WeightCopy:
+    """A weight ``[out, in]`` (and bias ``[out]``) held in a reduced precision.
+
+    ``__call__(x)``: ``x`` ``[rows, in]`` fp32 -> ``[rows, out]`` fp32, or None when this copy's
+    product is unusable for that input (an fp16 overflow); the caller then uses fp32 weights.
+    """
+
+    in_features: int
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
+
+
+def _check_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        raise ValueError(f"weight must be a 2-D CPU float32 tensor, got {tuple(weight.shape)} {weight.dtype} "
+                         f"on {weight.device}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class _IntegerCopy(WeightCopy):
+    """Shared by the integer copies: the weight padded with zeros to the kernel's shapes (the
+    input padded with zero features at call time, the padding cut from the output), bias in fp32."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, out_multiple: int) -> None:
+        _check_weight(weight, bias)
+        self.out_features, self.in_features = weight.shape
+        self.in_padding = _round_up(self.in_features, _INT_IN_MULTIPLE) - self.in_features
+        out_padding = _round_up(self.out_features, out_multiple) - self.out_features
+        self.padded_weight = F.pad(weight.detach(), (0, self.in_padding, 0, out_padding))
+        self.bias = None if bias is None else bias.detach().float()
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[rows, in_padded]`` bf16 -> ``[rows, out_padded]``."""
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        x = x.to(torch.bfloat16)
+        if self.in_padding:
+            x = F.pad(x, (0, self.in_padding))
+        out = self._product(x)[:, :self.out_features].float()
+        return out if self.bias is None else out + self.bias
+
+
+class HalfCopy(WeightCopy):
+    """The weight and bias cast to ``dtype`` (``torch.bfloat16`` or ``torch.float16``)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+        _check_weight(weight, bias)
+        self.dtype = dtype
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight.detach().to(dtype)
+        self.bias = None if bias is None else bias.detach().to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        out = F.linear(x.to(self.dtype), self.weight, self.bias)
+        if self.dtype == torch.float16 and not bool(torch.isfinite(out).all()):
+            return None  # fp16's range is +-65504: an overflow is recomputed in fp32
+        return out.float()
+
+
+class Int8Copy(_IntegerCopy):
+    """Symmetric per-output-channel int8: ``weight ~ int8 [out, in] * scale [out]``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(weight, bias, out_multiple=1)
+        weight = self.padded_weight
+        scale = weight.abs().amax(dim=1) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+        self.weight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.scale = scale.to(torch.bfloat16)
+        del self.padded_weight
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
+
+
+class Int4Copy(_IntegerCopy):
+    """Asymmetric int4 in groups of :data:`INT4_GROUP_SIZE` input features.
+
+    Per group of one output row: ``scale = (max - min) / 15``, ``q = round((w - min) / scale)`` in
+    [0, 15], stored in torch's packed int4 CPU layout; scales and zero points ``[in / 32, out, 2]``
+    in bf16, dequantized by the kernel as ``(q - 8) * scale + zero`` with ``zero = min + 8 scale``.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(weight, bias, out_multiple=_INT4_OUT_MULTIPLE)
+        out_padded, in_padded = self.padded_weight.shape
+        groups = self.padded_weight.reshape(out_padded, in_padded // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        scale = (high - low) / 15.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: q = 0 is exact
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+        self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(out_padded, in_padded), 1)
+        zero = low + _INT4_MID * scale
+        self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        del self.padded_weight
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, INT4_GROUP_SIZE, self.scales_and_zeros)
+
+
+@dataclass(frozen=True)
+class WeightCopyKind:
+    """One entry of :data:`WEIGHT_COPIES`.
+
+    Fields:
+        name: as ``--drafter-precision`` spells it.
+        bits: bits per weight, scales excluded (what a memory-bound row reads).
+        build: ``(weight [out, in] fp32, bias [out] or None) -> WeightCopy``.
+    """
+
+    name: str
+    bits: int
+    build: Callable[[torch.Tensor, torch.Tensor | None], WeightCopy]
+
+
+WEIGHT_COPIES: Mapping[str, WeightCopyKind] = {
+    "bf16": WeightCopyKind("bf16", 16, lambda w, b: HalfCopy(w, b, torch.bfloat16)),
+    "fp16": WeightCopyKind("fp16", 16, lambda w, b: HalfCopy(w, b, torch.float16)),
+    "int8": WeightCopyKind("int8", 8, Int8Copy),
+    "int4": WeightCopyKind("int4", 4, Int4Copy),
+}
+
+
+def build_weight_copy(kind: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> WeightCopy:
+    """A :data:`WEIGHT_COPIES` ``kind`` copy of ``weight`` ``[out, in]`` fp32 (and ``bias`` ``[out]``)."""
+    if kind not in WEIGHT_COPIES:
+        raise ValueError(f"kind must be one of {', '.join(WEIGHT_COPIES)}, got {kind!r}")
+    return WEIGHT_COPIES[kind].build(weight, bias)
