@@ -9,8 +9,8 @@ KV cache of ``--context`` positions, median of ``--repeats`` after one untimed c
 * ``fp32 packed``: oneDNN pre-packed weights for two rows or more, and for single rows where they
   are measured faster (``kernel_paths.single_row_split``, as the runtime packs);
 * ``packed + KIND rows`` for each weight copy KIND (bf16, fp16, int8, int4;
-  ``runtime/weight_copies.py``): packed, and single rows on the copy (``CausalLM.set_weight_copy``,
-  what ``--drafter-precision`` selects);
+  ``runtime/weight_copies.py``): packed, and the kind's default row counts on the copy
+  (``WeightCopyKind.rows``; ``CausalLM.set_weight_copy``, what ``--drafter-precision`` selects);
 * ``KIND every row``: every row count on the copy, to see whether several rows gain from it too
   (AVX-512 BF16 dot products, the int4 kernel's tiles).
 
@@ -36,9 +36,9 @@ from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.loading import load_model, prompt_set_texts
 from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES
 
-SINGLE_ROW = {f"packed + {kind} rows": kind for kind in WEIGHT_COPIES}
+DEFAULT_ROWS = {f"packed + {kind} rows": kind for kind in WEIGHT_COPIES}
 EVERY_ROW = {f"{kind} every row": kind for kind in WEIGHT_COPIES}
-VARIANTS = ("fp32 mkl", "fp32 packed", *SINGLE_ROW, *EVERY_ROW)
+VARIANTS = ("fp32 mkl", "fp32 packed", *DEFAULT_ROWS, *EVERY_ROW)
 
 
 def parse_args(argv: list[str] | None = None):
@@ -62,8 +62,8 @@ def set_variant(model, variant: str) -> None:
     model.unpack_linears()
     if variant != "fp32 mkl":
         model.pack_linears(single_row_split(model))
-    if variant in SINGLE_ROW:
-        model.set_weight_copy(SINGLE_ROW[variant], PackedRows(((1, 1),)))
+    if variant in DEFAULT_ROWS:
+        model.set_weight_copy(DEFAULT_ROWS[variant])
     if variant in EVERY_ROW:
         model.set_weight_copy(EVERY_ROW[variant], PackedRows(((1, None),)))
 

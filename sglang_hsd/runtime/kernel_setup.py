@@ -2,7 +2,7 @@
 
 :func:`configure_kernels` applies :mod:`~sglang_hsd.runtime.kernel_paths`' choices to a model pair
 in place: oneDNN pre-packed weights for multi-row calls (and single rows where measured faster),
-and the copy a separate drafter's single-row steps read (:data:`DRAFTER_PRECISIONS`:
+and the copy a separate drafter's few-row steps read (:data:`DRAFTER_PRECISIONS`:
 :mod:`~sglang_hsd.runtime.weight_copies`' bf16, fp16, int8 and int4 copies, or fp32). With
 ``"auto"`` the fastest is measured (:func:`fastest_drafter_precision`): which copy is fastest for
 one row differs between CPUs (``docs/cpu.md``). The target's numbers never change; the drafter's
@@ -36,8 +36,8 @@ __all__ = [
     "parse_drafter_precision",
 ]
 
-# The weight copy a separate drafter's single-row projections read (``CausalLM.set_weight_copy``,
-# a ``WEIGHT_COPIES`` kind): None = its fp32 weights. Fewer bytes make a drafting step at batch 1
+# The weight copy a separate drafter's projections read for few rows (``CausalLM.set_weight_copy``,
+# a ``WEIGHT_COPIES`` kind, its default rows): None = its fp32 weights. Fewer bytes make a drafting step at batch 1
 # faster; the drafter's numbers change, the output law does not (the verifier uses its actual
 # probabilities).
 DRAFTER_PRECISIONS: Mapping[str, str | None] = {"fp32": None, **{kind: kind for kind in WEIGHT_COPIES}}
@@ -70,7 +70,7 @@ def configure_kernels(target: nn.Module, drafter: nn.Module | None, pack_linears
         packed_rows: with ``pack_linears``, the row counts each ``(in, out)`` shape runs packed,
             e.g. ``KernelTable.packed_rows`` of a measured table; None: every call of 2 rows or
             more, and single rows where :func:`single_row_split` measures packed faster.
-        drafter_precision: a :data:`DRAFTER_PRECISION_OPTIONS` name for the drafter's single-row
+        drafter_precision: a :data:`DRAFTER_PRECISION_OPTIONS` name for the drafter's few-row
             calls (``CausalLM.set_weight_copy``); a copy needs ``drafter``; ``"auto"``
             measures the fastest (:func:`fastest_drafter_precision`; fp32 without ``drafter``).
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
-from sglang_hsd.runtime.weight_copies import build_weight_copy
+from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, build_weight_copy
 
 __all__ = [
     "Attention",
@@ -144,14 +144,10 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-# Row counts a drafter's weight copy serves by default: one drafting step at batch 1.
-_COPY_ROWS = PackedRows(((1, 1),))
-
-
 class CopyRowsLinear(nn.Module):
     """A drafter's projection whose calls of some row counts read a reduced-precision weight copy.
 
-    A one-row product is bound by reading the weight, so a copy of fewer bytes
+    A few-row product is bound by reading the weight, so a copy of fewer bytes
     (:mod:`~sglang_hsd.runtime.weight_copies`: bf16, fp16, int8, int4) makes it faster; ``inner``
     (the fp32 ``nn.Linear`` or :class:`PackedLinear`) serves every other row count, and a product
     the copy reports unusable (an fp16 overflow). Activations stay fp32 outside the product. This
@@ -162,7 +158,7 @@ class CopyRowsLinear(nn.Module):
     Args:
         inner: the fp32 projection, kept for the other row counts (and its shared parameters).
         kind: a ``WEIGHT_COPIES`` name.
-        rows: the row counts the copy serves (None: one row).
+        rows: the row counts the copy serves (None: the kind's default, ``WeightCopyKind.rows``).
     """
 
     def __init__(self, inner: nn.Module, kind: str, rows: PackedRows | None = None) -> None:
@@ -170,9 +166,10 @@ class CopyRowsLinear(nn.Module):
         weight = inner.weight
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             raise ValueError(f"inner must be a CPU float32 linear, got {weight.dtype} on {weight.device}")
-        self.inner, self.kind, self.rows = inner, kind, _COPY_ROWS if rows is None else rows
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.copy = build_weight_copy(kind, weight, inner.bias)
+        self.inner, self.kind = inner, kind
+        self.rows = PackedRows((WEIGHT_COPIES[kind].rows,)) if rows is None else rows
 
     @property
     def weight(self) -> nn.Parameter:

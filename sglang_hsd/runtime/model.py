@@ -196,7 +196,8 @@ class CausalLM(nn.Module):
                        if isinstance(module := getattr(owner, name), PackedLinear) and 1 in module.packed_rows})
 
     def set_weight_copy(self, kind: str | None, rows: PackedRows | None = None) -> None:
-        """Projections' calls of ``rows`` rows (None: one row, a drafting step at batch 1) on a
+        """Projections' calls of ``rows`` rows (None: the kind's default ``WeightCopyKind.rows``,
+        which includes one row, a drafting step at batch 1) on a
         ``kind`` copy of the weights (:class:`CopyRowsLinear`; a ``WEIGHT_COPIES`` name: bf16 and
         fp16 take half as much memory again as the linear weights, int8 a quarter, int4 an
         eighth); None: back to fp32. Only for a separate draft model: it changes the model's

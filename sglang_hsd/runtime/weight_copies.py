@@ -172,18 +172,23 @@ class WeightCopyKind:
         name: as ``--drafter-precision`` spells it.
         bits: bits per weight, scales excluded (what a memory-bound row reads).
         build: ``(weight [out, in] fp32, bias [out] or None) -> WeightCopy``.
+        rows: ``(first, last)``, the row counts a drafter's calls take the copy for by default:
+            where one forward of Qwen2.5-Coder-0.5B on it was measured faster than on oneDNN's
+            packed fp32 weights (``benchmarks/results/drafter_step_qwen2.5-coder-0.5b_copies.md``,
+            2 threads: int4 up to 16 rows, int8 up to 8, the half copies one row).
     """
 
     name: str
     bits: int
     build: Callable[[torch.Tensor, torch.Tensor | None], WeightCopy]
+    rows: tuple[int, int] = (1, 1)
 
 
 WEIGHT_COPIES: Mapping[str, WeightCopyKind] = {
     "bf16": WeightCopyKind("bf16", 16, lambda w, b: HalfCopy(w, b, torch.bfloat16)),
     "fp16": WeightCopyKind("fp16", 16, lambda w, b: HalfCopy(w, b, torch.float16)),
-    "int8": WeightCopyKind("int8", 8, Int8Copy),
-    "int4": WeightCopyKind("int4", 4, Int4Copy),
+    "int8": WeightCopyKind("int8", 8, Int8Copy, rows=(1, 8)),
+    "int4": WeightCopyKind("int4", 4, Int4Copy, rows=(1, 16)),
 }
 
 

@@ -14,7 +14,7 @@ def test_kernel_and_draft_length_options_parse():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--drafter-precision", "int8"], "--drafter-precision"),
+    (["--drafter-precision", "int3"], "--drafter-precision"),
     (["--draft-length", "sometimes"], "fixed or adaptive"),
 ])
 def test_bad_settings_are_refused_before_any_model_loads(argv, needle):

@@ -55,8 +55,10 @@ def test_one_row_reads_the_copy_other_rows_the_fp32_weights(kind, bias):
     assert torch.equal(out, wrapped.copy(one.view(1, 64)).view(1, 1, 48))
     assert not torch.equal(out, linear(one))  # really the copy: fp32 differs
     assert torch.allclose(out, linear(one), atol=CLOSE_TO_FP32[kind])
-    many = torch.randn(3, 5, 64)
+    many = torch.randn(4, 10, 64)  # 40 rows: beyond every kind's default rows
     assert torch.equal(wrapped(many), linear(many))
+    first, last = WEIGHT_COPIES[kind].rows
+    assert 1 in wrapped.rows and last + 1 not in wrapped.rows and first == 1
     assert wrapped.weight is linear.weight and wrapped.bias is linear.bias
 
 
@@ -114,8 +116,8 @@ def test_bad_input_names_the_argument():
 def test_composes_with_packing_in_either_order(kind):
     torch.manual_seed(0)
     reference = _drafter()
-    ids = torch.tensor([[3, 9, 4, 1]])
-    expected_many = reference.forward(ids, reference.new_cache(1, 8))
+    ids = torch.tensor([[3, 9, 4, 1] * 5])  # 20 rows: beyond every kind's default rows, so fp32 or packed
+    expected_many = reference.forward(ids, reference.new_cache(1, 24))
     for order in ("pack first", "copy first"):
         model = _drafter()
         if order == "pack first":
@@ -126,7 +128,7 @@ def test_composes_with_packing_in_either_order(kind):
             model.pack_linears()
         q_proj = model.layers[0].attn.q_proj
         assert isinstance(q_proj, CopyRowsLinear) and isinstance(q_proj.inner, PackedLinear), order
-        assert torch.allclose(model.forward(ids, model.new_cache(1, 8)), expected_many, atol=1e-5), order
+        assert torch.allclose(model.forward(ids, model.new_cache(1, 24)), expected_many, atol=1e-5), order
         model.unpack_linears()
         assert isinstance(model.layers[0].attn.q_proj.inner, torch.nn.Linear), order
         model.set_weight_copy(None)
