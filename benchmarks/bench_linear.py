@@ -11,12 +11,15 @@ shapes given with ``--shapes IN x OUT,...``, on random fp32 weights of those sha
   template (``max_autotune_gemm_backends="CPP,ATEN"``), compiled once per shape, row count and
   thread count; compile time is recorded apart, a failed compile is recorded as that path's error;
 * ``mkl-bf16``: ``F.linear`` on bfloat16 weights and input, what SGLang runs for a bf16 model on
-  a CPU without AMX. A different product (the exactness table says so), timed for reference.
+  a CPU without AMX. A different product (the exactness table says so), timed for reference;
+* ``drafter-bf16`` / ``-fp16`` / ``-int8`` / ``-int4``: a separate drafter's weight copies
+  (``runtime/weight_copies.py``), every row on the copy. Other products too: a drafter may run
+  them (the verifier uses its actual probabilities), a target never does.
 
 each at every ``--threads`` count. Every timed call follows a cache flush (``--flush-mb``), as in
 a model forward where each layer's weights evict the previous ones; the median of ``--repeats``
 calls after ``--warmup`` untimed ones. Each path's output is compared with ``F.linear`` on the same
-weights and input (largest absolute difference; all paths are fp32, nothing is quantized).
+weights and input (largest absolute difference; the runtime's paths and inductor are fp32).
 
 With ``--model``, the distinct shapes follow ``--layout``: ``hf`` (q/k/v, gate/up apart, as the
 runtime's layers) or ``sglang`` (q/k/v and gate/up merged, as SGLang's ``QKVParallelLinear`` and
@@ -36,6 +39,7 @@ selectable paths only), which ``KernelTable.from_json(path, threads=N)`` reads b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -55,9 +59,11 @@ from sglang_hsd.runtime.kernel_paths import (
     Measurement,
     measure,
 )
+from sglang_hsd.runtime.kernel_setup import COPY_PATHS
 
 PATH_INDUCTOR = "inductor"
 PATH_MKL_BF16 = "mkl-bf16"
+DRAFTER_COPY_PREFIX = "drafter-"
 LAYOUTS = ("hf", "sglang")
 
 
@@ -94,6 +100,10 @@ ALL_PATHS: dict[str, LinearPath] = {
     PATH_MKL_BF16: LinearPath(PATH_MKL_BF16, _bf16_weight,
                               lambda weight, rows, threads: lambda x: F.linear(x.to(weight.dtype), weight),
                               selectable=False),
+    # A separate drafter's weight copies (runtime/weight_copies.py), every row on the copy: never a
+    # target's path (other numbers), timed to show what a drafter's few-row calls cost on them.
+    **{f"{DRAFTER_COPY_PREFIX}{kind}": dataclasses.replace(path, name=f"{DRAFTER_COPY_PREFIX}{kind}")
+       for kind, path in COPY_PATHS.items()},
 }
 
 

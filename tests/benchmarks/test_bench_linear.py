@@ -44,6 +44,15 @@ def test_bench_linear_writes_json_markdown_and_plot_with_the_run(tmp_path):
     assert json.loads(png.text["Comment"])["command"] == data["run"]["command"]
 
 
+def test_drafter_copy_paths_are_timed_but_never_in_the_runtime_table(tmp_path):
+    result = _run(tmp_path, [PATH_MKL, "drafter-int4", "drafter-fp16"])
+    rows = json.loads((tmp_path / "lin.json").read_text())["rows"]
+    copies = [r for r in rows if r["path"].startswith(bench_linear.DRAFTER_COPY_PREFIX)]
+    assert {r["path"] for r in copies} == {"drafter-int4", "drafter-fp16"} and len(copies) == 2 * 3
+    assert all(r["error"] is None and 0 < r["max_abs_diff"] < 0.5 for r in copies)  # the copy's own product
+    assert {c["path"] for c in result["runtime_table"]} == {PATH_MKL}
+
+
 def test_runtime_table_of_a_result_picks_the_fastest_entry():
     shape = bench_linear.LayerShape("w", 64, 96)
     costs = {(PATH_MKL, 1): [1.0, 3.0, 5.0], (PATH_PACKED, 1): [2.0, 2.5, 2.0], (PATH_PACKED, 2): [1.5, 1.0, 2.5],
