@@ -25,15 +25,18 @@ configuration at B = 1 and against the autoregressive runtime (last table column
 runtime must reproduce greedy decoding token for token at every batch size).
 
 Writes ``benchmarks/results/<name>.json`` and ``.md`` (rewritten after every timed run, so a run
-cut short keeps what it measured), and with matplotlib (the ``bench`` extra)
+cut short keeps what it measured; ``--resume`` continues it: the repeats it holds are kept, the
+missing ones timed, on the same CPU and torch only, and the result lists every run that
+contributed), and with matplotlib (the ``bench`` extra)
 ``<name>_speedup.png`` and ``<name>_accepted.png`` (``bench_report.py``).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -121,6 +124,9 @@ def parse_args(argv: list[str] | None = None):
                         help="run the target's (and a separate drafter's) projections and LM head on oneDNN "
                         "pre-packed weights (CausalLM.pack_linears, as make demo does) in every runtime "
                         "configuration, plain decoding included; the HF peers keep their own kernels")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in benchmarks/results/<name>.json (same arguments, CPU and "
+                        "torch): rows keep the repeats measured there and only the missing ones are timed")
     add_standard_arguments(parser, threads=1, name="e2e")
     args = parser.parse_args(argv)
     for option in ("buffers", "methods", "draft_length", "tree", "drafter_precision"):
@@ -152,15 +158,17 @@ def main(argv: list[str] | None = None) -> None:
             "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
             "exit_heads": args.exit_heads, "pack_linears": args.pack_linears}
 
+    earlier_runs, done = load_earlier(RESULTS_DIR / f"{args.name}.json", meta, run) if args.resume else ([], {})
+
     def write(rows: list[dict]) -> str:
         """Ratios, output checks, then the result files of the rows so far (rewritten after each row)."""
         add_ratios(rows)
         check_batch_outputs(rows)
-        table = format_e2e_table(rows, meta)
-        write_results(RESULTS_DIR / args.name, {"meta": meta, "rows": rows}, table, run)
+        table = format_e2e_table(rows, meta) + earlier_runs_markdown(earlier_runs)
+        write_results(RESULTS_DIR / args.name, {"meta": meta, "rows": rows, "earlier_runs": earlier_runs}, table, run)
         return table
 
-    rows = measure_all(args, target, assistant, prompts, on_row=write)
+    rows = measure_all(args, target, assistant, prompts, on_row=write, done=done)
     table = write(rows)
     print(table)
     try:
@@ -211,8 +219,42 @@ def row_specs(args, has_assistant: bool) -> list[RowSpec]:
             if knobs[0] not in HF_CONFIGS or (batch_size == 1 and (knobs[0] != "hf-assisted" or has_assistant))]
 
 
-def measure_all(args, target, assistant, prompts, on_row=None) -> list[dict]:
-    """Every row of ``args`` (:func:`row_specs`), timed :func:`interleaved`."""
+def load_earlier(path, meta: dict, run) -> tuple[list[dict], dict[RowSpec, dict]]:
+    """What ``--resume`` continues: the runs recorded in the result file ``path`` (its ``"run"``
+    and its own ``"earlier_runs"``, oldest first) and its rows by :class:`RowSpec`.
+
+    Refuses (SystemExit naming the difference) a missing file, other ``meta`` (model, prompts,
+    tokens, threads, ...), and another CPU or torch version than ``run``'s: repeats timed on
+    another machine would enter the same medians. The commit may differ (each run records its own).
+    """
+    try:
+        earlier = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"--resume: no earlier result {path} (run without --resume first)") from None
+    if earlier.get("meta") != meta:
+        raise SystemExit(f"--resume: {path} was measured with {earlier.get('meta')}, this run asks for {meta}")
+    for field in ("cpu", "torch_version"):
+        if earlier["run"].get(field) != getattr(run, field):
+            raise SystemExit(f"--resume: {path} ran on {field} {earlier['run'].get(field)!r}, this machine has "
+                             f"{getattr(run, field)!r}; start a new --name instead")
+    names = [f.name for f in fields(RowSpec)]
+    done = {RowSpec(**{name: row[name] for name in names}): row for row in earlier["rows"]}
+    return [*earlier.get("earlier_runs", []), earlier["run"]], done
+
+
+def earlier_runs_markdown(runs: list[dict]) -> str:
+    """The Markdown lines naming the earlier runs a resumed result continues ('' when none)."""
+    if not runs:
+        return ""
+    lines = ["", "Continues earlier runs (their repeats are in the medians):", ""]
+    lines += [f"- commit `{r['commit']}`, {r['started']} to {r['finished']}, load {r['load_average_start']} at start, "
+              f"{r['load_average_end']} at end: `{r['command']}`" for r in runs]
+    return "\n".join(lines) + "\n"
+
+
+def measure_all(args, target, assistant, prompts, on_row=None, done=None) -> list[dict]:
+    """Every row of ``args`` (:func:`row_specs`), timed :func:`interleaved` (``done``: rows an
+    earlier run measured, see :func:`load_earlier`)."""
     eos = target.tokenizer.eos_token_id
 
     def make_runner(spec: RowSpec):
@@ -227,11 +269,11 @@ def measure_all(args, target, assistant, prompts, on_row=None) -> list[dict]:
         return lambda seed, batch, new: run_runtime(gen, batch, params, new, eos, seed, spec.batch_size)
 
     return interleaved(row_specs(args, assistant is not None), args.repeats, make_runner, prompts,
-                       args.max_new_tokens, on_row)
+                       args.max_new_tokens, on_row, done)
 
 
 def interleaved(specs: list[RowSpec], repeats: int, make_runner, prompts: list[list[int]], max_new_tokens: int,
-                on_row=None) -> list[dict]:
+                on_row=None, done: dict[RowSpec, dict] | None = None) -> list[dict]:
     """Time every row ``repeats`` times, repeat r of every row before repeat r + 1 of any.
 
     Why interleaved: a run of the whole matrix takes hours on this machine, and its speed drifts
@@ -247,12 +289,18 @@ def interleaved(specs: list[RowSpec], repeats: int, make_runner, prompts: list[l
     token count, outputs and level statistics.
     ``on_row(rows)``: called after every timed run with the rows so far, each over the repeats it
     has done (``repeats`` in the row), so a run cut short keeps what it measured.
+    ``done``: rows of an earlier run of the same specs, by spec; a row's first repeats are taken
+    from it (times, rates, and its outputs and statistics until a new repeat replaces them) and
+    only the later ones are timed.
     """
-    times: list[list[float]] = [[] for _ in specs]
-    rates: list[list[float]] = [[] for _ in specs]
-    rows: list[dict | None] = [None] * len(specs)
+    done = done or {}
+    times = [list(done[spec]["seconds_per_repeat"]) if spec in done else [] for spec in specs]
+    rates = [list(done[spec]["tokens_per_second_per_repeat"]) if spec in done else [] for spec in specs]
+    rows: list[dict | None] = [done.get(spec) for spec in specs]
     for repeat in range(repeats):
         for i, spec in enumerate(specs):
+            if len(times[i]) > repeat:
+                continue  # measured by the earlier run
             runner = None  # the previous row's generator is freed before the next one is built
             runner = make_runner(spec)
             runner(0, prompts[: spec.batch_size], WARMUP_TOKENS)

@@ -1,5 +1,9 @@
 """bench_e2e's options (no model is loaded and nothing is timed)."""
 
+import json
+from dataclasses import asdict
+from types import SimpleNamespace
+
 import pytest
 
 from benchmarks import bench_e2e
@@ -100,3 +104,52 @@ def test_repeats_are_interleaved_and_each_row_keeps_its_median():
     assert rows[0]["tokens_per_second_per_repeat"] == [6.0, 24.0, 12.0]
     assert rows[1]["levels"] == [{"rounds": 2}]  # the last repeat's statistics
     assert snapshots[0] == [("a", 1)] and snapshots[1] == [("a", 1), ("b", 1)] and snapshots[-1] == [("a", 3), ("b", 3)]
+
+
+def test_a_resumed_run_times_only_the_missing_repeats():
+    specs = [bench_e2e.RowSpec(0.0, 1, config, "hsd", "", "fixed", "none", "fp32") for config in ("a", "b")]
+    # The earlier run was cut short after repeat 1 of "a": "a" holds two repeats, "b" one.
+    done = {specs[0]: {"seconds_per_repeat": [4.0, 1.0], "tokens_per_second_per_repeat": [6.0, 24.0]},
+            specs[1]: {"seconds_per_repeat": [9.0], "tokens_per_second_per_repeat": [24 / 9.0]}}
+    seconds = {"a": iter([2.0]), "b": iter([3.0, 6.0])}
+    calls = []
+
+    def make_runner(spec):
+        def run(seed, prompts, max_new):
+            calls.append((spec.config, seed, max_new))
+            return [[1] * 12, [2] * 12], next(seconds[spec.config]) if max_new == 24 else 0.5, None
+        return run
+
+    rows = bench_e2e.interleaved(specs, 3, make_runner, [[5], [6]], 24, done=done)
+    assert [(config, seed) for config, seed, new in calls if new == 24] == [("b", 1), ("a", 2), ("b", 2)]
+    assert rows[0]["seconds_per_repeat"] == [4.0, 1.0, 2.0] and rows[0]["seconds"] == 2.0
+    assert rows[1]["seconds_per_repeat"] == [9.0, 3.0, 6.0] and rows[1]["repeats"] == 3
+
+
+def _earlier_result(tmp_path, meta, cpu="AMD EPYC; torch CPU capability AVX2; none", torch_version="2.13.0+cpu"):
+    run = {"commit": "abc", "command": "python benchmarks/bench_e2e.py", "load_average_start": "1.00 1.00 1.00",
+           "load_average_end": "2.00 2.00 2.00", "cpu_count": 2, "torch_version": torch_version,
+           "started": "s", "finished": "f", "cpu": cpu}
+    row = {**asdict(bench_e2e.RowSpec(0.0, 1, "target", "hsd", "", "fixed", "none", "fp32")),
+           "seconds_per_repeat": [1.0], "tokens_per_second_per_repeat": [2.0]}
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps({"meta": meta, "rows": [row], "run": run, "earlier_runs": [{**run, "commit": "old"}]}))
+    return path
+
+
+def test_resume_continues_only_the_same_measurement_on_the_same_machine(tmp_path):
+    meta = {"model": "m", "num_prompts": 8}
+    current = SimpleNamespace(cpu="AMD EPYC; torch CPU capability AVX2; none", torch_version="2.13.0+cpu")
+    runs, done = bench_e2e.load_earlier(_earlier_result(tmp_path, meta), meta, current)
+    assert [r["commit"] for r in runs] == ["old", "abc"]  # oldest first, each run named in the result
+    assert list(done) == [bench_e2e.RowSpec(0.0, 1, "target", "hsd", "", "fixed", "none", "fp32")]
+    assert "commit `abc`" in bench_e2e.earlier_runs_markdown(runs)
+    with pytest.raises(SystemExit, match="num_prompts"):
+        bench_e2e.load_earlier(_earlier_result(tmp_path, meta), {**meta, "num_prompts": 4}, current)
+    with pytest.raises(SystemExit, match="cpu"):
+        bench_e2e.load_earlier(_earlier_result(tmp_path, meta, cpu="AMD EPYC; torch CPU capability AVX512"),
+                               meta, current)
+    with pytest.raises(SystemExit, match="torch_version"):
+        bench_e2e.load_earlier(_earlier_result(tmp_path, meta, torch_version="2.12.0"), meta, current)
+    with pytest.raises(SystemExit, match="no earlier result"):
+        bench_e2e.load_earlier(tmp_path / "missing.json", meta, current)
