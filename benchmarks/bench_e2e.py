@@ -291,9 +291,14 @@ def interleaved(specs: list[RowSpec], repeats: int, make_runner, prompts: list[l
     has done (``repeats`` in the row), so a run cut short keeps what it measured.
     ``done``: rows of an earlier run of the same specs, by spec; a row's first repeats are taken
     from it (times, rates, and its outputs and statistics until a new repeat replaces them) and
-    only the later ones are timed.
+    only the later ones are timed. Every spec of ``done`` must be among ``specs`` (a resumed run
+    never drops measured rows); ``specs`` may add rows, timed from repeat 0.
     """
     done = done or {}
+    dropped = [spec for spec in done if spec not in specs]
+    if dropped:
+        raise SystemExit(f"--resume: the earlier run measured rows this command does not ask for: {dropped}; "
+                         "give the same --configs and knobs (new rows may be added)")
     times = [list(done[spec]["seconds_per_repeat"]) if spec in done else [] for spec in specs]
     rates = [list(done[spec]["tokens_per_second_per_repeat"]) if spec in done else [] for spec in specs]
     rows: list[dict | None] = [done.get(spec) for spec in specs]

@@ -124,6 +124,8 @@ def test_a_resumed_run_times_only_the_missing_repeats():
     assert [(config, seed) for config, seed, new in calls if new == 24] == [("b", 1), ("a", 2), ("b", 2)]
     assert rows[0]["seconds_per_repeat"] == [4.0, 1.0, 2.0] and rows[0]["seconds"] == 2.0
     assert rows[1]["seconds_per_repeat"] == [9.0, 3.0, 6.0] and rows[1]["repeats"] == 3
+    with pytest.raises(SystemExit, match="does not ask for"):  # a resumed run never drops measured rows
+        bench_e2e.interleaved(specs[:1], 3, make_runner, [[5], [6]], 24, done=done)
 
 
 def _earlier_result(tmp_path, meta, cpu="AMD EPYC; torch CPU capability AVX2; none", torch_version="2.13.0+cpu"):
