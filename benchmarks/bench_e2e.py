@@ -147,6 +147,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     run = start_run(__file__, argv)
     torch.set_num_threads(args.threads)
+    meta = {"model": args.model, "assistant": args.assistant, "prompt_set": args.prompt_set,
+            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+            "exit_heads": args.exit_heads, "pack_linears": args.pack_linears}
+    # A resume that cannot continue this run fails before any model is loaded.
+    earlier_runs, done = (load_earlier(RESULTS_DIR / f"{args.name}.json", meta, run,
+                                       row_specs(args, args.assistant is not None))
+                          if args.resume else ([], {}))
 
     target = load_model(args.model)
     if args.pack_linears and not target.model.pack_linears(single_row_split(target.model)):
@@ -154,11 +161,6 @@ def main(argv: list[str] | None = None) -> None:
                          "(float32 on CPU with mkldnn needed)")
     assistant = load_model(args.assistant) if args.assistant else None
     prompts = encoded_prompts(target.tokenizer, args.prompt_set, args.num_prompts)
-    meta = {"model": args.model, "assistant": args.assistant, "prompt_set": args.prompt_set,
-            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-            "exit_heads": args.exit_heads, "pack_linears": args.pack_linears}
-
-    earlier_runs, done = load_earlier(RESULTS_DIR / f"{args.name}.json", meta, run) if args.resume else ([], {})
 
     def write(rows: list[dict]) -> str:
         """Ratios, output checks, then the result files of the rows so far (rewritten after each row)."""
@@ -219,13 +221,15 @@ def row_specs(args, has_assistant: bool) -> list[RowSpec]:
             if knobs[0] not in HF_CONFIGS or (batch_size == 1 and (knobs[0] != "hf-assisted" or has_assistant))]
 
 
-def load_earlier(path, meta: dict, run) -> tuple[list[dict], dict[RowSpec, dict]]:
+def load_earlier(path, meta: dict, run, specs: list[RowSpec]) -> tuple[list[dict], dict[RowSpec, dict]]:
     """What ``--resume`` continues: the runs recorded in the result file ``path`` (its ``"run"``
     and its own ``"earlier_runs"``, oldest first) and its rows by :class:`RowSpec`.
 
     Refuses (SystemExit naming the difference) a missing file, other ``meta`` (model, prompts,
-    tokens, threads, ...), and another CPU or torch version than ``run``'s: repeats timed on
-    another machine would enter the same medians. The commit may differ (each run records its own).
+    tokens, threads, ...), another CPU or torch version than ``run``'s (repeats timed on another
+    machine would enter the same medians), and earlier rows missing from ``specs`` (a resumed run
+    never drops measured rows; ``specs`` may add rows). The commit may differ (each run records
+    its own).
     """
     try:
         earlier = json.loads(path.read_text())
@@ -239,6 +243,10 @@ def load_earlier(path, meta: dict, run) -> tuple[list[dict], dict[RowSpec, dict]
                              f"{getattr(run, field)!r}; start a new --name instead")
     names = [f.name for f in fields(RowSpec)]
     done = {RowSpec(**{name: row[name] for name in names}): row for row in earlier["rows"]}
+    dropped = [spec for spec in done if spec not in specs]
+    if dropped:
+        raise SystemExit(f"--resume: the earlier run measured rows this command does not ask for: {dropped}; "
+                         "give the same --configs and knobs (new rows may be added)")
     return [*earlier.get("earlier_runs", []), earlier["run"]], done
 
 
@@ -289,16 +297,11 @@ def interleaved(specs: list[RowSpec], repeats: int, make_runner, prompts: list[l
     token count, outputs and level statistics.
     ``on_row(rows)``: called after every timed run with the rows so far, each over the repeats it
     has done (``repeats`` in the row), so a run cut short keeps what it measured.
-    ``done``: rows of an earlier run of the same specs, by spec; a row's first repeats are taken
-    from it (times, rates, and its outputs and statistics until a new repeat replaces them) and
-    only the later ones are timed. Every spec of ``done`` must be among ``specs`` (a resumed run
-    never drops measured rows); ``specs`` may add rows, timed from repeat 0.
+    ``done``: rows of an earlier run (:func:`load_earlier`), by spec; a row's first repeats are
+    taken from it (times, rates, and its outputs and statistics until a new repeat replaces them)
+    and only the later ones are timed; specs not in ``done`` are timed from repeat 0.
     """
     done = done or {}
-    dropped = [spec for spec in done if spec not in specs]
-    if dropped:
-        raise SystemExit(f"--resume: the earlier run measured rows this command does not ask for: {dropped}; "
-                         "give the same --configs and knobs (new rows may be added)")
     times = [list(done[spec]["seconds_per_repeat"]) if spec in done else [] for spec in specs]
     rates = [list(done[spec]["tokens_per_second_per_repeat"]) if spec in done else [] for spec in specs]
     rows: list[dict | None] = [done.get(spec) for spec in specs]

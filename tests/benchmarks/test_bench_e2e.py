@@ -124,8 +124,6 @@ def test_a_resumed_run_times_only_the_missing_repeats():
     assert [(config, seed) for config, seed, new in calls if new == 24] == [("b", 1), ("a", 2), ("b", 2)]
     assert rows[0]["seconds_per_repeat"] == [4.0, 1.0, 2.0] and rows[0]["seconds"] == 2.0
     assert rows[1]["seconds_per_repeat"] == [9.0, 3.0, 6.0] and rows[1]["repeats"] == 3
-    with pytest.raises(SystemExit, match="does not ask for"):  # a resumed run never drops measured rows
-        bench_e2e.interleaved(specs[:1], 3, make_runner, [[5], [6]], 24, done=done)
 
 
 def _earlier_result(tmp_path, meta, cpu="AMD EPYC; torch CPU capability AVX2; none", torch_version="2.13.0+cpu"):
@@ -142,16 +140,20 @@ def _earlier_result(tmp_path, meta, cpu="AMD EPYC; torch CPU capability AVX2; no
 def test_resume_continues_only_the_same_measurement_on_the_same_machine(tmp_path):
     meta = {"model": "m", "num_prompts": 8}
     current = SimpleNamespace(cpu="AMD EPYC; torch CPU capability AVX2; none", torch_version="2.13.0+cpu")
-    runs, done = bench_e2e.load_earlier(_earlier_result(tmp_path, meta), meta, current)
+    specs = [bench_e2e.RowSpec(0.0, 1, "target", "hsd", "", "fixed", "none", "fp32"),
+             bench_e2e.RowSpec(0.0, 1, "exit:2,target", "hsd", "", "fixed", "none", "fp32")]  # a row added
+    runs, done = bench_e2e.load_earlier(_earlier_result(tmp_path, meta), meta, current, specs)
     assert [r["commit"] for r in runs] == ["old", "abc"]  # oldest first, each run named in the result
     assert list(done) == [bench_e2e.RowSpec(0.0, 1, "target", "hsd", "", "fixed", "none", "fp32")]
     assert "commit `abc`" in bench_e2e.earlier_runs_markdown(runs)
     with pytest.raises(SystemExit, match="num_prompts"):
-        bench_e2e.load_earlier(_earlier_result(tmp_path, meta), {**meta, "num_prompts": 4}, current)
+        bench_e2e.load_earlier(_earlier_result(tmp_path, meta), {**meta, "num_prompts": 4}, current, specs)
     with pytest.raises(SystemExit, match="cpu"):
         bench_e2e.load_earlier(_earlier_result(tmp_path, meta, cpu="AMD EPYC; torch CPU capability AVX512"),
-                               meta, current)
+                               meta, current, specs)
     with pytest.raises(SystemExit, match="torch_version"):
-        bench_e2e.load_earlier(_earlier_result(tmp_path, meta, torch_version="2.12.0"), meta, current)
+        bench_e2e.load_earlier(_earlier_result(tmp_path, meta, torch_version="2.12.0"), meta, current, specs)
     with pytest.raises(SystemExit, match="no earlier result"):
-        bench_e2e.load_earlier(tmp_path / "missing.json", meta, current)
+        bench_e2e.load_earlier(tmp_path / "missing.json", meta, current, specs)
+    with pytest.raises(SystemExit, match="does not ask for"):  # a resumed run never drops measured rows
+        bench_e2e.load_earlier(_earlier_result(tmp_path, meta), meta, current, specs[1:])
