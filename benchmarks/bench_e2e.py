@@ -44,7 +44,7 @@ from benchmarks.bench_report import BENCH_EXTRA_HINT, add_ratios, check_batch_ou
 from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run,
                                write_results)
 from sglang_hsd.draft_length import parse_draft_length
-from sglang_hsd.runtime.config import parse_tree
+from sglang_hsd.tree_draft import TreeShape
 from sglang_hsd.runtime.kernel_paths import single_row_split
 from sglang_hsd.runtime.kernel_setup import parse_drafter_precision
 from sglang_hsd.runtime.loading import build_generator, load_model
@@ -137,7 +137,7 @@ def parse_args(argv: list[str] | None = None):
     for text in args.draft_length or []:
         parse_draft_length(text)  # bad input fails before any model is loaded
     for text in args.tree or []:
-        parse_tree(text)
+        TreeShape.parse(text)
     for text in args.drafter_precision or []:
         parse_drafter_precision(text)
     return args
@@ -271,7 +271,7 @@ def measure_all(args, target, assistant, prompts, on_row=None, done=None) -> lis
             return lambda seed, batch, new: run_hf(spec.config, target, assistant, batch, params, new, eos, seed)
         buffers = [int(x) for x in spec.buffers.split(",")] if spec.buffers else None
         gen = build_generator(target, spec.config, buffers, spec.method.split(","), args.exit_heads,
-                              draft_length=parse_draft_length(spec.draft_length), tree=parse_tree(spec.tree),
+                              draft_length=parse_draft_length(spec.draft_length), tree=TreeShape.parse(spec.tree),
                               drafter_precision=spec.drafter_precision, pack_linears=args.pack_linears,
                               drafter=_shared(assistant, spec.config))
         return lambda seed, batch, new: run_runtime(gen, batch, params, new, eos, seed, spec.batch_size)

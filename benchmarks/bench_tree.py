@@ -22,7 +22,7 @@ that node, token V - 1 lumps the rest (its mass 1 - sum of the others; its conti
 target's V-th most likely token). ``tree_exact`` then gives the exact expected accepted tokens of
 the three rules, as in ``tests/verify/tree/test_expected_accepted.py``, and, at the server's node
 budget N = ``--num-draft-tokens`` (root included), of the level-synchronous default rule
-(``tree/level_draft.py``'s ``spine_wide`` + hsd, through its sequential twin in
+(``sglang_hsd/tree_draft/drafter.py``'s ``spine_wide`` + hsd, through its sequential twin in
 ``oracles/expand_exact.py``, which has the same law) against SGLang's stock tree at the same N
 (top-k beam pruned to the N - 1 best path scores, target-only).
 
@@ -47,11 +47,12 @@ from benchmarks.common import (RESULTS_DIR, RunRecord, add_standard_arguments, b
 from benchmarks.drafters import PrefixModel, load_draft_model, node_logits
 from sglang_hsd.runtime.loading import load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
-from sglang_hsd.verify import TreeUniforms, sample_tree, topk_tree, tree_attention_mask, verify_tree
+from sglang_hsd.verify import TreeUniforms, tree_attention_mask, verify_tree
+from sglang_hsd.verify.oracles.full_tree_draft import sample_tree, topk_tree
 from sglang_hsd.verify.oracles import tree_exact
 from sglang_hsd.verify.oracles.exact import TabularWorld, prefix_offset
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE
+from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE
 
 SAMPLED_METHODS = ("rrs", "hsd")
 # "hsd below stock" counts ignore differences this small: float32 target rows make a saturated

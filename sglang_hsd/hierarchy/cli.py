@@ -70,7 +70,7 @@ def _round_plan_inputs(args: argparse.Namespace):
     from sglang_hsd.hierarchy.round_costs import KernelSetting
     from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes
     from sglang_hsd.levels import LevelKind, parse_level_specs
-    from sglang_hsd.runtime.config import parse_tree
+    from sglang_hsd.tree_draft import TreeShape
     from sglang_hsd.runtime.kernel_setup import AUTO_PRECISION, DRAFTER_PRECISIONS, parse_drafter_precision
     from sglang_hsd.sampling import SamplingParams
 
@@ -97,7 +97,7 @@ def _round_plan_inputs(args: argparse.Namespace):
                 for path in args.kernel_paths.split(",") for precision in precisions]
     trees = DEFAULT_TREES
     if args.trees is not None:
-        parsed = [parse_tree(t, "--trees") for t in args.trees.split(",") if t.strip()]
+        parsed = [TreeShape.parse(t, "--trees") for t in args.trees.split(",") if t.strip()]
         trees = [(t.depth, t.topk, t.num_draft_tokens) for t in parsed if t is not None]
     adaptive = [a for a in args.adaptive.split(",") if a.strip()] if args.adaptive is not None else DEFAULT_ADAPTIVE
     shapes = candidate_shapes(_int_list(args.fixed, "--fixed"), adaptive, trees)

@@ -37,7 +37,7 @@ from sglang_hsd.levels import (
     parse_buffers,
     parse_level_specs,
 )
-from sglang_hsd.runtime.config import parse_tree
+from sglang_hsd.tree_draft import TreeShape
 from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
 from sglang_hsd.runtime.kernel_setup import parse_drafter_precision
 
@@ -84,7 +84,7 @@ class PlannedHierarchy:
         if self.draft_length is not None:
             parse_draft_length(self.draft_length, name="draft_length")
         if self.tree is not None:
-            parse_tree(self.tree, name="tree")
+            TreeShape.parse(self.tree, name="tree")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.kernel_path is not None and self.kernel_path not in (PATH_MKL, PATH_PACKED):

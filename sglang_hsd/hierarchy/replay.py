@@ -11,7 +11,7 @@ milliseconds.
 Greedy requests (temperature 0): the replay is exact for the accepted tokens. Along the target's
 greedy continuation the drafter's context after a matched draft is the record's own prefix, so a
 chain of drafts starting at position t is accepted up to the first position whose drafter argmax
-(rank 0) differs from the target's token; a top-k tree (``tree/level_draft.py``: greedy rows keep
+(rank 0) differs from the target's token; a top-k tree (``sglang_hsd/tree_draft/drafter.py``: greedy rows keep
 the drafter's top k per forwarded node) accepts the longest prefix of the target's rank sequence
 that is a kept path (``kept_rank_paths``). The drafted *count* past a rejection (an adaptive
 rule's stop there) reads the record's confidences, which the engine computes on a context that
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from sglang_hsd.draft_length import DraftLengthRule
-from sglang_hsd.verify.tree.expand import ExpandConfig
-from sglang_hsd.verify.tree.level_rules import spine_wide_order
+from sglang_hsd.tree_draft import TreeShape
+from sglang_hsd.tree_draft.rules import spine_wide_order
 
 # Thresholds at which stop probabilities are recorded; an adaptive candidate must use one of them.
 STOP_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -195,8 +195,8 @@ def replay_chain(
 
 
 @lru_cache(maxsize=64)
-def kept_rank_paths(cfg: ExpandConfig) -> tuple[tuple[int, ...], ...]:
-    """The nodes of a top-k ``spine_wide`` tree (``tree/level_draft.py``) when every q row has at
+def kept_rank_paths(cfg: TreeShape) -> tuple[tuple[int, ...], ...]:
+    """The nodes of a top-k ``spine_wide`` tree (``sglang_hsd/tree_draft/drafter.py``) when every q row has at
     least k tokens: each node as its path of draw ranks from the root, ``(0, 0, 1)`` = the second
     child of the argmax chain's second node; the N - 1 kept nodes in keeping order.
 
@@ -214,7 +214,7 @@ def kept_rank_paths(cfg: ExpandConfig) -> tuple[tuple[int, ...], ...]:
         base = 0 if forward == 0 else (1 + (forward - 1) * k) * k
         return path(base + beam) + (draw,)
 
-    order = spine_wide_order(cfg, "cpu").tolist()[: cfg.budget]
+    order = spine_wide_order(cfg)[: cfg.budget]
     return tuple(path(p) for p in order)
 
 
@@ -231,7 +231,7 @@ def forwarded_prefix(path: tuple[int, ...], depth: int) -> int:
     return count
 
 
-def replay_tree(records: list[AcceptanceRecord], new_tokens: int, cfg: ExpandConfig, samples: int = 32,
+def replay_tree(records: list[AcceptanceRecord], new_tokens: int, cfg: TreeShape, samples: int = 32,
                 seed: int = 0) -> ReplayStats:
     """Tree rounds of shape ``cfg`` (``spine_wide``) until each record has emitted ``new_tokens``.
 

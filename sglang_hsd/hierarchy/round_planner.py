@@ -36,8 +36,8 @@ from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_pr
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
-from sglang_hsd.verify.tree.expand import ExpandConfig
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES
+from sglang_hsd.tree_draft import TreeShape
+from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES
 
 DEFAULT_FIXED = tuple(range(1, 17))
 DEFAULT_ADAPTIVE = tuple(f"adaptive:{t}:{m}" for t in (0.2, 0.4, 0.6) for m in (8, 16, 24, 32))
@@ -48,12 +48,12 @@ DEFAULT_TREES = ((2, 2, 4), (3, 2, 6), (4, 2, 8), (5, 2, 10), (6, 2, 12), (8, 2,
 @dataclass(frozen=True)
 class RoundShape:
     """How a round drafts. Exactly one of: ``fixed`` (K drafts), ``adaptive`` (a
-    ``DraftLengthRule`` of kind adaptive), ``tree`` (an ``ExpandConfig``); all None: plain decoding.
+    ``DraftLengthRule`` of kind adaptive), ``tree`` (a ``TreeShape``); all None: plain decoding.
     """
 
     fixed: int | None = None
     adaptive: DraftLengthRule | None = None
-    tree: ExpandConfig | None = None
+    tree: TreeShape | None = None
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.fixed, self.adaptive, self.tree)) > 1:
@@ -141,7 +141,7 @@ def candidate_shapes(
         shapes.append(RoundShape(adaptive=rule))
     rule = LEVEL_RULES[DEFAULT_LEVEL_RULE]
     for depth, topk, nodes in trees:
-        cfg = ExpandConfig(depth, topk, nodes)
+        cfg = TreeShape(depth, topk, nodes)
         if cfg.budget > min(cfg.pool, rule.capacity(cfg)):
             raise ValueError(f"tree candidate {depth}:{topk}:{nodes} does not fit rule {DEFAULT_LEVEL_RULE!r}")
         shapes.append(RoundShape(tree=cfg))

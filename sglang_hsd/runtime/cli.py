@@ -95,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.draft_length import parse_draft_length
     from sglang_hsd.levels import parse_buffers
-    from sglang_hsd.runtime.config import parse_tree
+    from sglang_hsd.tree_draft import TreeShape
     from sglang_hsd.runtime.loading import build_generator, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams
 
@@ -117,7 +117,7 @@ def run_generate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
     draft_length = parse_draft_length(args.draft_length)  # bad input fails before loading a model
-    tree = parse_tree(args.tree)
+    tree = TreeShape.parse(args.tree)
     drafter_precision = _drafter_precision(args.levels, args.drafter_precision)
     target = load_model(args.model)
     gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse,

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
-from sglang_hsd.verify.tree.expand import ExpandConfig
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES
+from sglang_hsd.tree_draft import TreeShape
+from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES
 
 # The tree rule each chain method becomes when the drafter draws a tree (the target level's method).
 TREE_METHOD_OF = {"hsd": "hsd", "tokenwise": "rrs", "greedy": "greedy"}
@@ -38,18 +38,18 @@ class HierarchyConfig:
             low-probability drafted token or at a cap adapted from past rounds (at most
             ``max_length``; the drafter's buffer is then unused). Windowed rounds need ``fixed``.
         tree: draft a sampled tree per round instead of a chain (``runtime/tree_rounds.py``):
-            depth D, k children per node, N nodes with the root (``ExpandConfig``); None: chains.
+            depth D, k children per node, N nodes with the root (``TreeShape``); None: chains.
             Needs two levels (a ``model`` or ``exit`` drafter, the target), a fixed draft length,
             no window, and a target method in ``TREE_METHOD_OF``; the drafter's buffer is unused.
         tree_rule: which drafted nodes are forwarded and kept (a lossless key of
-            ``verify.tree.level_draft.LEVEL_RULES``, the server's ``--hsd-tree-rule``).
+            ``tree_draft.LEVEL_RULES``, the server's ``--hsd-tree-rule``).
     """
 
     levels: tuple[LevelSpec, ...] = field(default_factory=lambda: (LevelSpec(LevelKind.TARGET),))
     reuse_kv: bool = True
     window: bool = False
     draft_length: DraftLengthRule = field(default_factory=DraftLengthRule)
-    tree: ExpandConfig | None = None
+    tree: TreeShape | None = None
     tree_rule: str = DEFAULT_LEVEL_RULE
 
     def __post_init__(self) -> None:
@@ -87,8 +87,8 @@ class HierarchyConfig:
 
     def _check_tree(self) -> None:
         names = ",".join(level.name for level in self.levels)
-        if not isinstance(self.tree, ExpandConfig):
-            raise ValueError(f"tree must be an ExpandConfig(depth, topk, num_draft_tokens), got {self.tree!r}")
+        if not isinstance(self.tree, TreeShape):
+            raise ValueError(f"tree must be a TreeShape(depth, topk, num_draft_tokens), got {self.tree!r}")
         if len(self.levels) != 2 or self.levels[0].kind not in TREE_DRAFTERS:
             raise ValueError(f"tree needs two levels, a 'model', 'exit' or 'eagle3' drafter and the target, got {names}")
         if self.window or self.draft_length.adaptive:
@@ -125,7 +125,7 @@ def parse_levels(
     methods: list[str] | None = None,
     window: bool = False,
     draft_length: DraftLengthRule | None = None,
-    tree: ExpandConfig | None = None,
+    tree: TreeShape | None = None,
     tree_rule: str = DEFAULT_LEVEL_RULE,
 ) -> HierarchyConfig:
     """A ``HierarchyConfig`` for ``"exit:4,exit:12,target"`` (or ``"model:/path,target"``,
@@ -140,20 +140,3 @@ def parse_levels(
     """
     return HierarchyConfig(parse_level_specs(spec, buffers, methods), window=window,
                            draft_length=draft_length or DraftLengthRule(), tree=tree, tree_rule=tree_rule)
-
-
-def parse_tree(text: str, name: str = "--tree") -> ExpandConfig | None:
-    """``"none"`` (chains) or ``"D:k:N"``: depth D, k children per node, N nodes with the root
-    (SGLang's ``--speculative-num-steps`` / ``--speculative-eagle-topk`` /
-    ``--speculative-num-draft-tokens``). Raises ``ValueError`` naming ``name`` otherwise."""
-    if text.strip() == "none":
-        return None
-    parts = text.strip().split(":")
-    try:
-        depth, topk, nodes = (int(x) for x in parts)
-    except ValueError:
-        raise ValueError(f"{name} must be none or D:k:N (three integers, e.g. 4:2:8), got {text!r}") from None
-    try:
-        return ExpandConfig(depth, topk, nodes)
-    except ValueError as err:
-        raise ValueError(f"{name} {text!r}: {err}") from None

@@ -87,7 +87,7 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         exit_heads: the ``--exit-heads`` option (``load_exit_heads_option``).
         reuse_kv: ``HierarchyConfig.reuse_kv``.
         draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``: the drafter's buffer).
-        tree: ``HierarchyConfig.tree`` (an ``ExpandConfig``, e.g. from ``config.parse_tree``), None: chains.
+        tree: ``HierarchyConfig.tree`` (a ``TreeShape``, e.g. from ``TreeShape.parse``), None: chains.
         pack_linears: ``SpeculativeGenerator(pack_linears=...)`` (the ``onednn-packed`` kernel path).
         drafter_precision: ``SpeculativeGenerator(drafter_precision=...)`` (a separate drafter's
             single-row weight copy).

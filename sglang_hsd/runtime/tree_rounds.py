@@ -6,14 +6,15 @@ A round of rows ``idx`` whose last committed token r sits at position s = ``seq_
 1. **Root q.** The drafter (a separate model, the target's first L layers and an exit head, or an
    EAGLE-3 head: ``_LayerTreeDrafter`` / ``_Eagle3TreeDrafter``) catches up to the committed
    tokens and gives q after r.
-2. **Drafting.** ``LevelDrafter`` (``verify/tree/level_draft.py``, the rule the server's sampled
+2. **Drafting.** ``LevelDrafter`` (``sglang_hsd/tree_draft/drafter.py``, the rule the server's sampled
    trees run) draws the tree level by level: D - 1 drafter forwards of k beams per request. Beam j
    of forward i sits at depth i + 1 (position s + i + 1) in the drafter's cache slot
    ``s + 1 + i * k + j`` and attends the committed tokens and its forwarded ancestors only
    (``forward_layers``'s ``mask_prefix``: the earlier forwards' slots fall under the tree mask).
-   Greedy requests draft the top-k tree of the drafter's plain softmax (temperature 1): a tree of
-   positive probability under the sampled law, so the lossless verifier returns the target's
-   greedy path on it.
+   Children are drawn by Gumbel top-k with keyed noise (``tree_draft/noise.py``); greedy
+   requests take the top-k tree of the drafter's plain softmax (``tree_draft/children.py``, the
+   same greedy-row rule as the server's): a tree of positive probability under the sampled law,
+   so the lossless verifier returns the target's greedy path on it.
 3. **Verification.** One target forward over r and the N - 1 kept nodes with the tree attention
    mask (positions s + depth), the target's rows under the request's sampling parameters, then
    ``verify_tree`` with the target level's tree method (``config.TREE_METHOD_OF``).
@@ -33,7 +34,7 @@ before the target's forward, which runs every layer on the tree (the drafter's f
 layers are not reused for the kept nodes).
 
 Why the output law is the target's: each round is the server's tree round (the same drafting rule
-and verifier, whose exact round law is enumerated in ``tests/verify/tree/test_level_draft_exact.py``);
+and verifier, whose exact round law is enumerated in ``tests/tree_draft/test_exact.py``);
 the drafter's q rows are the distributions the children were drawn from, which is what
 ``verify_tree`` divides by. ``tests/runtime/test_engine_tree.py`` checks the batched engine's
 multi-token law by chi-square against the exact target law.
@@ -50,7 +51,7 @@ from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance
 from sglang_hsd.sampling import BatchSamplingParams, logits_to_probs
 from sglang_hsd.verify.tree.api import verify_tree
-from sglang_hsd.verify.tree.level_draft import LevelDrafter, LevelTree
+from sglang_hsd.tree_draft import DraftPlan, KeyedNoise, LevelDrafter, LevelTree, greedy_draft_q
 from sglang_hsd.verify.tree.mask import tree_attention_mask
 from sglang_hsd.verify.tree.methods import TREE_METHODS
 from sglang_hsd.verify.tree.validation import validate_tree_inputs
@@ -99,6 +100,7 @@ class TreeRounds:
         self.run = run
         config = run.gen.config
         self.shape, self.rule, self.method = config.tree, config.tree_rule, config.tree_method
+        self.plan = DraftPlan.build(config.tree, config.tree_rule, run.tokens.device)
         self.target: LayerGroup = run.level_group[-1]
         # The target's groups from the embeddings up (the last one is the target level's).
         self.target_chain: list[LayerGroup] = []
@@ -160,9 +162,10 @@ class TreeRounds:
         params = self._draft_params(idx)
         root_logits = drafter.root_logits(idx)
         greedy = run.params.temperature[idx] == 0
-        level_drafter = LevelDrafter(shape, self.rule, logits_to_probs(root_logits, params), greedy,
-                                     generator=run.generator, validate=run.gen.validate)
-        beam_params = params.repeat_interleave(k)
+        noise = KeyedNoise.fresh(run.seq_len[idx], run.generator)  # a stream per request and round
+        root_q = greedy_draft_q(logits_to_probs(root_logits, params), root_logits, greedy)
+        level_drafter = LevelDrafter(self.plan, root_q, greedy, noise, validate=run.gen.validate)
+        beam_params, beam_greedy = params.repeat_interleave(k), greedy.repeat_interleave(k)
         num_forwarded = k * (shape.depth - 1)
         # ancestors[r, s, s']: forwarded slot s' is s or an ancestor of s (the root is cached, not a slot).
         ancestors = torch.zeros(rows, num_forwarded, num_forwarded, dtype=torch.bool, device=idx.device)
@@ -175,7 +178,8 @@ class TreeRounds:
                 ancestors[:, slots] |= ancestors.gather(1, parent.unsqueeze(-1).expand(-1, -1, num_forwarded))
             mask = ancestors[:, slots, : (level + 1) * k]  # [R, k, (level + 1) k]
             logits = drafter.beam_logits(idx, step, level, mask)  # [R, k, V]
-            step = level_drafter.step(logits_to_probs(logits.reshape(rows * k, -1), beam_params))
+            flat = logits.reshape(rows * k, -1)
+            step = level_drafter.step(greedy_draft_q(logits_to_probs(flat, beam_params), flat, beam_greedy))
             level += 1
         tree = level_drafter.finish()
         stats = run.stats[0]
@@ -186,8 +190,9 @@ class TreeRounds:
         return tree
 
     def _draft_params(self, idx: torch.Tensor) -> BatchSamplingParams:
-        """The requests' sampling parameters, greedy rows at temperature 1: their top-k tree comes
-        from the drafter's plain softmax (a one-hot q would give every node a single child)."""
+        """The requests' sampling parameters, greedy rows at temperature 1 (their q is replaced by
+        the drafter's plain softmax, ``greedy_draft_q``; temperature 1 only keeps the transform
+        from producing a one-hot row it would discard)."""
         params = self.run.params.rows(idx)
         temperature = torch.where(params.temperature == 0, torch.ones_like(params.temperature), params.temperature)
         return BatchSamplingParams(temperature, params.top_k, params.top_p)

@@ -27,7 +27,7 @@ from sglang_hsd.sglang_plugin.config import (
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
-from sglang_hsd.verify.tree.level_draft import LOSSLESS_LEVEL_RULES
+from sglang_hsd.tree_draft import LOSSLESS_LEVEL_RULES
 
 
 class _EnvAction(argparse.Action):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from sglang_hsd.levels import DEFAULT_CHAIN_METHOD
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
+from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
 
 VERIFY_METHOD_ENV = "SGLANG_HSD_VERIFY_METHOD"
 VALIDATE_ENV = "SGLANG_HSD_VALIDATE"
@@ -53,7 +53,7 @@ class PluginConfig:
         topk: --speculative-eagle-topk (1 = chains).
         tree_draft: how trees are drafted (a key of ``TREE_DRAFTS``); unused for chains.
         tree_rule: expansion rule of sampled trees, a lossless key of
-            ``sglang_hsd.verify.tree.level_draft.LEVEL_RULES`` (``--hsd-tree-rule``).
+            ``sglang_hsd.tree_draft.LEVEL_RULES`` (``--hsd-tree-rule``).
         draft_temperature_scale: S > 0; sampled trees draw children from (and verify with) the
             drafter's distribution at temperature T * S instead of the request's T. Any S keeps
             the output law (the verifier reads the q the children were drawn from); S < 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang_hsd.counter_rng import domain_seed
+
 # Domain tags (XORed into the request's seed).
 EXIT_COIN_SEED_TAG = 0x5EED_E417
 CONTINUATION_SEED_TAG = 0xD4AF_7C0E
@@ -24,4 +26,4 @@ def sub_round_seed(sampling_seed: torch.Tensor, tag: int, sub_round: int) -> tor
     key would make a later draw depend on what an earlier one decided). Bits 48.. hold the
     sub-round, so the seed stays a non-negative int64 for seeds below 2^48.
     """
-    return sampling_seed.to(torch.int64) ^ tag ^ (sub_round << 48)
+    return domain_seed(sampling_seed, tag, sub_round)

@@ -196,15 +196,15 @@ def _sampled_tree_problems(args) -> list[str]:
         problems.append("--hsd-tree-draft sampled: the sampled tree loop runs eagerly (a captured "
                         "draft graph would replay SGLang's top-k loop); add --disable-cuda-graph")
     try:
-        from sglang_hsd.verify.tree.expand import ExpandConfig
-        from sglang_hsd.verify.tree.level_draft import LEVEL_RULES
+        from sglang_hsd.tree_draft import TreeShape
+        from sglang_hsd.tree_draft import LEVEL_RULES
     except ImportError:
         return problems + ["--hsd-tree-draft sampled: this build has no level-synchronous tree "
                            "drafter; use --hsd-tree-draft topk"]
     steps, topk, tokens = (args.speculative_num_steps, args.speculative_eagle_topk,
                            args.speculative_num_draft_tokens)
     if steps and tokens and tokens >= 2:
-        capacity = LEVEL_RULES[config.tree_rule].capacity(ExpandConfig(steps, topk, tokens))
+        capacity = LEVEL_RULES[config.tree_rule].capacity(TreeShape(steps, topk, tokens))
         if tokens - 1 > capacity:
             problems.append(
                 f"--speculative-num-draft-tokens {tokens}: the sampled tree drafter "

@@ -5,7 +5,7 @@ SGLang's tree loop takes the deterministic top-k of a plain softmax at every ste
 pool to the best path scores, which is lossy for sampled drafts; with its rejection-sampling
 flag on it drafts a chain instead. ``draft_sampled_tree`` keeps SGLang's loop shape (D - 1 draft
 forwards of k beams per request through the draft attention backend, the same per-step KV slots
-and positions) and lets ``sglang_hsd.verify.tree.level_draft.LevelDrafter`` choose the tokens:
+and positions) and lets ``sglang_hsd.tree_draft.LevelDrafter`` choose the tokens:
 children drawn without replacement from the drafter's real q, greedy rows (top_k == 1) taking
 q's top-k. The tree comes back in SGLang's pool layout (its tree builder, attention mask and KV
 bookkeeping run unchanged) plus what verification needs (``DraftTree``).
@@ -32,6 +32,7 @@ from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+from sglang_hsd.tree_draft import KeyedNoise, LevelDrafter
 
 
 @dataclass
@@ -149,18 +150,15 @@ def draft_sampled_tree(worker, forward_batch):
         (parent_list, top_scores_index, draft_tokens (target ids), draft_probs [bs, N, Vt]) as
         SGLang's ``draft_forward`` returns them, and the ``DraftTree`` of the round.
     """
-    from sglang_hsd.verify.tree.expand import ExpandConfig
-    from sglang_hsd.verify.tree.level_draft import LevelDrafter
-
     spec_info, info = forward_batch.spec_info, forward_batch.sampling_info
     k, steps = worker.topk, worker.speculative_num_steps
     root_q = spec_info.draft_probs
     if root_q is None:
         raise RuntimeError("HSD sampled trees: the draft input carries no root q (draft extend "
                            "ran without RootQHook)")
-    cfg = ExpandConfig(depth=steps, topk=k, num_draft_tokens=worker.speculative_num_draft_tokens)
     config = worker.hsd_config
-    drafter = LevelDrafter(cfg, config.tree_rule, root_q.float(), greedy_rows(info), validate=False)
+    drafter = LevelDrafter(worker.hsd_tree_plan, root_q.float(), greedy_rows(info),
+                           round_noise(info, forward_batch.seq_lens), validate=False)
     to_target = _target_ids(worker)
     out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc,
                                                  forward_batch.batch_size, k, steps)
@@ -186,6 +184,14 @@ def draft_sampled_tree(worker, forward_batch):
         q = scatter_draft_probs(q, worker.hot_token_id, vocab)
     draft_tree = DraftTree(q, tree.retrive_next_token, tree.retrive_next_sibling)
     return (tree.parent_list, tree.top_scores_index, to_target(tree.draft_tokens), q), draft_tree
+
+
+def round_noise(sampling_info, seq_lens: torch.Tensor) -> KeyedNoise:
+    """The round's tree noise, keyed by (stream seed, committed length ``seq_lens`` int [bs]):
+    the request's sampling seed when SGLang carries one (``sampling_seed``), else a fresh
+    per-round seed from torch's generator (on the device, so a captured graph replays a new one)."""
+    seed = sampling_info.sampling_seed
+    return KeyedNoise.fresh(seq_lens) if seed is None else KeyedNoise(seed, seq_lens)
 
 
 def _target_ids(worker):

@@ -47,7 +47,10 @@ def setup_sampled_trees(draft, config: PluginConfig) -> None:
     from sglang.srt.speculative import eagle_worker_v2
 
     from sglang_hsd.sglang_plugin.tree_draft import RootQHook
+    from sglang_hsd.tree_draft import DraftPlan, TreeShape
 
     draft.hsd_config = config
+    shape = TreeShape(draft.speculative_num_steps, draft.topk, draft.speculative_num_draft_tokens)
+    draft.hsd_tree_plan = DraftPlan.build(shape, config.tree_rule, draft.device)
     draft.hsd_root_q = RootQHook(config.draft_temperature_scale)
     draft.hsd_root_q.install(eagle_worker_v2)

@@ -18,13 +18,10 @@ from sglang_hsd.verify.chain import (
 from sglang_hsd.verify.common import PLACEHOLDER_TOKEN_ID, ChainUniforms
 from sglang_hsd.verify.tree import (
     TREE_METHODS,
-    DraftTree,
     TreeMethod,
     TreeUniforms,
     TreeVerifyResult,
     flashinfer_tree_mask,
-    sample_tree,
-    topk_tree,
     tree_attention_mask,
     verify_tree,
 )
@@ -38,13 +35,10 @@ __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "verify_chain",
     "TREE_METHODS",
-    "DraftTree",
     "TreeMethod",
     "TreeUniforms",
     "TreeVerifyResult",
     "flashinfer_tree_mask",
-    "sample_tree",
-    "topk_tree",
     "tree_attention_mask",
     "verify_tree",
 ]

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from benchmarks import bench_tree, drafters
-from sglang_hsd.verify import topk_tree, verify_tree
+from sglang_hsd.verify import verify_tree
+from sglang_hsd.verify.oracles.full_tree_draft import topk_tree
 from sglang_hsd.verify.oracles import exact
 
 # Monte Carlo means must sit within this many standard errors of the exact value (plus a floor
@@ -81,7 +82,8 @@ def test_world_at_rows_are_distributions():
 def test_lumping_rare_tokens_keeps_the_accepted_counts():
     """Rows over 3000 tokens with a long tail: verifying the lumped rows gives the same accepted
     count draw for draw (same uniforms) except where a coin lands within the lumped mass of a weight."""
-    from sglang_hsd.verify import TreeUniforms, sample_tree
+    from sglang_hsd.verify import TreeUniforms
+    from sglang_hsd.verify.oracles.full_tree_draft import sample_tree
 
     vocab, draws = 3000, 400
     gen = torch.Generator().manual_seed(0)

@@ -20,7 +20,7 @@ from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
-from sglang_hsd.verify.tree.expand import ExpandConfig  # noqa: E402
+from sglang_hsd.tree_draft import TreeShape  # noqa: E402
 from tests.runtime.helpers import PROMPTS, sharpen_lm_head  # noqa: E402
 
 NEW_TOKENS = 20
@@ -41,8 +41,8 @@ def drafter():
 SHAPES = [RoundShape(fixed=1), RoundShape(fixed=3), RoundShape(fixed=6),
           RoundShape(adaptive=parse_draft_length("adaptive:0.6:8")),
           RoundShape(adaptive=parse_draft_length("adaptive:0.9:4")),
-          RoundShape(tree=ExpandConfig(3, 2, 6)), RoundShape(tree=ExpandConfig(4, 2, 8)),
-          RoundShape(tree=ExpandConfig(2, 3, 5))]
+          RoundShape(tree=TreeShape(3, 2, 6)), RoundShape(tree=TreeShape(4, 2, 8)),
+          RoundShape(tree=TreeShape(2, 3, 5))]
 
 
 @pytest.mark.parametrize("spec", ["model:tiny,target", "exit:2,target"])
@@ -90,9 +90,9 @@ def test_a_wrong_record_is_caught_by_the_replay_test(target, drafter):
 
 def test_kept_rank_paths_of_a_small_tree():
     # D = 3, k = 2, N = 6: the argmax chain, then the root's second draw, then c_1's second draw.
-    assert kept_rank_paths(ExpandConfig(3, 2, 6)) == ((0,), (0, 0), (0, 0, 0), (1,), (0, 1))
+    assert kept_rank_paths(TreeShape(3, 2, 6)) == ((0,), (0, 0), (0, 0, 0), (1,), (0, 1))
     # A larger budget reaches the children of the root's second draw (the spare beam's).
-    paths = kept_rank_paths(ExpandConfig(3, 2, 8))
+    paths = kept_rank_paths(TreeShape(3, 2, 8))
     assert (1, 0) in paths and (1, 1) in paths and len(paths) == 7
 
 
@@ -118,7 +118,7 @@ def test_sampled_replay_limits():
     # A tree with two children per node at alpha 0.5 accepts more per round than the chain.
     half = [_record(0.5)]
     chain = replay(RoundShape(fixed=3), half, 40).tokens_per_round
-    tree = replay(RoundShape(tree=ExpandConfig(3, 2, 6)), half, 40).tokens_per_round
+    tree = replay(RoundShape(tree=TreeShape(3, 2, 6)), half, 40).tokens_per_round
     assert 1.5 < chain < tree
     # An adaptive rule that always stops drafts one token per round.
     always = [_record(1.0, stop=1.0)]

@@ -18,7 +18,7 @@ from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
 from sglang_hsd.verify.oracles.stats import chi_square_p_value  # noqa: E402
-from sglang_hsd.verify.tree.expand import ExpandConfig  # noqa: E402
+from sglang_hsd.tree_draft import TreeShape  # noqa: E402
 from tests.runtime.helpers import PROMPTS, eagle3_head_for, exact_target_prefix_probs, sharpen_lm_head  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def _generator(target, spec, tree, method="hsd", reuse_kv=True, rule="spine_wide
 @pytest.mark.parametrize("shape", [(3, 2, 6), (4, 2, 8), (2, 3, 5), (1, 3, 4)])
 @pytest.mark.parametrize("method", ["hsd", "tokenwise", "greedy"])
 def test_greedy_output_equals_target_greedy(target, spec, reuse_kv, shape, method):
-    tree = ExpandConfig(*shape)
+    tree = TreeShape(*shape)
     result = _generator(target, spec, tree, method, reuse_kv).generate(
         PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=14)
     for prompt, out in zip(PROMPTS, result.tokens):
@@ -57,7 +57,7 @@ def test_eagle3_greedy_output_equals_target_greedy(target, draft_vocab, shape, m
     # An EAGLE-3 head (draft vocabulary all or half of the target's) drafting sampled trees: each
     # beam reads its parent's output and attends its forwarded ancestors' entries of the head's cache.
     head, _ = eagle3_head_for(target, draft_vocab, [2, 3, 5])
-    tree = ExpandConfig(*shape)
+    tree = TreeShape(*shape)
     gen = SpeculativeGenerator(target, parse_levels("eagle3:x,target", [3], [method], tree=tree), eagle3_head=head,
                                validate=True)
     result = gen.generate(PROMPTS, SamplingParams(temperature=0.0), max_new_tokens=14)
@@ -110,7 +110,7 @@ def test_drafter_keeps_the_accepted_path_it_forwarded(target, monkeypatch, spec,
     params = SamplingParams(temperature=1.0)
 
     def run():
-        gen = _generator(target, spec, ExpandConfig(4, 2, 8), reuse_kv=reuse_kv)
+        gen = _generator(target, spec, TreeShape(4, 2, 8), reuse_kv=reuse_kv)
         model = gen.drafter if gen.drafter is not None else target
         before = model.counters.layer_token_forwards
         result = gen.generate(PROMPTS, params, max_new_tokens=20, seed=3)
@@ -133,7 +133,7 @@ def test_drafter_keeps_the_accepted_path_it_forwarded(target, monkeypatch, spec,
 def test_greedy_trees_accept_more_than_a_chain_of_the_same_depth(target):
     # The top-k tree holds the chain's argmax path, so per target round it accepts at least as much.
     chain = SpeculativeGenerator(target, parse_levels("exit:2,target", buffers=[3]), validate=True)
-    tree = _generator(target, "exit:2,target", ExpandConfig(3, 2, 6))
+    tree = _generator(target, "exit:2,target", TreeShape(3, 2, 6))
     params = SamplingParams(temperature=0.0)
     per_round = []
     for gen in (chain, tree):
@@ -146,7 +146,7 @@ def _sampled_counts(spec, params, method, shape=(2, 2, 4), runs=6000, vocab=6, l
     model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
     drafter = _small(vocab, seed=7) if spec.startswith("model") else None
     head = eagle3_head_for(model, vocab - 1, [1, 2, 3], std=0.3)[0] if spec.startswith("eagle3") else None
-    config = parse_levels(spec, [2], [method], tree=ExpandConfig(*shape))
+    config = parse_levels(spec, [2], [method], tree=TreeShape(*shape))
     gen = SpeculativeGenerator(model, config, drafter=drafter, eagle3_head=head, validate=True)
     prompt = [1, 4, 2]
     result = gen.generate([prompt] * runs, params, max_new_tokens=length, seed=seed)
@@ -195,7 +195,7 @@ def test_sampled_test_rejects_wrong_tree_rounds(monkeypatch, wrong):
 
 
 def test_bad_tree_configurations_are_refused():
-    tree = ExpandConfig(3, 2, 6)
+    tree = TreeShape(3, 2, 6)
     with pytest.raises(ValueError, match="two levels"):
         parse_levels("exit:1,exit:3,target", [3, 3], tree=tree)
     with pytest.raises(ValueError, match="'model', 'exit' or 'eagle3' drafter"):
@@ -205,7 +205,7 @@ def test_bad_tree_configurations_are_refused():
     with pytest.raises(ValueError, match="tree_rule must be one of"):
         parse_levels("exit:1,target", [3], tree=tree, tree_rule="pruned")
     with pytest.raises(ValueError, match="do not fit depth 2"):
-        parse_levels("exit:1,target", [3], tree=ExpandConfig(2, 2, 8))
+        parse_levels("exit:1,target", [3], tree=TreeShape(2, 2, 8))
     adaptive = DraftLengthRule("adaptive", threshold=0.5, min_length=1, max_length=6, grow=2)
     with pytest.raises(ValueError, match="draft_length 'fixed'"):
         parse_levels("exit:1,target", [3], draft_length=adaptive, tree=tree)

@@ -131,14 +131,13 @@ def test_tree_masked_extend_attention_equals_each_path_as_a_sequence():
 def test_tree_builder_reads_the_sampled_drafters_pool_layout(depth, topk, n):
     """SGLang's tree builder (this stand-in) turns the sampled drafter's pool layout into the
     links the drafter reports in verify order (full-support q: no filler nodes)."""
-    from sglang_hsd.verify.tree.expand import ExpandConfig
-    from sglang_hsd.verify.tree.level_draft import LevelDrafter
+    from sglang_hsd.tree_draft import DraftPlan, KeyedNoise, LevelDrafter, TreeShape
 
     gen = torch.Generator().manual_seed(depth * 10 + topk)
     bs, vocab = 3, 12
-    drafter = LevelDrafter(ExpandConfig(depth, topk, n), "spine",
+    drafter = LevelDrafter(DraftPlan.build(TreeShape(depth, topk, n), "spine"),
                            torch.softmax(torch.randn(bs, vocab, generator=gen), -1),
-                           torch.tensor([False, True, False]), generator=gen)
+                           torch.tensor([False, True, False]), KeyedNoise.fresh(torch.zeros(bs, dtype=torch.long), gen))
     drafter.first()
     for _ in range(depth - 1):
         drafter.step(torch.softmax(torch.randn(bs * topk, vocab, generator=gen), -1))

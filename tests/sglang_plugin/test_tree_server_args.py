@@ -84,7 +84,7 @@ def test_tree_rule_flag(plugin_loaded, clean_env):
 
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
+    from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
 
     assert PluginConfig.from_env(topk=2).tree_rule == DEFAULT_LEVEL_RULE
     assert set(LOSSLESS_LEVEL_RULES) == {"spine", "spine_wide", "beam"}

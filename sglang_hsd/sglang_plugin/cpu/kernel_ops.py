@@ -13,6 +13,8 @@ import ctypes
 
 import torch
 
+from sglang_hsd.counter_rng import murmur_hash32
+
 
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
     """Torch version of ``sgl_kernel.copy_all_layer_kv_cache_cpu`` (SGLang's ``cache_move.py``).
@@ -326,39 +328,12 @@ SGL_KERNEL_CPU_OPS = {
     "build_tree_kernel_efficient_cpu": build_tree_kernel_efficient_cpu,
     "verify_tree_greedy_cpu": verify_tree_greedy_cpu,
 }
-_U32 = 0xFFFFFFFF
-
-
-def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
-    return ((x << r) | (x >> (32 - r))) & _U32
-
-
-def _murmur3_mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    k = _rotl32((k * 0xCC9E2D51) & _U32, 15)
-    k = (k * 0x1B873593) & _U32
-    h = _rotl32(h ^ k, 13)
-    return (h * 5 + 0xE6546B64) & _U32
-
-
 def murmur_hash32_cpu(seed: torch.Tensor, positions: torch.Tensor,
                       col_indices: torch.Tensor) -> torch.Tensor:
     """uint32 [n, m] = MurmurHash3 of (seed[i] (64 bit), positions[i], col_indices[j]), the same
     blocks in the same order as SGLang's Triton ``murmur_hash32_kernel`` (seeded sampling and
-    verify coins). int64 arithmetic: every product is masked back to 32 bits, and two's-complement
-    wrap-around keeps the low 32 bits exact."""
-    seed = seed.to(torch.int64).view(-1, 1)
-    h = torch.zeros_like(seed)
-    h = _murmur3_mix(h, seed & _U32)
-    h = _murmur3_mix(h, (seed >> 32) & _U32)
-    h = _murmur3_mix(h, positions.to(torch.int64).view(-1, 1) & _U32)
-    h = _murmur3_mix(h, col_indices.to(torch.int64).view(1, -1) & _U32)
-    h = h ^ 16
-    h = h ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & _U32
-    h = h ^ (h >> 13)
-    h = (h * 0xC2B2AE35) & _U32
-    h = h ^ (h >> 16)
-    return h.to(torch.uint32)
+    verify coins); the hash itself lives in ``sglang_hsd.counter_rng``."""
+    return murmur_hash32(seed, positions, col_indices).to(torch.uint32)
 
 
 murmur_hash32_cpu.default = murmur_hash32_cpu  # called as torch.ops.sgl_kernel.<name>.default

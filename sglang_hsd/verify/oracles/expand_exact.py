@@ -8,7 +8,7 @@ compared with the target's.
 
 The rules are written here again, sequentially and in plain Python (a partial tree is a list of
 ``_Node``; a policy names the node that gets the next child), independently of the batched
-priorities in ``tree/expand.py``; ``tests/verify/tree/test_expand_statistical.py`` checks the
+priorities in ``tree/expand.py``; ``tests/verify/oracles/test_expand_statistical.py`` checks the
 batched drafter against this law.
 """
 

@@ -1,12 +1,14 @@
-"""Exact law of the server's whole round with the level-synchronous drafter (``tree/level_draft.py``).
+"""Exact law of the server's whole round with the level-synchronous drafter (``sglang_hsd/tree_draft/``).
 
 Not a re-derivation: the batched ``LevelDrafter`` itself is run on every drafting outcome. Its
-draws are inverse-CDF on pre-drawn uniforms, one per pool slot; the outcomes are enumerated slot
-level by level: a run of the drafter shows the q rows of the level's forwarded nodes, and every
-batch row splits into one row per ordered sequence of the node's k draws (without replacement),
-each uniform in the middle of its token's CDF interval given the earlier draws, the row's
-probability multiplied by the draws' shares. Deterministic rows and padding beams do not split.
-A last run gives every outcome's tree (the pool layout's verify-layout links and q rows); equal
+children come from a child sampler fed by noise; here the noise is chosen (``TableNoise``) so that
+the sampler draws one given ordered sequence, and each sequence is weighted by the sampler's law:
+Plackett-Luce for ``gumbel_topk`` (the law of Gumbel top-k, which ``tests/tree_draft/
+test_statistical.py`` checks the keyed noise samples), i.i.d. for ``with_replacement``. Outcomes
+are enumerated level by level: a run of the drafter shows the q rows of the level's forwarded
+nodes, and every batch row splits into one row per ordered draw sequence of a node, the row's
+probability multiplied by the sequence's. Deterministic rows and padding beams do not split. A
+last run gives every outcome's tree (the pool layout's verify-layout links and q rows); equal
 trees are merged and each gets the verifier's exact law (``tree_exact``, ``drafting="fixed"``,
 with the tree's own q rows), which ``tests/verify/tree/test_exact.py`` ties to ``verify_tree``.
 
@@ -27,10 +29,13 @@ import torch
 from sglang_hsd.verify.oracles.exact import RoundLaw, TabularWorld, prefix_offset, target_prefix_distribution, total_variation
 from sglang_hsd.verify.oracles.tree_exact import chain_rounds
 from sglang_hsd.verify.oracles.tree_exact import rrs_outcomes, traversal_outcomes
-from sglang_hsd.verify.tree.expand import ExpandConfig
-from sglang_hsd.verify.tree.level_draft import LevelDrafter, LevelTree
+from sglang_hsd.tree_draft import (
+    DEFAULT_CHILD_SAMPLER, DraftPlan, LevelDrafter, LevelTree, TableNoise, TreeShape, forward_slice,
+)
 
 CONTEXTS = ("path", "slot")
+# The law of each child sampler (``tree_draft.CHILD_SAMPLERS``): draws with replacement or not.
+SAMPLER_REPLACEMENT = {"gumbel_topk": False, "with_replacement": True}
 QFn = Callable[[torch.Tensor], torch.Tensor]  # paths int64 [B, M, L] (column 0: root) -> q float [B, M, V]
 
 
@@ -44,7 +49,7 @@ def drive(drafter: LevelDrafter, q_fn: QFn, root_tokens: torch.Tensor, context: 
     """
     if context not in CONTEXTS:
         raise ValueError(f"context must be one of {CONTEXTS}, got {context!r}")
-    k = drafter.cfg.topk
+    k = drafter.shape.topk
     step = drafter.first()
     contexts = root_tokens.view(-1, 1)  # [B, 1] before forward 0, then [B * k, level + 2]
     while step is not None:
@@ -74,49 +79,98 @@ def table_q_fn(world: TabularWorld, prefix: tuple) -> QFn:
     return q_fn
 
 
-def _run(world, prefix, rule, cfg, uniforms, deterministic, context) -> tuple[LevelDrafter, LevelTree]:
-    rows = uniforms.shape[0]
+def _run(world, prefix, plan: DraftPlan, noise: torch.Tensor, deterministic, context) -> tuple[LevelDrafter, LevelTree]:
+    rows = noise.shape[0]
     root_q = torch.as_tensor(world.q(tuple(prefix)), dtype=torch.float64).expand(rows, -1).clone()
-    drafter = LevelDrafter(cfg, rule, root_q, torch.full((rows,), deterministic), uniforms=uniforms, validate=False)
+    drafter = LevelDrafter(plan, root_q, torch.full((rows,), deterministic), TableNoise(noise, plan.shape.topk))
     tree = drive(drafter, table_q_fn(world, tuple(prefix)), torch.zeros(rows, dtype=torch.long), context)
     return drafter, tree
 
 
-def _split_forward(state, uniforms, probs, source, f: int):
-    """Split every row on the k draws of forwarded node f: one row per ordered draw sequence.
+def _ordered_draws(q: torch.Tensor, k: int, replacement: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every ordered sequence of k draws from each row of ``q`` (float64 [R, V]) and its probability.
 
-    ``source`` int64 [R]: the row of ``state`` (the last run) each current row continues."""
-    k = state.cfg.topk
-    remaining = state.fwd_q[source, f].double().clone()
-    vocab = torch.arange(remaining.shape[1])
-    may_split = state.fwd_active[source, f] & ~state.deterministic[source]
+    Without replacement (the law of Gumbel top-k, ``tree_draft/noise.py``): P(t_1..t_m) =
+    prod_j q(t_j) / (remaining mass before draw j), m = min(k, #positive q); with replacement:
+    prod_j q(t_j) / sum q. Returns (source row int64 [R'], tokens int64 [R', k] (-1 past the
+    support), probability float64 [R'])."""
+    source = torch.arange(q.shape[0])
+    tokens = torch.full((q.shape[0], k), -1, dtype=torch.long)
+    probs = torch.ones(q.shape[0], dtype=torch.float64)
+    remaining = q.clone()
+    vocab = torch.arange(q.shape[1])
     for j in range(k):
         total = remaining.sum(-1, keepdim=True)
-        splits = may_split & (total.squeeze(-1) > 0)
+        splits = total.squeeze(-1) > 0
         share = torch.where(total > 0, remaining / total.clamp_min(1e-300), 0.0)
-        middle = share.cumsum(-1) - share / 2
         choice = torch.where(splits.unsqueeze(-1), share > 0, vocab == 0)  # [R, V]
         row, token = choice.nonzero(as_tuple=True)
-        uniforms, source, may_split = uniforms[row].clone(), source[row], may_split[row]
-        uniforms[:, f, j] = torch.where(splits[row], middle[row, token], uniforms[:, f, j])
+        source, tokens, remaining = source[row], tokens[row].clone(), remaining[row].clone()
+        tokens[:, j] = torch.where(splits[row], token, -1)
         probs = probs[row] * torch.where(splits[row], share[row, token], 1.0)
-        remaining = remaining[row].clone()
-        remaining[torch.arange(row.shape[0]), token] = torch.where(splits[row], 0.0, remaining[torch.arange(row.shape[0]), token])
-    return uniforms, probs, source
+        if not replacement:
+            at = torch.arange(row.shape[0])
+            remaining[at, token] = torch.where(splits[row], 0.0, remaining[at, token])
+    return source, tokens, probs
 
 
-def draft_law(world, prefix, rule: str, cfg: ExpandConfig, deterministic=False, context="path") -> list[tuple[float, LevelTree]]:
+def _noise_for(q: torch.Tensor, tokens: torch.Tensor, draws: int) -> torch.Tensor:
+    """Gumbel noise [R, S, V] under which the sampler draws ``tokens`` (int64 [R, k], -1 none):
+    every positive-q key log q + g becomes 0 but a bonus; with one noise vector (top-k) the j-th
+    token's bonus is k - j, with one vector per draw (with replacement) draw j's token gets 1."""
+    k = tokens.shape[1]
+    base = torch.where(q > 0, -torch.log(q.clamp_min(1e-300)), 0.0)  # [R, V]
+    noise = base.unsqueeze(1).repeat(1, draws, 1)
+    for j in range(k):
+        valid = tokens[:, j] >= 0
+        slot = 0 if draws == 1 else j
+        at = torch.arange(q.shape[0])
+        bonus = float(k - j) if draws == 1 else 1.0
+        noise[at, slot, tokens[:, j].clamp_min(0)] += torch.where(valid, bonus, 0.0)
+    return noise
+
+
+def _split_forward(state, plan: DraftPlan, noise, probs, source, f: int):
+    """Split every row on the k draws of forwarded node f: one row per ordered draw sequence,
+    its noise set to produce that sequence (``source`` int64 [R]: the row of ``state``, the last
+    run, each current row continues). Deterministic rows and inactive forwards do not split."""
+    k, sampler = plan.shape.topk, plan.sampler
+    q = state.fwd_q[source, f].double()
+    may_split = state.fwd_active[source, f] & ~state.deterministic[source]
+    if sampler.name not in SAMPLER_REPLACEMENT:
+        raise ValueError(f"no exact law for child sampler {sampler.name!r}; add it to SAMPLER_REPLACEMENT")
+    outcome_source, tokens, outcome_probs = _ordered_draws(q, k, SAMPLER_REPLACEMENT[sampler.name])
+    keep = may_split[outcome_source] | (torch.arange(outcome_source.shape[0]) == _first_outcome(outcome_source))
+    outcome_source, tokens = outcome_source[keep], tokens[keep]
+    split = may_split[outcome_source]
+    outcome_probs = torch.where(split, outcome_probs[keep], 1.0)
+    noise = noise[outcome_source].clone()
+    crafted = _noise_for(q[outcome_source], tokens, noise.shape[2])
+    noise[:, f] = torch.where(split.view(-1, 1, 1), crafted, noise[:, f])
+    return noise, probs[outcome_source] * outcome_probs, source[outcome_source]
+
+
+def _first_outcome(outcome_source: torch.Tensor) -> torch.Tensor:
+    """int64 [R']: for each outcome, the index of the first outcome of the same source row."""
+    first = torch.full((int(outcome_source.max()) + 1,), outcome_source.shape[0], dtype=torch.long)
+    first.scatter_reduce_(0, outcome_source, torch.arange(outcome_source.shape[0]), "amin")
+    return first[outcome_source]
+
+
+def draft_law(world, prefix, rule: str, cfg: TreeShape, deterministic=False, context="path",
+              sampler: str = DEFAULT_CHILD_SAMPLER) -> list[tuple[float, LevelTree]]:
     """Every tree ``LevelDrafter`` can draft from ``prefix``: [(probability, one-row LevelTree)], merged."""
-    num_fwd = 1 + cfg.topk * (cfg.depth - 1)
-    uniforms = torch.full((1, num_fwd, cfg.topk), 0.5, dtype=torch.float64)
+    plan = DraftPlan.build(cfg, rule, "cpu", sampler)
+    vocab = world.vocab_size
+    noise = torch.zeros(1, cfg.num_forwards, plan.sampler.noise_draws(cfg.topk), vocab, dtype=torch.float64)
     probs = torch.ones(1, dtype=torch.float64)
     for level in range(cfg.depth):  # the q rows of a level's forwards are known after one run
-        drafter, _ = _run(world, prefix, rule, cfg, uniforms, deterministic, context)
+        drafter, _ = _run(world, prefix, plan, noise, deterministic, context)
         source = torch.arange(probs.shape[0])
-        forwards = [0] if level == 0 else range(1 + (level - 1) * cfg.topk, 1 + level * cfg.topk)
-        for f in forwards:
-            uniforms, probs, source = _split_forward(drafter.state, uniforms, probs, source, f)
-    _, tree = _run(world, prefix, rule, cfg, uniforms, deterministic, context)
+        fwd = forward_slice(level, cfg.topk)
+        for f in range(fwd.start, fwd.stop):
+            noise, probs, source = _split_forward(drafter.state, plan, noise, probs, source, f)
+    _, tree = _run(world, prefix, plan, noise, deterministic, context)
     # Merge equal trees: same tokens, links and q rows of the nodes with children.
     has_children = (tree.retrive_next_token >= 0).unsqueeze(-1)
     key = torch.cat([tree.candidates.double(), tree.retrive_next_token.double(), tree.retrive_next_sibling.double(),
@@ -168,15 +222,15 @@ def _verify_view(world, prefix: tuple, tree: LevelTree, reported_q=None):
 VERIFIERS = {"hsd": traversal_outcomes, "rrs": rrs_outcomes}
 
 
-def level_round_law(world, rule: str, cfg: ExpandConfig, prefix=(), method="hsd", deterministic=False, context="path",
-                    drafts: list | None = None, reported_q=None) -> RoundLaw:
+def level_round_law(world, rule: str, cfg: TreeShape, prefix=(), method="hsd", deterministic=False, context="path",
+                    drafts: list | None = None, reported_q=None, sampler: str = DEFAULT_CHILD_SAMPLER) -> RoundLaw:
     """Exact law of one round: ``draft_law`` x the verifier's exact law on each tree (bonus included).
 
     ``drafts``: ``draft_law``'s output for this prefix, when already computed. ``reported_q``: a
     world whose q the verifier reads instead of the rows the children were drawn from (a wrong
     variant: a drafter that reports another q than it sampled)."""
     if drafts is None:
-        drafts = draft_law(world, tuple(prefix), rule, cfg, deterministic, context)
+        drafts = draft_law(world, tuple(prefix), rule, cfg, deterministic, context, sampler)
     emitted: dict = {}
     expected = 0.0
     for tree_prob, tree in drafts:
@@ -187,8 +241,8 @@ def level_round_law(world, rule: str, cfg: ExpandConfig, prefix=(), method="hsd"
     return RoundLaw(emitted, expected)
 
 
-def level_prefix_tv(world, rule, cfg: ExpandConfig, length: int, methods=("hsd",), deterministic=False,
-                    context="path", reported_q=None) -> dict[str, float]:
+def level_prefix_tv(world, rule, cfg: TreeShape, length: int, methods=("hsd",), deterministic=False,
+                    context="path", reported_q=None, sampler: str = DEFAULT_CHILD_SAMPLER) -> dict[str, float]:
     """{method: TV between the emitted and the target law of the first ``length`` tokens} (chained
     rounds; the drafting law of each prefix is enumerated once for all ``methods``; ``reported_q``
     as in ``level_round_law``)."""
@@ -197,7 +251,7 @@ def level_prefix_tv(world, rule, cfg: ExpandConfig, length: int, methods=("hsd",
     def round_law(method):
         def law(prefix):
             if prefix not in drafts:
-                drafts[prefix] = draft_law(world, prefix, rule, cfg, deterministic, context)
+                drafts[prefix] = draft_law(world, prefix, rule, cfg, deterministic, context, sampler)
             return level_round_law(world, rule, cfg, prefix, method, drafts=drafts[prefix],
                                    reported_q=reported_q).emitted
         return law

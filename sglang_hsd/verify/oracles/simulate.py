@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_hsd.verify import sample_tree, topk_tree, verify_chain, verify_tree
+from sglang_hsd.verify import verify_chain, verify_tree
+from sglang_hsd.verify.oracles.full_tree_draft import sample_tree, topk_tree
 from sglang_hsd.verify.oracles.exact import TabularWorld, prefix_offset
 
 

@@ -12,7 +12,8 @@ from sglang_hsd.verify import (
     verify_chain,
     verify_tree,
 )
-from sglang_hsd.verify.tree import depths_from_parents, full_tree_links, parents_from_links
+from sglang_hsd.verify.oracles.full_tree_draft import full_tree_links
+from sglang_hsd.verify.tree import depths_from_parents, parents_from_links
 
 VOCAB = 6
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hsd.verify.tree import flashinfer_tree_mask, full_tree_links, pack_bits, tree_attention_mask
+from sglang_hsd.verify.oracles.full_tree_draft import full_tree_links
+from sglang_hsd.verify.tree import flashinfer_tree_mask, pack_bits, tree_attention_mask
 
 
 def _irregular_parents():

@@ -14,7 +14,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from sglang_hsd.verify import TREE_METHODS, TreeUniforms, sample_tree, verify_tree  # noqa: E402
+from sglang_hsd.verify import TREE_METHODS, TreeUniforms, verify_tree  # noqa: E402
+from sglang_hsd.verify.oracles.full_tree_draft import sample_tree  # noqa: E402
 from sglang_hsd.verify.common import use_triton  # noqa: E402
 
 pytestmark = pytest.mark.triton

@@ -1,4 +1,10 @@
-"""Budgeted sampled draft trees for the server's shape: depth D, topk k, N - 1 drafted nodes.
+"""Budgeted sampled draft trees grown one node at a time: the exact study's sequential drafters.
+
+The server and the runtime draft with ``sglang_hsd.tree_draft`` (level-synchronous, in SGLang's
+draft-loop shape); each of its lossless rules has the round law of its sequential twin here
+(``tests/tree_draft/test_exact.py::test_round_law_is_the_sequential_rule``), and this
+module is where new rules are studied by exact enumeration first. Shape: depth D, topk k, N - 1
+drafted nodes.
 
 SGLang's flags: ``--speculative-num-steps`` = D, ``--speculative-eagle-topk`` = k,
 ``--speculative-num-draft-tokens`` = N counts the root (``organize_draft_results`` keeps the
@@ -19,7 +25,7 @@ Rules (``EXPANSION_RULES``):
   chain's nodes, shallowest first (the root up to k children, then depth 1, ...).
 * ``spine_wide`` (the default, ``DEFAULT_RULE``): the spine's chain, then depth by depth (shallowest first) the chain node's later
   children, then the children of the chain node's siblings (the nodes a level-synchronous drafter
-  forwards on its spare beams, ``tree/level_draft.py``).
+  forwards on its spare beams, ``sglang_hsd/tree_draft/drafter.py``).
 * ``beam``: SGLang's beam with sampled children: per depth, the k best newest nodes by path q
   (product of q along the path) get k children each, best first.
 * ``best_first``: the node of highest path q gets children (up to k) next.
@@ -32,13 +38,13 @@ Why the sampled rules are lossless: every decision (which node grows next, when 
 only tokens drafted so far, so each child is a draw from q(.|node) without its earlier siblings
 given everything the verifier sees, and every drafted node is kept: that is the law traversal
 verification assumes. Pruning breaks it (a kept node's law becomes "q given its discarded subtree
-scored well"). ``tests/verify/tree/test_expand_exact.py`` enumerates every drafting outcome and
+scored well"). ``tests/verify/oracles/test_expand_exact.py`` enumerates every drafting outcome and
 the verifier's exact law over chained rounds: TV < 1e-12 for spine, beam and best_first (and stock
-+ target-only), TV > 1e-3 for ``pruned_beam``; ``tests/verify/tree/test_expand_statistical.py``
++ target-only), TV > 1e-3 for ``pruned_beam``; ``tests/verify/oracles/test_expand_statistical.py``
 checks this batched implementation against that law. Why spine_wide is the default: in the exact
 expected-accepted table of ``test_expand_exact.py::test_expected_accepted_table`` (reproduced in
 docs/verification.md, "Budgeted sampled trees") spine accepts the most of the rules there, and
-``tests/verify/tree/test_level_draft_exact.py::test_default_rule_accepts_the_most`` finds
+``tests/tree_draft/test_exact.py::test_default_rule_accepts_the_most`` finds
 spine_wide at least as good as spine at every budget measured (better when the budget reaches
 the siblings' children).
 """
@@ -51,34 +57,10 @@ from typing import Callable
 
 import torch
 
+from sglang_hsd.tree_draft.shape import TreeShape
 from sglang_hsd.verify.common import inverse_cdf_sample
-from sglang_hsd.verify.tree.draft import DraftTree, QFunction
+from sglang_hsd.verify.oracles.full_tree_draft import DraftTree, QFunction
 from sglang_hsd.verify.tree.layout import links_from_parents
-
-
-@dataclass(frozen=True)
-class ExpandConfig:
-    """The server's tree shape. Fields: depth D >= 1, topk k >= 1, num_draft_tokens N >= 2 (root included)."""
-
-    depth: int
-    topk: int
-    num_draft_tokens: int
-
-    def __post_init__(self):
-        for name, low in (("depth", 1), ("topk", 1), ("num_draft_tokens", 2)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
-    @property
-    def budget(self) -> int:
-        """Drafted nodes kept (N - 1)."""
-        return self.num_draft_tokens - 1
-
-    @property
-    def pool(self) -> int:
-        """SGLang's candidate count before pruning: k + (D - 1) k^2."""
-        return self.topk + (self.depth - 1) * self.topk**2
 
 
 @dataclass
@@ -104,23 +86,23 @@ class GrowState:
     q: torch.Tensor
     paths: torch.Tensor
 
-    def open_nodes(self, cfg: ExpandConfig) -> torch.Tensor:
+    def open_nodes(self, cfg: TreeShape) -> torch.Tensor:
         """bool [B, P]: drafted nodes that may still get a child."""
         slot = torch.arange(self.tokens.shape[1], device=self.tokens.device)
         return (slot < self.num_nodes.unsqueeze(-1)) & (self.num_children < self.capacity)
 
 
 # (state, config) -> float64 [B, P] priority; the highest finite entry gets the next child.
-Priority = Callable[[GrowState, ExpandConfig], torch.Tensor]
+Priority = Callable[[GrowState, TreeShape], torch.Tensor]
 NEG_INF = -math.inf
 
 
-def best_first_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
+def best_first_priority(state: GrowState, cfg: TreeShape) -> torch.Tensor:
     """Highest path q first (ties: the earlier node; a parent outranks its children)."""
     return torch.where(state.open_nodes(cfg), state.scores, NEG_INF)
 
 
-def beam_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
+def beam_priority(state: GrowState, cfg: TreeShape) -> torch.Tensor:
     """Shallowest depth first; there, only the k best nodes by path q, best first.
 
     A depth is only grown once the depth above it is finished, so its node set is complete when
@@ -137,7 +119,7 @@ def beam_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
     return torch.where(eligible, state.scores - 2.0 * state.depths, NEG_INF)
 
 
-def spine_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
+def spine_priority(state: GrowState, cfg: TreeShape) -> torch.Tensor:
     """A chain to depth D (the newest node grows), then the chain's nodes, shallowest first."""
     slot = torch.arange(state.tokens.shape[1], device=state.tokens.device)
     in_chain = state.num_nodes.unsqueeze(-1) <= cfg.depth
@@ -147,7 +129,7 @@ def spine_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
     return torch.where(eligible, -slot.to(state.scores.dtype).expand_as(state.scores), NEG_INF)
 
 
-def spine_wide_priority(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
+def spine_wide_priority(state: GrowState, cfg: TreeShape) -> torch.Tensor:
     """A chain to depth D, then depth by depth: the chain node's later children, then the children
     of its earlier later children (the chain's siblings one level up), in drafting order."""
     slot = torch.arange(state.tokens.shape[1], device=state.tokens.device)
@@ -204,7 +186,7 @@ DEFAULT_RULE = "spine_wide"
 
 def expand_tree(
     q_fn: QFunction,
-    cfg: ExpandConfig,
+    cfg: TreeShape,
     root_tokens: torch.Tensor,
     rule: str = DEFAULT_RULE,
     uniforms: torch.Tensor | None = None,
@@ -216,7 +198,7 @@ def expand_tree(
         q_fn: ``QFunction``; called once for the root and, per step, once per depth 1..D-1 with
             every request's newest path cut at that depth (paths [B, 1, d + 1]; rows whose newest
             node has another depth are computed and discarded, which keeps the loop sync-free).
-        cfg: ``ExpandConfig``.
+        cfg: ``TreeShape``.
         root_tokens: int64 [B], the last verified token of each request.
         rule: a key of ``EXPANSION_RULES``.
         uniforms: float64 [B, S] in [0, 1), one per drafted node (S = N - 1, or k + (D - 1) k^2
@@ -248,12 +230,12 @@ def _drafted(state: GrowState) -> torch.Tensor:
     return slot < state.num_nodes.unsqueeze(-1)
 
 
-def _capacity(q_row: torch.Tensor, depth: torch.Tensor, cfg: ExpandConfig) -> torch.Tensor:
+def _capacity(q_row: torch.Tensor, depth: torch.Tensor, cfg: TreeShape) -> torch.Tensor:
     support = (q_row > 0).sum(-1).clamp_max(cfg.topk)
     return torch.where(depth < cfg.depth, support, 0)
 
 
-def _init_state(q_fn: QFunction, cfg: ExpandConfig, root_tokens: torch.Tensor, slots: int) -> GrowState:
+def _init_state(q_fn: QFunction, cfg: TreeShape, root_tokens: torch.Tensor, slots: int) -> GrowState:
     batch, device = root_tokens.shape[0], root_tokens.device
     root_q = q_fn(root_tokens.view(batch, 1, 1))[:, 0]  # [B, V]
     long = dict(dtype=torch.long, device=device)
@@ -271,7 +253,7 @@ def _init_state(q_fn: QFunction, cfg: ExpandConfig, root_tokens: torch.Tensor, s
                      torch.zeros(batch, slots, **long), capacity, torch.ones(batch, **long), q, paths)
 
 
-def _grow_one(state: GrowState, spec: ExpansionRule, cfg: ExpandConfig, q_fn: QFunction, uniform, draw_probs) -> None:
+def _grow_one(state: GrowState, spec: ExpansionRule, cfg: TreeShape, q_fn: QFunction, uniform, draw_probs) -> None:
     """Add one child per request (in place): pick the parent, draw its next child, fetch the child's q."""
     batch, slots = state.tokens.shape
     rows = torch.arange(batch, device=state.tokens.device)
@@ -313,7 +295,7 @@ def _grow_one(state: GrowState, spec: ExpansionRule, cfg: ExpandConfig, q_fn: QF
     state.num_nodes += active.long()
 
 
-def _q_of_new_nodes(q_fn: QFunction, path, depth, cfg: ExpandConfig, like: torch.Tensor) -> torch.Tensor:
+def _q_of_new_nodes(q_fn: QFunction, path, depth, cfg: TreeShape, like: torch.Tensor) -> torch.Tensor:
     """q rows [B, V] of the new nodes (zero at depth D, where nodes never get children)."""
     q_new = torch.zeros_like(like)
     for d in range(1, cfg.depth):
@@ -322,7 +304,7 @@ def _q_of_new_nodes(q_fn: QFunction, path, depth, cfg: ExpandConfig, like: torch
     return q_new
 
 
-def _prune_mask(state: GrowState, cfg: ExpandConfig) -> torch.Tensor:
+def _prune_mask(state: GrowState, cfg: TreeShape) -> torch.Tensor:
     """SGLang's pruning: the root plus the N - 1 best drafted nodes by path q (ties: earlier node).
 
     Scores shrink along a path, so the kept set contains every kept node's ancestors."""

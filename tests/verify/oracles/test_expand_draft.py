@@ -5,7 +5,8 @@ import torch
 
 from sglang_hsd.verify.oracles import exact
 from sglang_hsd.verify.oracles.expand_exact import Shape, draft_outcomes
-from sglang_hsd.verify.tree.expand import EXPANSION_RULES, ExpandConfig, expand_tree
+from sglang_hsd.tree_draft import TreeShape
+from sglang_hsd.verify.oracles.expand_draft import EXPANSION_RULES, expand_tree
 from sglang_hsd.verify.tree.layout import check_tree_layout
 
 
@@ -19,7 +20,7 @@ def _context_free_q_fn(q_row):
 @pytest.mark.parametrize("rule", sorted(EXPANSION_RULES))
 @pytest.mark.parametrize("depth,topk,num_draft_tokens", [(3, 2, 7), (4, 2, 8), (5, 4, 8), (2, 2, 7)])
 def test_trees_are_valid_and_within_shape(rule, depth, topk, num_draft_tokens):
-    cfg = ExpandConfig(depth, topk, num_draft_tokens)
+    cfg = TreeShape(depth, topk, num_draft_tokens)
     q_fn = _context_free_q_fn(torch.tensor([0.1, 0.2, 0.3, 0.25, 0.15], dtype=torch.float64))
     tree = expand_tree(q_fn, cfg, torch.zeros(64, dtype=torch.long), rule=rule, generator=torch.Generator().manual_seed(0))
     assert tree.candidates.shape == (64, num_draft_tokens)
@@ -31,7 +32,7 @@ def test_trees_are_valid_and_within_shape(rule, depth, topk, num_draft_tokens):
 
 
 def test_spine_shape():
-    tree = expand_tree(_context_free_q_fn(torch.full((4,), 0.25)), ExpandConfig(3, 2, 7), torch.zeros(2, dtype=torch.long),
+    tree = expand_tree(_context_free_q_fn(torch.full((4,), 0.25)), TreeShape(3, 2, 7), torch.zeros(2, dtype=torch.long),
                        rule="spine", generator=torch.Generator().manual_seed(0))
     assert tree.parents[0].tolist() == [-1, 0, 1, 2, 0, 1, 2]
     assert tree.depths[0].tolist() == [0, 1, 2, 3, 1, 2, 3]
@@ -51,7 +52,7 @@ def test_batched_tree_law_matches_the_oracle():
 
     for rule in ("spine", "best_first", "beam"):
         law = {tuple((n.parent, n.token) for n in nodes[1:]): prob for prob, nodes in draft_outcomes(world, (), rule, Shape(3, 2, 6))}
-        tree = expand_tree(q_fn, ExpandConfig(3, 2, 6), torch.zeros(40_000, dtype=torch.long), rule=rule,
+        tree = expand_tree(q_fn, TreeShape(3, 2, 6), torch.zeros(40_000, dtype=torch.long), rule=rule,
                            generator=torch.Generator().manual_seed(3))
         keys = [tuple(zip(p[1:], t[1:])) for p, t in zip(tree.parents.tolist(), tree.candidates.tolist())]
         assert set(keys) <= set(law)
@@ -61,12 +62,12 @@ def test_batched_tree_law_matches_the_oracle():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="num_draft_tokens"):
-        ExpandConfig(3, 2, 1)
+        TreeShape(3, 2, 1)
     with pytest.raises(ValueError, match="depth"):
-        ExpandConfig(0, 2, 7)
+        TreeShape(0, 2, 7)
     q_fn = _context_free_q_fn(torch.full((3,), 1 / 3))
     roots = torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match="rule"):
-        expand_tree(q_fn, ExpandConfig(3, 2, 7), roots, rule="nope")
+        expand_tree(q_fn, TreeShape(3, 2, 7), roots, rule="nope")
     with pytest.raises(ValueError, match="uniforms"):
-        expand_tree(q_fn, ExpandConfig(3, 2, 7), roots, uniforms=torch.rand(2, 3, dtype=torch.float64))
+        expand_tree(q_fn, TreeShape(3, 2, 7), roots, uniforms=torch.rand(2, 3, dtype=torch.float64))

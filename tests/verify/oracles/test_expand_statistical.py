@@ -12,7 +12,8 @@ from sglang_hsd.verify.oracles import exact
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law
 from sglang_hsd.verify.oracles.simulate import simulate_tree, target_prefix_probs
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
-from sglang_hsd.verify.tree.expand import EXPANSION_RULES, ExpandConfig, expand_tree
+from sglang_hsd.tree_draft import TreeShape
+from sglang_hsd.verify.oracles.expand_draft import EXPANSION_RULES, expand_tree
 
 pytestmark = pytest.mark.statistical
 
@@ -36,7 +37,7 @@ def _simulate(world, rule, cfg, seed):
 @pytest.mark.parametrize("rule", ["spine", "beam", "best_first", "stock"])
 def test_batched_rules_match_target(rule):
     world = exact.random_world(3, PREFIX_LEN - 1 + 3, seed=7)
-    cfg = ExpandConfig(depth=3, topk=2, num_draft_tokens=7)
+    cfg = TreeShape(depth=3, topk=2, num_draft_tokens=7)
     result = _simulate(world, rule, cfg, seed=11)
     p_value = chi_square_p_value(result.prefix_counts(3), target_prefix_probs(world, PREFIX_LEN))
     assert p_value > P_VALUE_FLOOR
@@ -47,6 +48,6 @@ def test_batched_rules_match_target(rule):
 
 def test_batched_score_pruning_is_rejected():
     world = exact.random_world(3, PREFIX_LEN - 1 + 2, seed=7)
-    result = _simulate(world, "pruned_beam", ExpandConfig(depth=2, topk=2, num_draft_tokens=5), seed=11)
+    result = _simulate(world, "pruned_beam", TreeShape(depth=2, topk=2, num_draft_tokens=5), seed=11)
     p_value = chi_square_p_value(result.prefix_counts(3), target_prefix_probs(world, PREFIX_LEN))
     assert p_value < REJECT_P_VALUE

@@ -16,7 +16,7 @@ from sglang_hsd.verify.oracles.expand_exact import (
     expand_round_law,
     perturbed_world,
 )
-from sglang_hsd.verify.tree.expand import DEFAULT_RULE, EXPANSION_RULES
+from sglang_hsd.verify.oracles.expand_draft import DEFAULT_RULE, EXPANSION_RULES
 
 pytestmark = pytest.mark.exact
 

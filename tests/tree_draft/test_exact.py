@@ -13,8 +13,8 @@ import pytest
 from sglang_hsd.verify.oracles import exact
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law, perturbed_world
 from sglang_hsd.verify.oracles.level_exact import level_prefix_tv, level_round_law
-from sglang_hsd.verify.tree.expand import ExpandConfig
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES
+from sglang_hsd.tree_draft import CHILD_SAMPLERS, DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES, TreeShape
+from sglang_hsd.verify.oracles.level_exact import SAMPLER_REPLACEMENT
 
 pytestmark = pytest.mark.exact
 
@@ -34,13 +34,24 @@ CASES = [  # (D, k, N), emitted tokens compared, draft context
 def test_registry():
     assert LEVEL_RULES[DEFAULT_LEVEL_RULE].lossless and not LEVEL_RULES["pruned"].lossless
     assert set(SEQUENTIAL) == set(LEVEL_RULES)
+    assert set(SAMPLER_REPLACEMENT) == set(CHILD_SAMPLERS)  # the oracle knows every sampler's law
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 4), (3, 2, 6)])
+def test_with_replacement_sampler_is_lossy(shape):
+    """Children drawn i.i.d. (duplicates possible) but verified as draws without replacement: biased."""
+    assert not CHILD_SAMPLERS["with_replacement"].lossless
+    world = exact.random_world(3, 2 + shape[0], seed=3)
+    tvs = level_prefix_tv(world, DEFAULT_LEVEL_RULE, TreeShape(*shape), 3, methods=("hsd", "rrs"),
+                          sampler="with_replacement")
+    assert min(tvs.values()) > LOSSY_TV, tvs
 
 
 @pytest.mark.parametrize("shape,length,context", CASES)
 @pytest.mark.parametrize("rule", LOSSLESS_RULES)
 def test_lossless(rule, shape, length, context):
     world = exact.random_world(3, length - 1 + shape[0], seed=sum(shape))
-    tvs = level_prefix_tv(world, rule, ExpandConfig(*shape), length, methods=("hsd", "rrs"), context=context)
+    tvs = level_prefix_tv(world, rule, TreeShape(*shape), length, methods=("hsd", "rrs"), context=context)
     assert max(tvs.values()) < LOSSLESS_TV, tvs
 
 
@@ -48,7 +59,7 @@ def test_lossless(rule, shape, length, context):
 def test_pruned_is_lossy(seed):
     """SGLang's selection on sampled children keeps nodes for their own and deeper scores: biased."""
     world = exact.random_world(3, 2 + 2, seed=seed)
-    tvs = level_prefix_tv(world, "pruned", ExpandConfig(2, 2, 4), 3, methods=("hsd", "rrs"))
+    tvs = level_prefix_tv(world, "pruned", TreeShape(2, 2, 4), 3, methods=("hsd", "rrs"))
     assert min(tvs.values()) > LOSSY_TV, tvs
 
 
@@ -58,7 +69,7 @@ def test_round_law_is_the_sequential_rule(rule, shape):
     """The batched level-synchronous drafter has the round law of the sequential rule it implements."""
     world = exact.random_world(3, 2 + shape[0], seed=5)
     for prefix in [(), (1, 2)]:
-        level = level_round_law(world, rule, ExpandConfig(*shape), prefix).emitted
+        level = level_round_law(world, rule, TreeShape(*shape), prefix).emitted
         sequential = expand_round_law(world, SEQUENTIAL[rule], Shape(*shape), prefix).emitted
         assert max(abs(level.get(b, 0.0) - sequential.get(b, 0.0)) for b in set(level) | set(sequential)) < 1e-14
 
@@ -69,7 +80,7 @@ def test_deterministic_rows_give_the_argmax_path(rule):
     world = exact.random_world(3, 3 + 3, seed=2)
     one_hot = np.eye(3)[world.target.argmax(-1)]
     greedy = exact.TabularWorld(world.vocab_size, world.max_len, one_hot, world.draft)
-    tvs = level_prefix_tv(greedy, rule, ExpandConfig(3, 2, 6), 4, methods=("hsd", "rrs"), deterministic=True)
+    tvs = level_prefix_tv(greedy, rule, TreeShape(3, 2, 6), 4, methods=("hsd", "rrs"), deterministic=True)
     assert max(tvs.values()) < LOSSLESS_TV, tvs
 
 
@@ -77,7 +88,7 @@ def test_deterministic_rows_give_the_argmax_path(rule):
 def test_lossless_on_peaked_worlds(rule):
     """Peaked Dirichlet(0.3) targets and a drafter off by exp(N(0, 1)) factors."""
     world = perturbed_world(3, 3 - 1 + 3, seed=0, concentration=0.3, sigma=1.0)
-    tvs = level_prefix_tv(world, rule, ExpandConfig(3, 2, 6), 3, methods=("hsd", "rrs"), context="slot")
+    tvs = level_prefix_tv(world, rule, TreeShape(3, 2, 6), 3, methods=("hsd", "rrs"), context="slot")
     assert max(tvs.values()) < LOSSLESS_TV, tvs
 
 
@@ -106,7 +117,7 @@ def test_tempered_draft_is_lossless_and_reporting_the_untempered_q_is_not(scale)
     (the rows the request's own temperature gives) does not."""
     world = exact.random_world(3, 2 + 3, seed=4)
     tempered = exact.tempered_draft(world, scale)
-    cfg = ExpandConfig(3, 2, 6)
+    cfg = TreeShape(3, 2, 6)
     tvs = level_prefix_tv(tempered, DEFAULT_LEVEL_RULE, cfg, 3, methods=("hsd", "rrs"))
     assert max(tvs.values()) < LOSSLESS_TV, tvs
     wrong = level_prefix_tv(tempered, DEFAULT_LEVEL_RULE, cfg, 3, methods=("hsd", "rrs"), reported_q=world)
@@ -117,7 +128,7 @@ def test_sharper_draft_accepts_more_from_a_flat_drafter():
     """A drafter flatter than the target (a noisy copy of p at twice the target's temperature):
     drafting at half its temperature accepts more tokens per round (2.46 -> 2.65 here)."""
     flat = exact.tempered_draft(perturbed_world(3, 2 + 3, seed=0, concentration=0.3, sigma=0.5), 2.0)
-    cfg = ExpandConfig(3, 2, 6)
+    cfg = TreeShape(3, 2, 6)
     accepted = {s: level_round_law(exact.tempered_draft(flat, s), DEFAULT_LEVEL_RULE, cfg, (1,)).expected_accepted
                 for s in (1.0, 0.5)}
     assert accepted[0.5] > accepted[1.0] + 0.1, accepted

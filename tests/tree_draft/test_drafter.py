@@ -1,4 +1,4 @@
-"""``LevelDrafter`` (``tree/level_draft.py``): shapes, SGLang's pool layout, bad input.
+"""``LevelDrafter`` (``sglang_hsd/tree_draft/drafter.py``): shapes, SGLang's pool layout, bad input.
 
 The pool layout is checked against an independent reconstruction that follows SGLang's tree
 builder (``build_tree_efficient``): node n >= 1 is pool slot ``top_scores_index[n - 1]``, its
@@ -12,8 +12,11 @@ import torch
 
 from sglang_hsd.verify.oracles.exact import random_world
 from sglang_hsd.verify.oracles.level_exact import drive, table_q_fn
-from sglang_hsd.verify.tree.expand import ExpandConfig
-from sglang_hsd.verify.tree.level_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, LevelDrafter
+from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, DraftPlan, KeyedNoise, LevelDrafter, TreeShape
+
+
+def _noise(batch: int, gen: torch.Generator | None = None) -> KeyedNoise:
+    return KeyedNoise.fresh(torch.zeros(batch, dtype=torch.long), gen)
 
 SHAPES = [(3, 2, 7), (4, 2, 8), (2, 3, 5), (5, 4, 8), (1, 3, 3)]
 
@@ -34,7 +37,7 @@ def _kernel_links(parent_list: list, selected: list, topk: int, num_nodes: int):
 
 
 def _draft(rule, shape, batch=5, vocab=7, seed=0, deterministic=None, context="path"):
-    cfg = ExpandConfig(*shape)
+    cfg = TreeShape(*shape)
     gen = torch.Generator().manual_seed(seed)
     table = torch.softmax(3 * torch.randn(50_000, vocab, generator=gen, dtype=torch.float64), -1)
 
@@ -44,7 +47,7 @@ def _draft(rule, shape, batch=5, vocab=7, seed=0, deterministic=None, context="p
 
     roots = torch.arange(batch)
     det = torch.zeros(batch, dtype=torch.bool) if deterministic is None else deterministic
-    drafter = LevelDrafter(cfg, rule, q_fn(roots.view(-1, 1, 1))[:, 0], det, generator=gen)
+    drafter = LevelDrafter(DraftPlan.build(cfg, rule), q_fn(roots.view(-1, 1, 1))[:, 0], det, _noise(batch, gen))
     return cfg, drafter, drive(drafter, q_fn, roots, context)
 
 
@@ -109,9 +112,9 @@ def test_deterministic_rows_take_q_top_k():
 
 def test_small_support_caps_children():
     """One token of positive q: one child per node; the budget's rest is unreachable filler."""
-    cfg = ExpandConfig(2, 3, 5)
+    cfg = TreeShape(2, 3, 5)
     root_q = torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
-    drafter = LevelDrafter(cfg, "beam", root_q, torch.tensor([False]), generator=torch.Generator().manual_seed(0))
+    drafter = LevelDrafter(DraftPlan.build(cfg, "beam"), root_q, torch.tensor([False]), _noise(1))
     drafter.first()
     assert drafter.step(torch.tensor([[0.0, 0.0, 1.0, 0.0]] * 3, dtype=torch.float64)) is None
     tree = drafter.finish()
@@ -121,24 +124,31 @@ def test_small_support_caps_children():
 
 
 def test_bad_input():
-    cfg = ExpandConfig(3, 2, 7)
+    cfg = TreeShape(3, 2, 7)
     q = torch.full((2, 5), 0.2, dtype=torch.float64)
     det = torch.zeros(2, dtype=torch.bool)
+    plan = DraftPlan.build(cfg, "spine")
     with pytest.raises(ValueError, match="rule"):
-        LevelDrafter(cfg, "nope", q, det)
+        DraftPlan.build(cfg, "nope")
+    with pytest.raises(ValueError, match="sampler"):
+        DraftPlan.build(cfg, "spine", sampler="nope")
+    with pytest.raises(ValueError, match="shape"):
+        DraftPlan.build((3, 2, 7), "spine")
     with pytest.raises(ValueError, match="speculative-num-draft-tokens"):
-        LevelDrafter(ExpandConfig(2, 2, 8), "beam", q, det)  # 7 > k + (D - 1) k^2 = 6
+        DraftPlan.build(TreeShape(2, 2, 8), "beam")  # 7 > k + (D - 1) k^2 = 6
     with pytest.raises(ValueError, match="spine"):
-        LevelDrafter(ExpandConfig(2, 2, 6), "spine", q, det)  # spine keeps at most D k = 4
+        DraftPlan.build(TreeShape(2, 2, 6), "spine")  # spine keeps at most D k = 4
+    with pytest.raises(ValueError, match="plan"):
+        LevelDrafter(cfg, q, det, _noise(2))
     with pytest.raises(ValueError, match="root_q"):
-        LevelDrafter(cfg, "spine", -q, det)
+        LevelDrafter(plan, -q, det, _noise(2))
     with pytest.raises(ValueError, match="deterministic"):
-        LevelDrafter(cfg, "spine", q, det.long())
-    with pytest.raises(ValueError, match="uniforms"):
-        LevelDrafter(cfg, "spine", q, det, uniforms=torch.rand(2, 3, 2))
-    with pytest.raises(ValueError, match="uniforms"):
-        LevelDrafter(cfg, "spine", q, det, uniforms=torch.full((2, 5, 2), 1.0, dtype=torch.float64))
-    drafter = LevelDrafter(cfg, DEFAULT_LEVEL_RULE, q, det)
+        LevelDrafter(plan, q, det.long(), _noise(2))
+    with pytest.raises(ValueError, match="noise"):
+        LevelDrafter(plan, q, det, torch.rand(2, 3, 2))
+    with pytest.raises(ValueError, match="seed and position"):
+        KeyedNoise(torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.long))
+    drafter = LevelDrafter(DraftPlan.build(cfg, DEFAULT_LEVEL_RULE), q, det, _noise(2))
     with pytest.raises(ValueError, match="step"):
         drafter.step(torch.full((4, 5), 0.2))
     with pytest.raises(ValueError, match="finish"):

@@ -1,0 +1,89 @@
+"""Gumbel noise for drafting tree children: keyed, static-shape, free of host synchronisation.
+
+Children are drawn without replacement by Gumbel top-k (``children.py``): with independent
+standard Gumbel noise g_v per token, the k tokens of largest log q_v + g_v, in decreasing order,
+have exactly the law of k sequential draws without replacement (draw t_1 from q, t_2 from q
+without t_1 renormalised, ...):
+P(t_1..t_k) = prod_j q(t_j) / (1 - q(t_1) - ... - q(t_{j-1})) (the Plackett-Luce law).
+
+A noise source gives the noise of one draft level: ``gumbel(level, forwards, draws, vocab)`` ->
+float64 [B, F', S, V], one vector per (forwarded node of the level, draw). Level 0 is the root
+(F' = 1), level l >= 1 the k beams of draft forward l - 1 (F' = k).
+
+``KeyedNoise`` (the server and the runtime): g = Gumbel(murmur_hash32(seed', position, column))
+with seed' = the request's stream seed separated by ``TREE_NOISE_TAG`` and the level
+(``counter_rng.domain_seed``), position = the request's committed length at this round (no two
+rounds of a request share it) and column = (forward, draw, token). The same seed gives the same
+tree in any batch, on any device and on every tensor-parallel rank, and no generator state is
+read, so the draw can be captured in a CUDA graph. ``TableNoise`` replays given noise (the exact
+oracle drives the drafter with noise chosen to produce each outcome).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from sglang_hsd.counter_rng import domain_seed, gumbel_from_hash, murmur_hash32
+
+TREE_NOISE_TAG = 0x7EE5_D4A7
+
+
+class NoiseSource(Protocol):
+    def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
+        """float64 [B, forwards, draws, vocab] standard Gumbel noise for draft level ``level``."""
+
+
+class KeyedNoise:
+    """Counter-based noise of a batch of requests (see the module docstring).
+
+    Args:
+        seed: int64 [B], each request's stream seed (its sampling seed, or one drawn for it).
+        position: int64 [B], each request's committed length at this round.
+    """
+
+    def __init__(self, seed: torch.Tensor, position: torch.Tensor):
+        if seed.dim() != 1 or position.shape != seed.shape:
+            raise ValueError(f"seed and position must be int tensors [B] of one shape, got "
+                             f"{list(seed.shape)} and {list(position.shape)}")
+        if seed.is_floating_point() or position.is_floating_point():
+            raise ValueError("seed and position must be integer tensors")
+        self.seed, self.position = seed, position
+
+    @classmethod
+    def fresh(cls, position: torch.Tensor, generator: torch.Generator | None = None) -> "KeyedNoise":
+        """A new stream per request (seeds drawn from ``generator``, or torch's default one on
+        ``position``'s device), for requests without a seed of their own."""
+        device = generator.device if generator is not None else position.device
+        seed = torch.randint(0, 2**62, position.shape, generator=generator, device=device)
+        return cls(seed.to(position.device), position)
+
+    def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
+        if forwards * draws * vocab > 2**32:
+            raise ValueError(f"forwards x draws x vocab = {forwards * draws * vocab} exceeds the 2^32 columns of one key")
+        columns = torch.arange(forwards * draws * vocab, device=self.seed.device)
+        hashed = murmur_hash32(domain_seed(self.seed, TREE_NOISE_TAG, level), self.position, columns)
+        return gumbel_from_hash(hashed).view(-1, forwards, draws, vocab)
+
+
+class TableNoise:
+    """Given noise: ``table`` float64 [B, F, S, V], F = 1 + k (D - 1) forwarded nodes; level l
+    reads the rows of its forwards (``forward_slice``)."""
+
+    def __init__(self, table: torch.Tensor, topk: int):
+        if table.dim() != 4:
+            raise ValueError(f"table must be [B, F, S, V], got {list(table.shape)}")
+        self.table, self.topk = table, topk
+
+    def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
+        rows = self.table[:, forward_slice(level, self.topk)]
+        if tuple(rows.shape[1:]) != (forwards, draws, vocab):
+            raise ValueError(f"table rows of level {level} are {list(rows.shape[1:])}, the drafter needs "
+                             f"{[forwards, draws, vocab]}")
+        return rows
+
+
+def forward_slice(level: int, topk: int) -> slice:
+    """Forwarded-node indices f of draft level ``level`` (0: the root; l: beams of forward l - 1)."""
+    return slice(0, 1) if level == 0 else slice(1 + (level - 1) * topk, 1 + level * topk)

@@ -1,0 +1,107 @@
+"""Keyed Gumbel noise and the child samplers (``tree_draft/noise.py``, ``tree_draft/children.py``).
+
+The exact tests (``test_exact.py``) weight every ordered draw by the Plackett-Luce law; here the
+keyed noise is shown to sample that law (chi-square over ordered triples), the lossy sampler its
+own i.i.d. law, and the keys to be what reproducibility and tensor parallelism need: a request's
+noise depends on its seed, position and level only, not on the batch around it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from sglang_hsd.counter_rng import murmur_hash32, open_uniforms
+from sglang_hsd.tree_draft import CHILD_SAMPLERS, KeyedNoise
+from sglang_hsd.verify.oracles.stats import chi_square_p_value
+
+P_VALUE_FLOOR = 1e-4  # fixed seeds: a correct sampler passes; the floor leaves room for 20+ such tests
+REJECT_P_VALUE = 1e-6
+NUM_ROWS = 40_000
+Q = torch.tensor([0.05, 0.4, 0.25, 0.2, 0.1], dtype=torch.float64)
+
+
+def _draw(sampler: str, q: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
+    """k children of NUM_ROWS nodes with row q, keyed noise of NUM_ROWS seeds: int64 [R, k]."""
+    entry = CHILD_SAMPLERS[sampler]
+    seeds = torch.arange(NUM_ROWS, dtype=torch.long) + seed * NUM_ROWS
+    noise = KeyedNoise(seeds, torch.full((NUM_ROWS,), 17)).gumbel(0, 1, entry.noise_draws(k), q.numel())
+    log_q = torch.log(q).expand(NUM_ROWS, -1)
+    tokens, valid = entry.draw(log_q, noise[:, 0], torch.zeros(NUM_ROWS, dtype=torch.bool), k)
+    assert valid.all()
+    return tokens
+
+
+def _plackett_luce(q: torch.Tensor, order: tuple) -> float:
+    prob, left = 1.0, 1.0
+    for token in order:
+        prob *= float(q[token]) / left
+        left -= float(q[token])
+    return prob
+
+
+def _counts(tokens: torch.Tensor, outcomes: list) -> torch.Tensor:
+    index = {outcome: i for i, outcome in enumerate(outcomes)}
+    counts = torch.zeros(len(outcomes))
+    for row in map(tuple, tokens.tolist()):
+        counts[index[row]] += 1
+    return counts
+
+
+def test_gumbel_topk_samples_ordered_draws_without_replacement():
+    outcomes = list(itertools.permutations(range(5), 3))
+    tokens = _draw("gumbel_topk", Q, 3)
+    expected = torch.tensor([_plackett_luce(Q, o) for o in outcomes], dtype=torch.float64)
+    assert abs(float(expected.sum()) - 1) < 1e-12
+    assert chi_square_p_value(_counts(tokens, outcomes), expected) > P_VALUE_FLOOR
+
+
+def test_with_replacement_samples_iid_draws_and_is_not_without_replacement():
+    outcomes = list(itertools.product(range(5), repeat=2))
+    tokens = _draw("with_replacement", Q, 2)
+    iid = torch.tensor([float(Q[a] * Q[b]) for a, b in outcomes], dtype=torch.float64)
+    assert chi_square_p_value(_counts(tokens, outcomes), iid) > P_VALUE_FLOOR
+    without = torch.tensor([_plackett_luce(Q, (a, b)) if a != b else 0.0 for a, b in outcomes], dtype=torch.float64)
+    assert chi_square_p_value(_counts(tokens, outcomes), without) < REJECT_P_VALUE
+
+
+def test_support_below_k_gives_invalid_children_and_deterministic_rows_take_the_top_k():
+    q = torch.tensor([[0.0, 0.7, 0.0, 0.3], [0.1, 0.2, 0.3, 0.4]], dtype=torch.float64)
+    noise = KeyedNoise(torch.tensor([1, 2]), torch.tensor([0, 0])).gumbel(0, 1, 1, 4)[:, 0]
+    tokens, valid = CHILD_SAMPLERS["gumbel_topk"].draw(torch.log(q), noise, torch.tensor([False, True]), 3)
+    assert valid[0].tolist() == [True, True, False] and sorted(tokens[0, :2].tolist()) == [1, 3]
+    assert valid[1].all() and tokens[1].tolist() == [3, 2, 1]
+
+
+def test_keys_depend_on_seed_position_and_level_not_on_the_batch():
+    """Two tensor-parallel ranks (or two batches) holding the same request draw the same noise."""
+    seeds, positions = torch.tensor([5, 7, 9]), torch.tensor([100, 3, 100])
+    whole = KeyedNoise(seeds, positions).gumbel(2, 2, 1, 11)
+    alone = KeyedNoise(seeds[1:2], positions[1:2]).gumbel(2, 2, 1, 11)
+    assert torch.equal(whole[1:2], alone)
+    assert not torch.equal(whole, KeyedNoise(seeds, positions + 1).gumbel(2, 2, 1, 11))
+    assert not torch.equal(whole, KeyedNoise(seeds, positions).gumbel(3, 2, 1, 11))
+    assert not torch.equal(whole[:, 0], whole[:, 1])  # the forwards of a level have their own keys
+    assert torch.isfinite(whole).all()
+
+
+def test_uniforms_stay_inside_the_open_interval():
+    extremes = torch.tensor([[0, 1, 2**32 - 2, 2**32 - 1]])
+    u = open_uniforms(extremes)
+    assert bool((u > 0).all()) and bool((u < 1).all())
+    assert murmur_hash32(torch.tensor([3]), torch.tensor([4]), torch.arange(5)).shape == (1, 5)
+
+
+def test_fresh_streams_differ_per_row_and_follow_the_generator():
+    position = torch.zeros(4, dtype=torch.long)
+    a = KeyedNoise.fresh(position, torch.Generator().manual_seed(1))
+    b = KeyedNoise.fresh(position, torch.Generator().manual_seed(1))
+    assert torch.equal(a.seed, b.seed) and a.seed.unique().numel() == 4
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(2, 2, dtype=torch.long), torch.zeros(2)])
+def test_keyed_noise_refuses_bad_keys(bad):
+    with pytest.raises(ValueError, match="seed and position"):
+        KeyedNoise(bad, bad)
