@@ -10,6 +10,8 @@ Sections (``SECTIONS``; a new check is one more ``Section`` appended there):
 * ``kernel-tests``: ``pytest tests/gpu -m gpu`` in a subprocess (a kernel fault that poisons the
   CUDA context does not take the timings down with it); pass / fail counts and every failure's
   message from its JUnit XML.
+* ``draft-round``: the sampled-tree round eagerly and as a CUDA-graph replay
+  (``benchmarks/gpu_draft_timing.py``).
 * ``timing-chain``, ``timing-tree``: the grid of ``benchmarks/gpu_timing.py``.
 
 A section that raises is recorded as failed and the next one runs. The report (Markdown on stdout,
@@ -144,9 +146,27 @@ def _timing_section(kind: str) -> Section:
     return Section(f"timing-{kind}", f"median microseconds per hot-path call of {noun}", plan, run)
 
 
+def _draft_round_section() -> Section:
+    def plan(ctx: CheckContext) -> list[str]:
+        from benchmarks.gpu_draft_timing import plan_lines
+
+        return plan_lines(ctx.quick) if ctx.cuda else ["skipped without CUDA (no smoke version: CUDA graphs)"]
+
+    def run(ctx: CheckContext) -> list[dict]:
+        if not ctx.cuda:
+            return [{"shape": [], "batch": 0, "vocab": 0, "status": "skipped: CUDA graphs need a CUDA device"}]
+        from benchmarks.gpu_draft_timing import run_draft_rounds
+
+        return run_draft_rounds(ctx.quick, ctx.deadline, log=ctx.log)
+
+    return Section("draft-round", "sampled-tree round (drafter + tiny head + verify_tree hsd): eager vs CUDA-graph "
+                   "replay, replay equal to eager", plan, run)
+
+
 SECTIONS: list[Section] = [
     Section("kernel-tests", "pytest tests/gpu -m gpu: Triton kernels vs torch references, token for token",
             plan_kernel_tests, run_kernel_tests),
+    _draft_round_section(),
     _timing_section("chain"),
     _timing_section("tree"),
 ]

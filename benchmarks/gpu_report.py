@@ -167,6 +167,10 @@ def markdown(record: dict, results: list[dict], wall_s: float) -> str:
     for result in results:
         if result["name"].startswith("timing-") and result["rows"]:
             lines += ["", f"## {result['name']}: {result['description']}", "", *timing_table(result["rows"])]
+        elif result["name"] == "draft-round" and result["rows"]:
+            from benchmarks.gpu_draft_timing import draft_table
+
+            lines += ["", f"## {result['name']}: {result['description']}", "", *draft_table(result["rows"])]
     return "\n".join(lines) + "\n"
 
 

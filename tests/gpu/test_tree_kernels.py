@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from benchmarks.gpu_inputs import REGIMES, TreeInputs, draft_and_target_rows, tree_inputs
-from sglang_hsd.verify import TREE_METHODS, TreeUniforms, sample_tree, verify_tree
+from sglang_hsd.verify import TREE_METHODS, TreeUniforms, verify_tree
+from sglang_hsd.verify.oracles.full_tree_draft import sample_tree
 from sglang_hsd.verify.tree.layout import depths_from_parents
 from sglang_hsd.verify.tree.types import TreeBatch
 from tests.gpu import _support as support

@@ -18,7 +18,7 @@ from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
 from sglang_hsd.verify.oracles.stats import chi_square_p_value  # noqa: E402
-from sglang_hsd.tree_draft import TreeShape  # noqa: E402
+from sglang_hsd.tree_draft import DraftPlan, TreeShape  # noqa: E402
 from tests.runtime.helpers import PROMPTS, eagle3_head_for, exact_target_prefix_probs, sharpen_lm_head  # noqa: E402
 
 
@@ -188,6 +188,7 @@ def test_sampled_test_rejects_wrong_tree_rounds(monkeypatch, wrong):
         def pruned_init(self, run):
             original_init(self, run)
             self.rule = "pruned"
+            self.plan = DraftPlan.build(self.shape, "pruned", run.tokens.device)
 
         monkeypatch.setattr(tree_rounds.TreeRounds, "__init__", pruned_init)
     counts, exact, _ = _sampled_counts("exit:2,target", SamplingParams(temperature=1.0), "hsd")

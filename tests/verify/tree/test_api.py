@@ -7,12 +7,10 @@ from sglang_hsd.verify import (
     TREE_METHODS,
     ChainUniforms,
     TreeUniforms,
-    sample_tree,
-    topk_tree,
     verify_chain,
     verify_tree,
 )
-from sglang_hsd.verify.oracles.full_tree_draft import full_tree_links
+from sglang_hsd.verify.oracles.full_tree_draft import full_tree_links, sample_tree, topk_tree
 from sglang_hsd.verify.tree import depths_from_parents, parents_from_links
 
 VOCAB = 6
