@@ -44,7 +44,7 @@ def _chain_verify_kernel(
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    k_b = tl.load(lengths_ptr + b)
+    k_b = tl.load(lengths_ptr + b).to(tl.int32)  # int32 like the loop state it bounds (tau)
     q_row0 = q_ptr + b * K * V
     p_row0 = p_ptr + b * (K + 1) * V
     offs = tl.arange(0, BLOCK_V)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 # Smallest positive denominators are treated as zero, as in the reference (float32 tiny).
-TINY = 1.1754943508222875e-38
+TINY = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
