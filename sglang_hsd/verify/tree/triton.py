@@ -42,6 +42,10 @@ def _hsd_tree_kernel(
     base = b * num_nodes
     offs = tl.arange(0, BLOCK_V)
     tl.store(weight_ptr + base, 1.0)
+    # Scalar reads (a token's Mb / Ms entry, a node's weight) may hit an element another thread of
+    # this program stored in an earlier step: a barrier after every step's stores makes them
+    # visible (without it, rare rows read stale values: seen on an H100, never under the interpreter).
+    tl.debug_barrier()
     first = tl.load(first_ptr + base)
     node = tl.maximum(first, 0)
     phase = tl.where(first >= 0, 0, 1)  # 0 enter, 1 test, 2 done
@@ -95,6 +99,7 @@ def _hsd_tree_kernel(
         next_phase = tl.where(reject, tl.where(sibling >= 0, 0, 1), next_phase)
         phase = tl.where(accept, 2, next_phase)
         node = next_node
+        tl.debug_barrier()
     tl.store(final_ptr + b, node)
 
 
