@@ -41,6 +41,7 @@ multi-token law by chi-square against the exact target law.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Protocol
 
@@ -190,7 +191,7 @@ class TreeRounds:
         from the drafter's plain softmax (a one-hot q would give every node a single child)."""
         params = self.run.params.rows(idx)
         temperature = torch.where(params.temperature == 0, torch.ones_like(params.temperature), params.temperature)
-        return BatchSamplingParams(temperature, params.top_k, params.top_p)
+        return dataclasses.replace(params, temperature=temperature)
 
     def _target_forward(self, idx, candidates, parents, positions) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Step 3's forward: every target group on the trees (int64 [R, N] each) of rows ``idx``.
