@@ -11,8 +11,8 @@ q's top-k. The tree comes back in SGLang's pool layout (its tree builder, attent
 bookkeeping run unchanged) plus what verification needs (``DraftTree``).
 
 q is the drafter's distribution under the request's sampling parameters, computed by
-``sampling_probs``: the transform SGLang applies to the target in ``eagle_sample``
-(temperature, then top-k, then top-p renormalisation), on the draft vocabulary, then scattered to
+``request_sampling.sampling_probs`` (``sglang_hsd.sampling.logits_to_probs``: temperature, top-k,
+top-p, min-p, as the target rows HSD verifies against), on the draft vocabulary, then scattered to
 the target vocabulary (``draft_probs.scatter_draft_probs``); ``--hsd-draft-temperature-scale`` S
 runs that transform at temperature T * S (the verifier reads the same q). The root's q comes from
 the draft extend that follows every verify (and prefill); ``RootQHook`` keeps it on the draft
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import torch
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+from sglang_hsd.sglang_plugin.request_sampling import greedy_rows, sampling_probs
 
 
 @dataclass
@@ -49,45 +49,6 @@ class DraftTree:
     draft_probs: torch.Tensor
     retrive_next_token: torch.Tensor
     retrive_next_sibling: torch.Tensor
-
-
-def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,
-                   greedy_plain: bool = False, temperature_scale: float = 1.0) -> torch.Tensor:
-    """The request's sampling distribution of ``logits``, as ``eagle_sample`` builds the
-    target's: softmax(logits / T), then top-k, then top-p renormalisation when the batch uses them.
-
-    Args:
-        logits: float [bs * repeats, V], rows of request b at b*repeats .. b*repeats + repeats - 1.
-        sampling_info: SGLang's ``SamplingBatchInfo`` (temperatures [bs, 1], top_ks, top_ps [bs]).
-        repeats: rows per request.
-        greedy_plain: greedy rows (top_k == 1) get softmax(logits) instead of their one-hot
-            transform. The drafter takes such rows' top-k deterministically; a one-hot q would
-            leave them a single child per node.
-        temperature_scale: S; the transform runs at temperature T * S
-            (``--hsd-draft-temperature-scale``, the drafter's level only).
-    Returns:
-        float [bs * repeats, V].
-    """
-    def per_row(x):
-        return x if repeats == 1 else torch.repeat_interleave(x, repeats, dim=0)
-
-    temperatures = sampling_info.temperatures
-    if temperature_scale != 1.0:
-        temperatures = temperatures * temperature_scale
-    probs = eagle_utils.sampling_softmax(logits, temperatures=per_row(temperatures))
-    if sampling_info.need_top_k_sampling:
-        probs = eagle_utils.top_k_renorm_prob(probs, per_row(sampling_info.top_ks))
-    if sampling_info.need_top_p_sampling:
-        probs = eagle_utils.top_p_renorm_prob(probs, per_row(sampling_info.top_ps))
-    if greedy_plain:
-        probs = torch.where(per_row(greedy_rows(sampling_info)).unsqueeze(-1),
-                            torch.softmax(logits.float(), dim=-1), probs)
-    return probs
-
-
-def greedy_rows(sampling_info) -> torch.Tensor:
-    """bool [bs]: rows that take the drafter's top-k (greedy requests: top_k == 1)."""
-    return sampling_info.top_ks.view(-1) <= 1
 
 
 class RootQHook:

@@ -153,8 +153,10 @@ def _chain_batch(bs, num_steps, vocab, all_greedy, seed):
     )
     sampling_info = types.SimpleNamespace(
         is_all_greedy=all_greedy, acc_additive_penalties=None, acc_scaling_penalties=None,
-        logit_bias=None, temperatures=torch.ones(bs, 1), need_top_k_sampling=False,
-        need_top_p_sampling=False, sampling_seed=None, has_watermark_candidates=False,
+        logit_bias=None, temperatures=torch.ones(bs, 1), top_ks=torch.full((bs,), 1 << 30),
+        top_ps=torch.ones(bs), min_ps=torch.zeros(bs), need_top_k_sampling=False,
+        need_top_p_sampling=False, need_min_p_sampling=False, sampling_seed=None,
+        has_watermark_candidates=False,
     )
     batch = types.SimpleNamespace(
         device="cpu", seq_lens=torch.full((bs,), 7), sampling_info=sampling_info,
@@ -175,7 +177,8 @@ def test_eagle_sample_runs_our_verifier(plugin_loaded, monkeypatch, method):
     target_probs = torch.softmax(logits.next_token_logits, -1).reshape(bs, steps + 1, vocab)
 
     torch.manual_seed(123)  # eagle_sample draws its coins with torch.rand
-    predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
+    with state.verify_call(batch.sampling_info):
+        predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
     assert state.hsd_calls == 1
 
     torch.manual_seed(123)
@@ -243,7 +246,7 @@ def test_exit_round_reaches_the_sampler_of_its_own_verify_call_only(plugin_loade
     recorded = []
     verifier = types.SimpleNamespace(record=lambda *args: recorded.append(args))
 
-    with state.verify_call():
+    with state.verify_call(batch.sampling_info):
         state.exit_round = ExitRound(proposal, "greedy", True, verifier)
         predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
     assert state.exit_round is None and state.hsd_calls == 1 and len(recorded) == 1
