@@ -14,7 +14,10 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 * all three for sampled trees too (depth 3, k = 2, N = 6: children drawn without replacement from
   the draft model's q, verified by ``verify_tree``; all-greedy batches keep SGLang's top-k tree);
 * greedy output and the T = 1 law with the early-exit level at layer 2 (logit lens) verifying the
-  draft model's chain before the full target.
+  draft model's chain before the full target;
+* T = 1 with ``min_p``: on all three servers the law is the one SGLang's non-speculative sampler
+  draws from (``server_law.sglang_sampler_law``), and the same test rejects the target's law
+  without min-p.
 
 Each server takes ~1 minute to start on 2 cores.
 """
@@ -28,7 +31,7 @@ import torch
 
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
 from tests.sglang_plugin.http_client import get_json, post_json
-from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values
+from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values, sglang_sampler_law
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -41,6 +44,7 @@ STAT_TOKENS = 4  # the prefill's token, then the first verify rounds' tokens
 PIT_BINS = 10
 TREE = (2, 6)  # k, N of the tree server (depth 3)
 EXIT_LAYER = 2  # of the target's 4
+MIN_P = 0.05  # removes about a third of the target's mass at the first sampled position
 
 
 def _generate(url, ids, max_new_tokens=MAX_NEW_TOKENS, **sampling):
@@ -143,9 +147,11 @@ def test_draft_model_tree_and_exit_level_greedy_equals_target(reference, server,
     _check_greedy(request.getfixturevalue(server), reference)
 
 
-def _target_pit(model_dir, sequences, seed=0):
+def _target_pit(model_dir, sequences, seed=0, min_p=0.0):
     """Sequential randomized PIT of ``sequences`` [N, P + T] (prompt then T sampled tokens) under
-    the causal LM in ``model_dir`` at T = 1: u [N, T], i.i.d. U(0, 1) under its joint law."""
+    the causal LM in ``model_dir`` at T = 1 (with ``min_p`` > 0: the law SGLang's
+    non-speculative sampler draws from with that min_p): u [N, T], i.i.d. U(0, 1) under its joint
+    law."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
@@ -153,6 +159,11 @@ def _target_pit(model_dir, sequences, seed=0):
     with torch.inference_mode():
         logits = model(sequences).logits[:, prompt_len - 1:-1].double()
     probs = torch.softmax(logits, -1)
+    if min_p > 0:
+        rows = probs.reshape(-1, probs.shape[-1])
+        off = torch.full((rows.shape[0],), 1 << 30)
+        probs = sglang_sampler_law(rows, off, torch.ones(rows.shape[0], dtype=rows.dtype),
+                                   torch.full((rows.shape[0],), min_p, dtype=rows.dtype)).view(probs.shape)
     tokens = sequences[:, prompt_len:].unsqueeze(-1)
     below = (probs.cumsum(-1) - probs).gather(-1, tokens).squeeze(-1)
     v = torch.rand(below.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -164,11 +175,12 @@ def _pit_p_value(u):
     return chi_square_p_value(counts, torch.full((PIT_BINS,), 1.0 / PIT_BINS))
 
 
-def _draft_law_samples(draft_dir, count, seed=1):
-    """``count`` sequences whose tokens follow the draft model's law (the plausible wrong law)."""
+def _model_law_samples(model_dir, count, seed=1):
+    """``count`` sequences whose tokens follow the law of the causal LM in ``model_dir`` at T = 1
+    (a plausible wrong law: the draft's, or the target's without min_p)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(draft_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
     seqs = torch.tensor([STAT_PROMPT] * count)
     with torch.inference_mode():
@@ -200,11 +212,37 @@ def test_draft_model_sampled_law_is_the_targets(pair, server, request):
 
     p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} PIT law test")
     # The same test on the draft's own law (what a sampler that skipped verification would emit).
-    p_wrong = _pit_p_value(_target_pit(pair[1], _draft_law_samples(pair[2], STAT_SAMPLES)))
+    p_wrong = _pit_p_value(_target_pit(pair[1], _model_law_samples(pair[2], STAT_SAMPLES)))
     print(f"draft's law, {STAT_SAMPLES} samples: p={p_wrong:.3g}")
     assert p_server[-1] > ALPHA, p_server
     assert p_wrong < ALPHA
     assert accept[0] > 1.0  # drafts were accepted, so verification (not only the bonus) ran
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+def test_draft_model_min_p_law_is_the_non_speculative_one(pair, server, request):
+    """T = 1 with ``min_p``: the tokens' joint law is the one SGLang's non-speculative sampler
+    draws from (the target's rows filtered by min-p), for chains (q without min-p, SGLang's
+    draft sampler), sampled trees (q with it) and the exit level; the same test rejects the
+    target's law without min-p, which the server served before its target rows honoured min-p."""
+    url = request.getfixturevalue(server)
+
+    def server_p_value(count):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outs = list(pool.map(lambda _: _generate(url, STAT_PROMPT, STAT_TOKENS, temperature=1.0,
+                                                     min_p=MIN_P), range(count)))
+        sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
+        p_value = _pit_p_value(_target_pit(pair[1], sequences, min_p=MIN_P))
+        print(f"\n{server} T=1 min_p={MIN_P}, {count} samples: PIT chi-square p={p_value:.3g}")
+        return p_value
+
+    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} min_p PIT law test")
+    without_min_p = _model_law_samples(pair[1], STAT_SAMPLES)
+    p_wrong = _pit_p_value(_target_pit(pair[1], without_min_p, min_p=MIN_P))
+    print(f"target's law without min_p, {STAT_SAMPLES} samples: p={p_wrong:.3g}")
+    assert p_server[-1] > ALPHA, p_server
+    assert p_wrong < ALPHA
 
 
 @pytest.mark.parametrize("server", ["k3_url", "tree_url"])
