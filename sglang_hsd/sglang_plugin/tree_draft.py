@@ -44,11 +44,14 @@ class DraftTree:
         retrive_next_token / retrive_next_sibling: int64 [bs, N], the drafted tree's links in
             verify order (rows whose q support ran out have unreachable filler nodes, which
             SGLang's tree builder may still attach; verification walks these links instead).
+        num_kept: int64 [bs], drafted nodes per request (N - 1 unless q's support ran out; the
+            columns after them are the filler, which validation accepts as such).
     """
 
     draft_probs: torch.Tensor
     retrive_next_token: torch.Tensor
     retrive_next_sibling: torch.Tensor
+    num_kept: torch.Tensor
 
 
 class RootQHook:
@@ -145,7 +148,7 @@ def draft_sampled_tree(worker, forward_batch):
     q = tree.draft_probs
     if worker.hot_token_id is not None:
         q = scatter_draft_probs(q, worker.hot_token_id, vocab)
-    draft_tree = DraftTree(q, tree.retrive_next_token, tree.retrive_next_sibling)
+    draft_tree = DraftTree(q, tree.retrive_next_token, tree.retrive_next_sibling, tree.num_kept)
     return (tree.parent_list, tree.top_scores_index, to_target(tree.draft_tokens), q), draft_tree
 
 

@@ -285,7 +285,7 @@ def make_hsd_tree_sampling(original, state: VerifyHookState):
             uniforms=TreeUniforms(accept=uniform_samples.float(),
                                   sample=uniform_samples_for_final_sampling.float()),
             validate=state.config.validate, draft_mode="without-replacement",
-            max_depth=accept_index.shape[1] - 1)
+            max_depth=accept_index.shape[1] - 1, num_kept=tree.num_kept if tree is not None else None)
         write_tree_result(predicts, accept_index, accept_token_num, retrive_index, result)
 
     hsd_tree_sampling.__sglang_hsd_original__ = original

@@ -197,7 +197,7 @@ def test_tree_verifier_gets_target_rows_with_min_p(plugin_loaded, monkeypatch):
     next_sibling = torch.tensor([[-1, 2, -1]] * bs)
     q = torch.softmax(torch.randn(bs, n, vocab), -1)
     candidates = torch.stack([torch.randperm(vocab)[:n] for _ in range(bs)])
-    tree = DraftTree(q, next_token, next_sibling)
+    tree = DraftTree(q, next_token, next_sibling, torch.full((bs,), n - 1))
     predicts = torch.zeros(bs * n, dtype=torch.int32)
     accept_index = torch.full((bs, 2), -1, dtype=torch.int32)
     with state.verify_call(_info(), tree=tree):

@@ -84,7 +84,7 @@ def test_tree_batch_runs_verify_tree_on_sglang_coins(plugin_loaded, monkeypatch,
     tree = None
     if tree_draft == "sampled":
         tree = DraftTree(verify_input.draft_probs, verify_input.retrieve_next_token,
-                         verify_input.retrieve_next_sibling)
+                         verify_input.retrieve_next_sibling, torch.full((bs,), N - 1))
     target = torch.softmax(logits.next_token_logits, -1).reshape(bs, N, VOCAB)
     torch.manual_seed(7)
     with state.verify_call(batch.sampling_info, tree=tree):
@@ -163,7 +163,7 @@ def test_drafter_q_uses_the_targets_sampling_transform(plugin_loaded, monkeypatc
 
     monkeypatch.setattr(verify_hook, "verify_tree", capture)
     tree = DraftTree(verify_input.draft_probs, verify_input.retrieve_next_token,
-                     verify_input.retrieve_next_sibling)
+                     verify_input.retrieve_next_sibling, torch.full((bs,), N - 1))
     raw = logits.next_token_logits.clone()
     with state.verify_call(batch.sampling_info, tree=tree):
         eagle_utils.eagle_sample(verify_input, batch, logits)
@@ -230,3 +230,50 @@ def test_draft_temperature_scale_sharpens_every_sampled_row(plugin_loaded):
 
     hook.run(extend, lambda result: result)
     torch.testing.assert_close(draft_input.draft_probs, sharp)
+
+
+def test_validation_accepts_the_filler_of_a_short_sampled_tree(plugin_loaded, monkeypatch):
+    """``SGLANG_HSD_VALIDATE=1``: a request whose q support ran out (top_k 1 below the tree's
+    k = 2) drafts fewer than N - 1 nodes; the drafter's filler columns are unreachable, and the
+    hook's validation accepts them as filler while still checking the rest of the batch."""
+    from sglang_hsd.sglang_plugin.tree_draft import DraftTree
+    from sglang_hsd.verify.tree.expand import ExpandConfig
+    from sglang_hsd.verify.tree.level_draft import LevelDrafter
+
+    fake_sglang_state(monkeypatch)
+    gen = torch.Generator().manual_seed(9)
+    bs, depth, k = 2, 3, 2
+    root_q = torch.softmax(torch.randn(bs, VOCAB, generator=gen), -1)
+    root_q[1] = torch.nn.functional.one_hot(torch.tensor(3), VOCAB).float()  # one token of support
+    drafter = LevelDrafter(ExpandConfig(depth, k, N), "spine", root_q, torch.zeros(bs, dtype=torch.bool),
+                           generator=gen)
+    drafter.first()
+    for _ in range(depth - 1):
+        rows = torch.softmax(torch.randn(bs * k, VOCAB, generator=gen), -1)
+        rows[k:] = torch.nn.functional.one_hot(torch.tensor(4), VOCAB).float()
+        drafter.step(rows)
+    level_tree = drafter.finish()
+    assert level_tree.num_kept.tolist() == [N - 1, depth]  # request 1: a chain, then filler
+    tree = DraftTree(level_tree.draft_probs, level_tree.retrive_next_token,
+                     level_tree.retrive_next_sibling, level_tree.num_kept)
+    state = verify_hook.VerifyHookState(PluginConfig(verify_method="hsd", topk=k, tree_draft="sampled",
+                                                     validate=True))
+    hook = verify_hook.make_hsd_tree_sampling(lambda *args: None, state)
+    candidates = level_tree.candidates.clone()
+    target = torch.softmax(torch.randn(bs, N, VOCAB, generator=gen), -1)
+    accept_index = torch.full((bs, depth + 1), -1, dtype=torch.int32)
+    accept_num = torch.zeros(bs, dtype=torch.int32)
+
+    def run(tree):
+        with state.verify_call(_info(), tree=tree):
+            hook(torch.zeros(bs * N, dtype=torch.int32), accept_index, accept_num, candidates,
+                 torch.arange(bs * N).view(bs, N), level_tree.retrive_next_token,
+                 level_tree.retrive_next_sibling, torch.rand(bs, N, generator=gen),
+                 torch.rand(bs, generator=gen), target, level_tree.draft_probs)
+
+    run(tree)
+    assert state.hsd_calls == 1 and int(accept_num[1]) <= depth
+    broken = level_tree.retrive_next_token.clone()
+    broken[0, 0] = -1  # request 0 (no filler): its nodes become orphans, still refused
+    with pytest.raises(ValueError, match="orphan"):
+        run(DraftTree(tree.draft_probs, broken, tree.retrive_next_sibling, tree.num_kept))
