@@ -106,7 +106,8 @@ def draft_sampled_tree(worker, forward_batch):
     Args:
         worker: the ``HSDDraftWorker`` (SGLang's draft worker: draft runner, attention backends,
             topk, speculative_num_steps / num_draft_tokens, hot_token_id; ``hsd_config``, the
-            ``PluginConfig`` whose ``tree_rule`` and ``draft_temperature_scale`` apply).
+            ``PluginConfig`` whose ``tree_rule`` and ``draft_temperature_scale`` apply;
+            ``hsd_identity_token_map``, whether hot_token_id is the identity).
         forward_batch: the draft ``ForwardBatch`` SGLang prepared (spec_info carries the root's
             hidden states [bs, H] and q ``draft_probs`` [bs, Vd]).
     Returns:
@@ -147,7 +148,8 @@ def draft_sampled_tree(worker, forward_batch):
     vocab = worker.hsd_target_vocab_size
     q = tree.draft_probs
     if worker.hot_token_id is not None:
-        q = scatter_draft_probs(q, worker.hot_token_id, vocab)
+        q = scatter_draft_probs(q, worker.hot_token_id, vocab,
+                                is_identity=worker.hsd_identity_token_map)
     draft_tree = DraftTree(q, tree.retrive_next_token, tree.retrive_next_sibling, tree.num_kept)
     return (tree.parent_list, tree.top_scores_index, to_target(tree.draft_tokens), q), draft_tree
 

@@ -261,12 +261,50 @@ def test_exit_round_reaches_the_sampler_of_its_own_verify_call_only(plugin_loade
 
 
 def test_scatter_draft_probs_to_target_vocab():
-    from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+    from sglang_hsd.sglang_plugin.draft_probs import is_identity_map, scatter_draft_probs
 
     q = torch.softmax(torch.randn(2, 3, 4), -1)
     hot = torch.tensor([0, 2, 5, 7])  # d2t = [0, 1, 3, 4]
-    full = scatter_draft_probs(q, hot, 9)
+    assert not is_identity_map(hot, 9)
+    full = scatter_draft_probs(q, hot, 9, is_identity=False)
     assert full.shape == (2, 3, 9)
     assert torch.equal(full[..., hot], q)
     assert full.sum(-1).sub(1).abs().max() < 1e-6
     assert (full[..., [1, 3, 4, 6, 8]] == 0).all()
+
+
+def test_scatter_draft_probs_decides_by_content_not_width():
+    """A full-width map that permutes ids scatters; only the identity map is returned as is, and
+    the identity flag with a width that cannot be the identity is refused."""
+    from sglang_hsd.sglang_plugin.draft_probs import is_identity_map, scatter_draft_probs
+
+    q = torch.softmax(torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0)), -1)
+    permuted = torch.tensor([3, 0, 4, 1, 2])
+    assert not is_identity_map(permuted, 5)
+    full = scatter_draft_probs(q, permuted, 5, is_identity=False)
+    assert torch.equal(full[..., permuted], q) and not torch.equal(full, q)
+    identity = torch.arange(5)
+    assert is_identity_map(identity, 5) and is_identity_map(None, 5)
+    assert not is_identity_map(torch.arange(4), 5)
+    assert scatter_draft_probs(q, identity, 5, is_identity=True) is q
+    with pytest.raises(ValueError, match="is_identity"):
+        scatter_draft_probs(q[..., :4], identity[:4], 5, is_identity=True)
+
+
+def test_draft_worker_decides_the_identity_once_when_the_map_loads():
+    """``TargetVocabDraft``: the flag is set with the vocabulary when the map loads, and each
+    round's q is scattered by it (a permuted full-width map is not passed through)."""
+    from sglang_hsd.sglang_plugin.draft_worker import TargetVocabDraft
+
+    worker = types.SimpleNamespace(
+        hot_token_id=torch.tensor([1, 0, 2]),
+        target_worker=types.SimpleNamespace(model_config=types.SimpleNamespace(vocab_size=3)))
+    TargetVocabDraft._hsd_record_vocab(worker)
+    assert worker.hsd_target_vocab_size == 3 and worker.hsd_identity_token_map is False
+    q = torch.tensor([[[0.7, 0.2, 0.1]]])
+    full = TargetVocabDraft._hsd_full_vocab(worker, q)
+    assert torch.equal(full, torch.tensor([[[0.2, 0.7, 0.1]]]))
+    worker.hot_token_id = torch.arange(3)
+    TargetVocabDraft._hsd_record_vocab(worker)
+    assert worker.hsd_identity_token_map is True
+    assert TargetVocabDraft._hsd_full_vocab(worker, q) is q
