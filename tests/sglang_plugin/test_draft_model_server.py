@@ -16,8 +16,8 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 * greedy output and the T = 1 law with the early-exit level at layer 2 (logit lens) verifying the
   draft model's chain before the full target;
 * T = 1 with ``min_p``: on all three servers the law is the one SGLang's non-speculative sampler
-  draws from (``server_law.sglang_sampler_law``), and the same test rejects the target's law
-  without min-p.
+  draws from (``server_law.sglang_sampler_law``): no token below the min-p threshold, PIT
+  chi-square under the filtered rows; the same test rejects the target's law without min-p.
 
 Each server takes ~1 minute to start on 2 cores.
 """
@@ -44,7 +44,10 @@ STAT_TOKENS = 4  # the prefill's token, then the first verify rounds' tokens
 PIT_BINS = 10
 TREE = (2, 6)  # k, N of the tree server (depth 3)
 EXIT_LAYER = 2  # of the target's 4
-MIN_P = 0.05  # removes about a third of the target's mass at the first sampled position
+MIN_P = 0.05  # removes about a third of the target's mass at each of the first sampled positions
+# A token whose target probability is this fraction below the min-p threshold is outside the
+# support; float32 server logits differ from the float64 reference far less than that.
+SUPPORT_MARGIN = 1e-3
 
 
 def _generate(url, ids, max_new_tokens=MAX_NEW_TOKENS, **sampling):
@@ -147,27 +150,45 @@ def test_draft_model_tree_and_exit_level_greedy_equals_target(reference, server,
     _check_greedy(request.getfixturevalue(server), reference)
 
 
-def _target_pit(model_dir, sequences, seed=0, min_p=0.0):
-    """Sequential randomized PIT of ``sequences`` [N, P + T] (prompt then T sampled tokens) under
-    the causal LM in ``model_dir`` at T = 1 (with ``min_p`` > 0: the law SGLang's
-    non-speculative sampler draws from with that min_p): u [N, T], i.i.d. U(0, 1) under its joint
-    law."""
+def _target_rows(model_dir, sequences):
+    """The T = 1 next-token rows of the causal LM in ``model_dir`` at each sampled position of
+    ``sequences`` [N, P + T] (prompt then T sampled tokens): float64 [N, T, V]."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     prompt_len = len(STAT_PROMPT)
     with torch.inference_mode():
         logits = model(sequences).logits[:, prompt_len - 1:-1].double()
-    probs = torch.softmax(logits, -1)
-    if min_p > 0:
-        rows = probs.reshape(-1, probs.shape[-1])
-        off = torch.full((rows.shape[0],), 1 << 30)
-        probs = sglang_sampler_law(rows, off, torch.ones(rows.shape[0], dtype=rows.dtype),
-                                   torch.full((rows.shape[0],), min_p, dtype=rows.dtype)).view(probs.shape)
-    tokens = sequences[:, prompt_len:].unsqueeze(-1)
+    return torch.softmax(logits, -1)
+
+
+def _pit(probs, sequences, seed=0):
+    """Sequential randomized PIT of the sampled tokens of ``sequences`` under the rows ``probs``
+    [N, T, V]: u [N, T], i.i.d. U(0, 1) when the tokens follow that joint law."""
+    tokens = sequences[:, len(STAT_PROMPT):].unsqueeze(-1)
     below = (probs.cumsum(-1) - probs).gather(-1, tokens).squeeze(-1)
     v = torch.rand(below.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return below + v * probs.gather(-1, tokens).squeeze(-1)
+
+
+def _target_pit(model_dir, sequences, seed=0):
+    """``_pit`` under the target's joint law at T = 1."""
+    return _pit(_target_rows(model_dir, sequences), sequences, seed)
+
+
+def _min_p_p_value(model_dir, sequences):
+    """p-value of "the sampled tokens follow the target's law at T = 1 with ``MIN_P``" (the rows
+    SGLang's non-speculative sampler draws from): 0 when a token lies clearly below the min-p
+    threshold (impossible under that law), else the PIT chi-square under it. Also returns the
+    number of such tokens."""
+    rows = _target_rows(model_dir, sequences)
+    tokens = sequences[:, len(STAT_PROMPT):].unsqueeze(-1)
+    threshold = MIN_P * rows.amax(-1, keepdim=True)
+    outside = int((rows.gather(-1, tokens) < threshold * (1 - SUPPORT_MARGIN)).sum())
+    flat = rows.reshape(-1, rows.shape[-1])
+    law = sglang_sampler_law(flat, torch.full((flat.shape[0],), 1 << 30), torch.ones_like(flat[:, 0]),
+                             torch.full_like(flat[:, 0], MIN_P)).view(rows.shape)
+    return (0.0 if outside else _pit_p_value(_pit(law, sequences))), outside
 
 
 def _pit_p_value(u):
@@ -223,9 +244,10 @@ def test_draft_model_sampled_law_is_the_targets(pair, server, request):
 @pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
 def test_draft_model_min_p_law_is_the_non_speculative_one(pair, server, request):
     """T = 1 with ``min_p``: the tokens' joint law is the one SGLang's non-speculative sampler
-    draws from (the target's rows filtered by min-p), for chains (q without min-p, SGLang's
-    draft sampler), sampled trees (q with it) and the exit level; the same test rejects the
-    target's law without min-p, which the server served before its target rows honoured min-p."""
+    draws from (the target's rows filtered by min-p: no token below the threshold, and the PIT
+    under the filtered rows uniform), for chains (q without min-p, SGLang's draft sampler),
+    sampled trees (q with it) and the exit level; the same test rejects the target's law
+    without min-p, which the server served before its target rows honoured min-p."""
     url = request.getfixturevalue(server)
 
     def server_p_value(count):
@@ -233,14 +255,14 @@ def test_draft_model_min_p_law_is_the_non_speculative_one(pair, server, request)
             outs = list(pool.map(lambda _: _generate(url, STAT_PROMPT, STAT_TOKENS, temperature=1.0,
                                                      min_p=MIN_P), range(count)))
         sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
-        p_value = _pit_p_value(_target_pit(pair[1], sequences, min_p=MIN_P))
-        print(f"\n{server} T=1 min_p={MIN_P}, {count} samples: PIT chi-square p={p_value:.3g}")
+        p_value, outside = _min_p_p_value(pair[1], sequences)
+        print(f"\n{server} T=1 min_p={MIN_P}, {count} samples: {outside} tokens below the min-p "
+              f"threshold, PIT chi-square p={p_value:.3g}")
         return p_value
 
-    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} min_p PIT law test")
-    without_min_p = _model_law_samples(pair[1], STAT_SAMPLES)
-    p_wrong = _pit_p_value(_target_pit(pair[1], without_min_p, min_p=MIN_P))
-    print(f"target's law without min_p, {STAT_SAMPLES} samples: p={p_wrong:.3g}")
+    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} min_p law test")
+    p_wrong, outside = _min_p_p_value(pair[1], _model_law_samples(pair[1], STAT_SAMPLES))
+    print(f"target's law without min_p, {STAT_SAMPLES} samples: {outside} tokens below, p={p_wrong:.3g}")
     assert p_server[-1] > ALPHA, p_server
     assert p_wrong < ALPHA
 
