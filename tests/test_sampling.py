@@ -1,9 +1,15 @@
-"""Temperature / top-k / top-p in one place, identical for every level."""
+"""Temperature / top-k / top-p / min-p in one place, identical for every level."""
 
 import pytest
 import torch
 
-from sglang_hsd.sampling import BatchSamplingParams, SamplingParams, logits_to_probs
+from sglang_hsd.sampling import (
+    BatchSamplingParams,
+    SamplingFilters,
+    SamplingParams,
+    apply_min_p,
+    logits_to_probs,
+)
 
 
 def test_plain_softmax_with_temperature():
@@ -66,7 +72,8 @@ def test_mismatched_parameters_change_the_distribution():
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_k": -3}, "top_k")],
+    [({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_k": -3}, "top_k"),
+     ({"min_p": -0.1}, "min_p"), ({"min_p": 1.5}, "min_p"), ({"min_p": float("nan")}, "min_p")],
 )
 def test_bad_parameters_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -77,3 +84,76 @@ def test_batch_size_mismatch_is_named():
     params = BatchSamplingParams.from_params([SamplingParams()] * 3)
     with pytest.raises(ValueError, match="batch size"):
         logits_to_probs(torch.randn(2, 5), params)
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top_one():
+    probs_in = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    probs = logits_to_probs(probs_in.log(), SamplingParams(min_p=0.29))  # threshold 0.145
+    torch.testing.assert_close(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)
+    probs = logits_to_probs(probs_in.log(), SamplingParams(min_p=0.31))
+    torch.testing.assert_close(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    assert torch.equal(logits_to_probs(probs_in.log(), SamplingParams(min_p=1.0)), torch.tensor([[1.0, 0, 0, 0]]))
+
+
+def test_min_p_applies_after_top_p():
+    # The order changes the set: min-p first would drop 0.1 and then top-p 0.75 would keep two
+    # tokens of the renormalised [4, 3, 2] / 9; top-p first keeps three and min-p 0.3 keeps them.
+    probs_in = torch.tensor([[0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)
+    probs = logits_to_probs(probs_in.log(), SamplingParams(top_p=0.75, min_p=0.3))
+    torch.testing.assert_close(probs, torch.tensor([[4.0, 3.0, 2.0, 0.0]]) / 9)
+
+
+def test_min_p_zero_rows_are_untouched_in_a_min_p_batch():
+    logits = torch.randn(2, 3, 40, generator=torch.Generator().manual_seed(1))
+    params = BatchSamplingParams.from_params([SamplingParams(temperature=0.9), SamplingParams(min_p=0.2)])
+    probs = logits_to_probs(logits, params)
+    assert torch.equal(probs[0], torch.softmax(logits[0] / 0.9, -1))
+    assert (probs[1] == 0).any() and torch.allclose(probs[1].sum(-1), torch.ones(3))
+    assert torch.equal(apply_min_p(probs, torch.zeros(2)), probs)
+
+
+MIXED = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=5),
+         SamplingParams(temperature=1.2, top_p=0.8), SamplingParams(min_p=0.1),
+         SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05), SamplingParams()]
+
+
+@pytest.fixture
+def no_host_sync(monkeypatch):
+    """Reading a tensor back to the host raises inside the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("host synchronisation")
+
+    for name in ("__bool__", "item", "tolist", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+@pytest.mark.parametrize("shape", [(6, 64), (6, 3, 64)])
+def test_flagged_path_reads_nothing_back_and_equals_the_unflagged_one(shape, request):
+    logits = torch.randn(*shape, generator=torch.Generator().manual_seed(2)) * 3
+    params = BatchSamplingParams.from_params(MIXED)
+    unflagged = logits_to_probs(logits, params)
+    filters = SamplingFilters.of(params, shape[-1])
+    assert filters == SamplingFilters(top_k=True, top_p=True, min_p=True, all_greedy=False, any_greedy=True)
+    request.getfixturevalue("no_host_sync")
+    with pytest.raises(AssertionError, match="host synchronisation"):  # the fixture bites
+        bool(params.top_k.any())
+    assert torch.equal(logits_to_probs(logits, params, filters), unflagged)
+
+
+def test_flags_may_over_ask_but_an_unset_flag_skips_its_step():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    plain = BatchSamplingParams.from_params([SamplingParams(temperature=0.8)] * 4)
+    everything = SamplingFilters(top_k=True, top_p=True, min_p=True, all_greedy=False, any_greedy=True)
+    assert torch.equal(logits_to_probs(logits, plain, everything), logits_to_probs(logits, plain))
+    with_min_p = BatchSamplingParams.from_params([SamplingParams(min_p=0.5)] * 4)
+    skipped = SamplingFilters(top_k=False, top_p=False, min_p=False, all_greedy=False, any_greedy=False)
+    assert torch.equal(logits_to_probs(logits, with_min_p, skipped), torch.softmax(logits, -1))
+    assert not torch.equal(logits_to_probs(logits, with_min_p), torch.softmax(logits, -1))
+
+
+def test_all_greedy_flag_returns_one_hot_rows(no_host_sync):
+    logits = torch.randn(3, 2, 9, generator=torch.Generator().manual_seed(4))
+    params = BatchSamplingParams.from_params([SamplingParams(temperature=0.0)] * 3)
+    filters = SamplingFilters(top_k=False, top_p=False, min_p=False, all_greedy=True, any_greedy=True)
+    probs = logits_to_probs(logits, params, filters)
+    assert torch.equal(probs, torch.zeros(3, 2, 9).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0))

@@ -42,6 +42,7 @@ multi-token law by chi-square against the exact target law.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Protocol
 
@@ -53,8 +54,6 @@ from sglang_hsd.sampling import BatchSamplingParams, logits_to_probs
 from sglang_hsd.verify.tree.api import verify_tree
 from sglang_hsd.tree_draft import DraftPlan, KeyedNoise, LevelDrafter, LevelTree, greedy_draft_q
 from sglang_hsd.verify.tree.mask import tree_attention_mask
-from sglang_hsd.verify.tree.methods import TREE_METHODS
-from sglang_hsd.verify.tree.validation import validate_tree_inputs
 
 
 class TreeHost(Protocol):
@@ -129,11 +128,11 @@ class TreeRounds:
         candidates[:, 0] = run.tokens[idx, root_pos]
         logits, outputs = self._target_forward(idx, candidates, tree.parents, root_pos.unsqueeze(-1) + tree.depths)
         p = logits_to_probs(logits, run.params.rows(idx))  # [R, N, V]
-        if run.gen.validate:
-            self._validate(tree, candidates, p)
+        # A request whose q ran out of support (top-k / top-p below k) has filler columns after
+        # its num_kept nodes, which validation accepts as such.
         res = verify_tree(candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs, p,
-                          method=self.method, generator=run.generator, validate=False,
-                          max_depth=self.shape.depth)
+                          method=self.method, generator=run.generator, validate=run.gen.validate,
+                          max_depth=self.shape.depth, num_kept=tree.num_kept)
         self.drafter.keep_accepted(idx, tree, res)
         self._commit(idx, root_pos, res, outputs)
         stats = run.stats[-1]
@@ -141,19 +140,6 @@ class TreeRounds:
         stats.proposed += int(tree.num_kept.sum())
         stats.accepted += int(res.num_accepted.sum())
         stats.seconds += target_seconds + time.perf_counter() - start_time
-
-    def _validate(self, tree: LevelTree, candidates: torch.Tensor, p: torch.Tensor) -> None:
-        """``verify_tree``'s input checks, per request on its kept nodes: a request whose q ran out
-        of support (top-k / top-p below k) has unreachable filler columns, which the layout
-        check would reject as orphans."""
-        method = TREE_METHODS[self.method]
-        for row, kept in enumerate(tree.num_kept.tolist()):
-            nodes = slice(0, kept + 1)
-            one = slice(row, row + 1)
-            validate_tree_inputs(candidates[one, nodes], tree.retrive_next_token[one, nodes],
-                                 tree.retrive_next_sibling[one, nodes], tree.draft_probs[one, nodes],
-                                 p[one, nodes], reads_q=method.reads_q, distinct_siblings=method.distinct_siblings,
-                                 uniforms=None)
 
     def _draft(self, idx: torch.Tensor) -> LevelTree:
         """Steps 1-2: the root's q and D - 1 beam forwards; the drafter's tree slots are cut after."""
@@ -195,7 +181,7 @@ class TreeRounds:
         from producing a one-hot row it would discard)."""
         params = self.run.params.rows(idx)
         temperature = torch.where(params.temperature == 0, torch.ones_like(params.temperature), params.temperature)
-        return BatchSamplingParams(temperature, params.top_k, params.top_p)
+        return dataclasses.replace(params, temperature=temperature)
 
     def _target_forward(self, idx, candidates, parents, positions) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Step 3's forward: every target group on the trees (int64 [R, N] each) of rows ``idx``.

@@ -56,7 +56,7 @@ class DraftContinuation:
 
     Args:
         draft_worker: the ``HSDDraftWorker`` (its ``draft_runner``, ``hot_token_id``,
-            ``req_to_token_pool``).
+            ``hsd_identity_token_map``, ``req_to_token_pool``).
         target_vocab_size: V of the target (q is scattered to it).
     """
 
@@ -130,7 +130,8 @@ class DraftContinuation:
                     draft_step=step)
                 ids = ids.squeeze(-1)
                 if worker.hot_token_id is not None:
-                    probs = scatter_draft_probs(probs, worker.hot_token_id, self.vocab_size)
+                    probs = scatter_draft_probs(probs, worker.hot_token_id, self.vocab_size,
+                                                is_identity=worker.hsd_identity_token_map)
                 q[live, step] = probs.to(q.dtype)
             if worker.hot_token_id is not None:
                 ids = worker.hot_token_id[ids]

@@ -32,13 +32,14 @@ from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
-from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+from sglang_hsd.sglang_plugin.draft_probs import is_identity_map, scatter_draft_probs
 from sglang_hsd.sglang_plugin.tree_draft import draft_sampled_tree
 
 
 class TargetVocabDraft(EagleDraftWorkerBase):
     """Mixin for SGLang draft workers: every draft q handed to verification has the target
-    vocabulary's width (``hsd_target_vocab_size``, set in ``alloc_memory_pool``).
+    vocabulary's width (``hsd_target_vocab_size``, and ``hsd_identity_token_map``, whether
+    ``hot_token_id`` is the identity: both set by ``_hsd_record_vocab`` in ``alloc_memory_pool``).
 
     It derives from SGLang's ``EagleDraftWorkerBase`` so that the classes it is mixed into keep
     the instance layout of SGLang's draft workers (``__class__`` re-assignment requires it).
@@ -49,13 +50,21 @@ class TargetVocabDraft(EagleDraftWorkerBase):
     """
 
     hsd_target_vocab_size: int
+    hsd_identity_token_map: bool
+
+    def _hsd_record_vocab(self) -> None:
+        """Once SGLang has loaded the token map (``hot_token_id``): the target vocabulary's width
+        and whether the map is the identity, decided by content here, once (one host sync)."""
+        self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
+        self.hsd_identity_token_map = is_identity_map(self.hot_token_id, self.hsd_target_vocab_size)
 
     def _hsd_full_vocab(self, draft_probs):
         if draft_probs is None:
             return draft_probs
         if self.hot_token_id is not None:
             draft_probs = scatter_draft_probs(draft_probs, self.hot_token_id,
-                                              self.hsd_target_vocab_size)
+                                              self.hsd_target_vocab_size,
+                                              is_identity=self.hsd_identity_token_map)
         if draft_probs.shape[-1] != self.hsd_target_vocab_size:
             raise RuntimeError(
                 f"HSD: draft q has width {draft_probs.shape[-1]}, the target vocabulary "
@@ -136,7 +145,7 @@ class HSDDraftWorker(TargetVocabDraft, SampledTreeDraft, EagleDraftWorker):
         )
         self.init_token_map()
         self.init_lm_head()
-        self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
+        self._hsd_record_vocab()
         # patches/0002 makes the upstream draft_forward read this attribute (and scatter
         # q itself; _hsd_full_vocab then sees the full width and passes it through).
         self.target_vocab_size = self.hsd_target_vocab_size
@@ -198,7 +207,7 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
                           token_to_kv_pool_allocator=None):
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool,
                                   token_to_kv_pool_allocator)
-        self.hsd_target_vocab_size = self.target_worker.model_config.vocab_size
+        self._hsd_record_vocab()
 
     def draft_forward(self, forward_batch):
         tree = self._hsd_sampled_tree(forward_batch)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_hsd.sampling import logits_to_probs
 from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
 from sglang_hsd.sglang_plugin.forward_batches import window_extend_batch
 from sglang_hsd.sglang_plugin.layer_range import (
@@ -48,6 +49,7 @@ from sglang_hsd.sglang_plugin.layer_range import (
     override_forward,
     run_layer_range,
 )
+from sglang_hsd.sglang_plugin.request_sampling import batch_filters, batch_params
 from sglang_hsd.sglang_plugin.seeds import EXIT_COIN_SEED_TAG, sub_round_seed
 from sglang_hsd.verify import ChainUniforms
 from sglang_hsd.verify.window_round import ExitProposal, exit_round, exit_sub_rounds
@@ -77,21 +79,12 @@ class ExitRound:
 
 def probs_like_sglang_verify(logits: torch.Tensor, sampling_info, width: int,
                              requests: torch.Tensor | None = None) -> torch.Tensor:
-    """float [A * width, V] -> [A, width, V] with the transforms ``eagle_sample`` applies to the
-    target (temperature softmax, then top-k and top-p renormalisation). ``requests``: int64 [A],
-    which of the batch's requests the rows belong to (default: all of them, in order)."""
-    from sglang.kernels.ops.sampling import softmax as sampling_softmax
-    from sglang.srt.speculative import eagle_utils  # its renorm names (CPU: cpu_sampling's)
-
-    def per_row(values):
-        values = values if requests is None else values[requests]
-        return torch.repeat_interleave(values, width, dim=0)
-
-    probs = sampling_softmax(logits, temperatures=per_row(sampling_info.temperatures))
-    if sampling_info.need_top_k_sampling:
-        probs = eagle_utils.top_k_renorm_prob(probs, per_row(sampling_info.top_ks))
-    if sampling_info.need_top_p_sampling:
-        probs = eagle_utils.top_p_renorm_prob(probs, per_row(sampling_info.top_ps))
+    """float [A * width, V] -> [A, width, V]: the requests' sampling distribution of ``logits``
+    (``request_sampling``: temperature, top-k, top-p and min-p, the law of the target rows HSD
+    verifies against). ``requests``: int64 [A], which of the batch's requests the rows belong to
+    (default: all of them, in order)."""
+    params = batch_params(sampling_info, repeats=width, requests=requests)
+    probs = logits_to_probs(logits, params, batch_filters(sampling_info))
     return probs.reshape(-1, width, probs.shape[-1])
 
 

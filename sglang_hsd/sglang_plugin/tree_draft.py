@@ -11,8 +11,8 @@ q's top-k. The tree comes back in SGLang's pool layout (its tree builder, attent
 bookkeeping run unchanged) plus what verification needs (``DraftTree``).
 
 q is the drafter's distribution under the request's sampling parameters, computed by
-``sampling_probs``: the transform SGLang applies to the target in ``eagle_sample``
-(temperature, then top-k, then top-p renormalisation), on the draft vocabulary, then scattered to
+``request_sampling.sampling_probs`` (``sglang_hsd.sampling.logits_to_probs``: temperature, top-k,
+top-p, min-p, as the target rows HSD verifies against), on the draft vocabulary, then scattered to
 the target vocabulary (``draft_probs.scatter_draft_probs``); ``--hsd-draft-temperature-scale`` S
 runs that transform at temperature T * S (the verifier reads the same q). The root's q comes from
 the draft extend that follows every verify (and prefill); ``RootQHook`` keeps it on the draft
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import torch
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+from sglang_hsd.sglang_plugin.request_sampling import greedy_rows, sampling_probs
 from sglang_hsd.tree_draft import KeyedNoise, LevelDrafter
 
 
@@ -45,50 +45,14 @@ class DraftTree:
         retrive_next_token / retrive_next_sibling: int64 [bs, N], the drafted tree's links in
             verify order (rows whose q support ran out have unreachable filler nodes, which
             SGLang's tree builder may still attach; verification walks these links instead).
+        num_kept: int64 [bs], drafted nodes per request (N - 1 unless q's support ran out; the
+            columns after them are the filler, which validation accepts as such).
     """
 
     draft_probs: torch.Tensor
     retrive_next_token: torch.Tensor
     retrive_next_sibling: torch.Tensor
-
-
-def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,
-                   greedy_plain: bool = False, temperature_scale: float = 1.0) -> torch.Tensor:
-    """The request's sampling distribution of ``logits``, as ``eagle_sample`` builds the
-    target's: softmax(logits / T), then top-k, then top-p renormalisation when the batch uses them.
-
-    Args:
-        logits: float [bs * repeats, V], rows of request b at b*repeats .. b*repeats + repeats - 1.
-        sampling_info: SGLang's ``SamplingBatchInfo`` (temperatures [bs, 1], top_ks, top_ps [bs]).
-        repeats: rows per request.
-        greedy_plain: greedy rows (top_k == 1) get softmax(logits) instead of their one-hot
-            transform. The drafter takes such rows' top-k deterministically; a one-hot q would
-            leave them a single child per node.
-        temperature_scale: S; the transform runs at temperature T * S
-            (``--hsd-draft-temperature-scale``, the drafter's level only).
-    Returns:
-        float [bs * repeats, V].
-    """
-    def per_row(x):
-        return x if repeats == 1 else torch.repeat_interleave(x, repeats, dim=0)
-
-    temperatures = sampling_info.temperatures
-    if temperature_scale != 1.0:
-        temperatures = temperatures * temperature_scale
-    probs = eagle_utils.sampling_softmax(logits, temperatures=per_row(temperatures))
-    if sampling_info.need_top_k_sampling:
-        probs = eagle_utils.top_k_renorm_prob(probs, per_row(sampling_info.top_ks))
-    if sampling_info.need_top_p_sampling:
-        probs = eagle_utils.top_p_renorm_prob(probs, per_row(sampling_info.top_ps))
-    if greedy_plain:
-        probs = torch.where(per_row(greedy_rows(sampling_info)).unsqueeze(-1),
-                            torch.softmax(logits.float(), dim=-1), probs)
-    return probs
-
-
-def greedy_rows(sampling_info) -> torch.Tensor:
-    """bool [bs]: rows that take the drafter's top-k (greedy requests: top_k == 1)."""
-    return sampling_info.top_ks.view(-1) <= 1
+    num_kept: torch.Tensor
 
 
 class RootQHook:
@@ -143,7 +107,8 @@ def draft_sampled_tree(worker, forward_batch):
     Args:
         worker: the ``HSDDraftWorker`` (SGLang's draft worker: draft runner, attention backends,
             topk, speculative_num_steps / num_draft_tokens, hot_token_id; ``hsd_config``, the
-            ``PluginConfig`` whose ``tree_rule`` and ``draft_temperature_scale`` apply).
+            ``PluginConfig`` whose ``tree_rule`` and ``draft_temperature_scale`` apply;
+            ``hsd_identity_token_map``, whether hot_token_id is the identity).
         forward_batch: the draft ``ForwardBatch`` SGLang prepared (spec_info carries the root's
             hidden states [bs, H] and q ``draft_probs`` [bs, Vd]).
     Returns:
@@ -181,8 +146,9 @@ def draft_sampled_tree(worker, forward_batch):
     vocab = worker.hsd_target_vocab_size
     q = tree.draft_probs
     if worker.hot_token_id is not None:
-        q = scatter_draft_probs(q, worker.hot_token_id, vocab)
-    draft_tree = DraftTree(q, tree.retrive_next_token, tree.retrive_next_sibling)
+        q = scatter_draft_probs(q, worker.hot_token_id, vocab,
+                                is_identity=worker.hsd_identity_token_map)
+    draft_tree = DraftTree(q, tree.retrive_next_token, tree.retrive_next_sibling, tree.num_kept)
     return (tree.parent_list, tree.top_scores_index, to_target(tree.draft_tokens), q), draft_tree
 
 

@@ -7,14 +7,16 @@ SGLang 0.5.23 verifies EAGLE drafts in ``eagle_utils.eagle_sample``. With reject
 ``install_verify_hooks`` replaces that name with ``hsd_chain_sampling`` (same signature, same
 in-place outputs) which calls ``sglang_hsd.verify.verify_chain`` when the running algorithm is HSD
 and SGLang's kernel otherwise, so a server started with ``--speculative-algorithm EAGLE3`` is
-untouched.
+untouched. SGLang's target rows lack min-p, which its non-speculative sampler applies; both HSD
+hooks add it (``VerifyHookState.target_rows``) before verifying.
 
 State: the hooks receive only tensors and flags from SGLang, so ``HSDWorker`` builds a
 ``VerifyHookState`` (its configuration, read once when the worker was built) and installs the
-hooks bound to it. With an exit level (``exit_level.py``) the round's forward leaves an
-``ExitRound`` there for the duration of ``HSDWorker.verify``
-(``VerifyHookState.verify_call``); the chain sampler then verifies the exit's chain against the
-target (``window_round.target_round``), for greedy batches too (one-hot rows, method ``greedy``).
+hooks bound to it. Each ``HSDWorker.verify`` call leaves the batch's ``SamplingBatchInfo`` there
+for its duration (``VerifyHookState.verify_call``); with an exit level (``exit_level.py``) the
+round's forward leaves an ``ExitRound`` there too, and the chain sampler then verifies the exit's
+chain against the target (``window_round.target_round``), for greedy batches too (one-hot rows,
+method ``greedy``).
 
 All-greedy batches keep SGLang's argmax path (``verify_tree_greedy_func``). On CPU SGLang forces
 that argmax path for every batch (``_verify_uses_greedy`` returns True for ``is_cpu``), which would
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
+from sglang_hsd.sglang_plugin.request_sampling import target_probs_with_min_p
 from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
 from sglang_hsd.verify.window_round import target_round
 
@@ -60,6 +63,9 @@ class VerifyHookState:
             same ``HSDWorker.verify`` call; None outside such a call.
         hsd_calls / fallback_calls: chain-sampler calls that ran our verifier / SGLang's kernel
             (another algorithm is running); for tests and logs.
+        tree: the round's sampled tree (``tree_draft.DraftTree``) during a verify call.
+        sampling_info: the verified batch's ``SamplingBatchInfo`` during a verify call (its
+            min-p reaches the target rows, ``target_rows``); None outside one.
     """
 
     config: PluginConfig
@@ -67,19 +73,33 @@ class VerifyHookState:
     hsd_calls: int = 0
     fallback_calls: int = 0
     tree: DraftTree | None = None
+    sampling_info: object = None
 
     @contextlib.contextmanager
-    def verify_call(self, tree: DraftTree | None = None):
-        """The scope of one worker verify call: the exit round it leaves and the round's sampled
-        tree (``tree_draft.DraftTree``: q and links in verify order; None when the tree was not
-        sampled) end with it (also when the call raises), so no later verify can see them."""
+    def verify_call(self, sampling_info, tree: DraftTree | None = None):
+        """The scope of one worker verify call of a batch with ``sampling_info`` (SGLang's
+        ``SamplingBatchInfo``): the exit round it leaves, the round's sampled tree
+        (``tree_draft.DraftTree``: q and links in verify order; None when the tree was not
+        sampled) and the batch's sampling parameters end with it (also when the call raises), so
+        no later verify can see them."""
         self.exit_round = None
         self.tree = tree
+        self.sampling_info = sampling_info
         try:
             yield self
         finally:
             self.exit_round = None
             self.tree = None
+            self.sampling_info = None
+
+    def target_rows(self, target_probs: torch.Tensor) -> torch.Tensor:
+        """SGLang's target rows (float [bs, N, V]: temperature, top-k, top-p) with the batch's
+        min-p applied (``request_sampling.target_probs_with_min_p``), the law the non-speculative
+        sampler draws from. Refuses outside a verify call, where min-p is unknown."""
+        if self.sampling_info is None:
+            raise RuntimeError("HSD verify outside a worker verify call: the batch's sampling "
+                               "parameters (min_p) are unknown, so the target rows cannot honour them")
+        return target_probs_with_min_p(target_probs, self.sampling_info)
 
 
 def install_verify_hooks(state: VerifyHookState) -> None:
@@ -153,6 +173,7 @@ def make_hsd_chain_sampling(original, state: VerifyHookState):
                 block_verification=block_verification,
             )
         state.hsd_calls += 1
+        target_probs = state.target_rows(target_probs)
         uniforms = ChainUniforms(accept=uniform_samples.float(),
                                  sample=uniform_samples_for_final_sampling.float())
         if state.exit_round is not None:  # the exit level ran in this round: verify its chain
@@ -254,6 +275,7 @@ def make_hsd_tree_sampling(original, state: VerifyHookState):
             raise RuntimeError(f"HSD tree verify ({method!r}) without the round's sampled tree")
         if state.hsd_calls == 1:
             logger.info("sglang-hsd: verifying trees with verify_tree(method=%r)", method)
+        target_probs = state.target_rows(target_probs)
         if tree is not None:  # the drafted links: SGLang's builder may attach unreachable filler
             retrive_next_token, retrive_next_sibling = (tree.retrive_next_token,
                                                         tree.retrive_next_sibling)
@@ -263,7 +285,7 @@ def make_hsd_tree_sampling(original, state: VerifyHookState):
             uniforms=TreeUniforms(accept=uniform_samples.float(),
                                   sample=uniform_samples_for_final_sampling.float()),
             validate=state.config.validate, draft_mode="without-replacement",
-            max_depth=accept_index.shape[1] - 1)
+            max_depth=accept_index.shape[1] - 1, num_kept=tree.num_kept if tree is not None else None)
         write_tree_result(predicts, accept_index, accept_token_num, retrive_index, result)
 
     hsd_tree_sampling.__sglang_hsd_original__ = original

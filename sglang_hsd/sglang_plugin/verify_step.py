@@ -35,7 +35,7 @@ class HSDVerify:
             # Grammar-constrained batches keep the two-level round: SGLang builds their
             # grammar tree from the drafts before the target forward.
             tree = getattr(self._draft_worker, "hsd_tree", None)
-            with self.hsd_hooks.verify_call(tree=tree):
+            with self.hsd_hooks.verify_call(batch.sampling_info, tree=tree):
                 return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors,
                                       grammar_barrier=grammar_barrier)
         return self._verify_with_exit_level(batch, grammar_barrier)
@@ -47,7 +47,7 @@ class HSDVerify:
                                  batch.spec_info, batch.sampling_info, getattr(batch, "reqs", None))
         started = time.perf_counter()
         try:
-            with self.hsd_hooks.verify_call():
+            with self.hsd_hooks.verify_call(batch.sampling_info):
                 return eagle_worker_common.run_eagle_verify(
                     batch, pp_proxy_tensors=None, target_worker=target,
                     req_to_token_pool=self.req_to_token_pool,

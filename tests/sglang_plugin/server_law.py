@@ -45,3 +45,21 @@ def confirmed_p_values(p_value_of: Callable[[int], float], samples: int, what: s
     warnings.warn(f"{what}: the first sample of {samples} rejected the law (p = {first:.3g}); "
                   f"confirming on {confirm_factor * samples} fresh draws")
     return [first, p_value_of(confirm_factor * samples)]
+
+
+def sglang_sampler_law(probs, top_ks, top_ps, min_ps):
+    """The distribution SGLang's non-speculative torch sampler (``sampler.
+    top_k_top_p_min_p_sampling_from_probs_torch``, the CPU server's) draws from.
+
+    Args:
+        probs: float [B, V], softmax(logits / T).
+        top_ks: int [B] (2^30: off); top_ps, min_ps: float [B] (1 / 0: off).
+    Returns:
+        float [B, V], the filtered rows renormalised.
+    """
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    _, kept, order, _ = top_k_top_p_min_p_sampling_from_probs_torch(
+        probs.clone(), top_ks, top_ps, min_ps, True, None, None, return_filtered_probs=True)
+    law = probs.new_zeros(probs.shape).scatter_(1, order.long(), kept)
+    return law / law.sum(-1, keepdim=True)

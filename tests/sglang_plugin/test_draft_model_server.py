@@ -14,7 +14,10 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 * all three for sampled trees too (depth 3, k = 2, N = 6: children drawn without replacement from
   the draft model's q, verified by ``verify_tree``; all-greedy batches keep SGLang's top-k tree);
 * greedy output and the T = 1 law with the early-exit level at layer 2 (logit lens) verifying the
-  draft model's chain before the full target.
+  draft model's chain before the full target;
+* T = 1 with ``min_p``: on all three servers the law is the one SGLang's non-speculative sampler
+  draws from (``server_law.sglang_sampler_law``): no token below the min-p threshold, PIT
+  chi-square under the filtered rows; the same test rejects the target's law without min-p.
 
 Each server takes ~1 minute to start on 2 cores.
 """
@@ -28,7 +31,7 @@ import torch
 
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
 from tests.sglang_plugin.http_client import get_json, post_json
-from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values
+from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values, sglang_sampler_law
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -41,6 +44,10 @@ STAT_TOKENS = 4  # the prefill's token, then the first verify rounds' tokens
 PIT_BINS = 10
 TREE = (2, 6)  # k, N of the tree server (depth 3)
 EXIT_LAYER = 2  # of the target's 4
+MIN_P = 0.05  # removes about a third of the target's mass at each of the first sampled positions
+# A token whose target probability is this fraction below the min-p threshold is outside the
+# support; float32 server logits differ from the float64 reference far less than that.
+SUPPORT_MARGIN = 1e-3
 
 
 def _generate(url, ids, max_new_tokens=MAX_NEW_TOKENS, **sampling):
@@ -143,20 +150,45 @@ def test_draft_model_tree_and_exit_level_greedy_equals_target(reference, server,
     _check_greedy(request.getfixturevalue(server), reference)
 
 
-def _target_pit(model_dir, sequences, seed=0):
-    """Sequential randomized PIT of ``sequences`` [N, P + T] (prompt then T sampled tokens) under
-    the causal LM in ``model_dir`` at T = 1: u [N, T], i.i.d. U(0, 1) under its joint law."""
+def _target_rows(model_dir, sequences):
+    """The T = 1 next-token rows of the causal LM in ``model_dir`` at each sampled position of
+    ``sequences`` [N, P + T] (prompt then T sampled tokens): float64 [N, T, V]."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     prompt_len = len(STAT_PROMPT)
     with torch.inference_mode():
         logits = model(sequences).logits[:, prompt_len - 1:-1].double()
-    probs = torch.softmax(logits, -1)
-    tokens = sequences[:, prompt_len:].unsqueeze(-1)
+    return torch.softmax(logits, -1)
+
+
+def _pit(probs, sequences, seed=0):
+    """Sequential randomized PIT of the sampled tokens of ``sequences`` under the rows ``probs``
+    [N, T, V]: u [N, T], i.i.d. U(0, 1) when the tokens follow that joint law."""
+    tokens = sequences[:, len(STAT_PROMPT):].unsqueeze(-1)
     below = (probs.cumsum(-1) - probs).gather(-1, tokens).squeeze(-1)
     v = torch.rand(below.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return below + v * probs.gather(-1, tokens).squeeze(-1)
+
+
+def _target_pit(model_dir, sequences, seed=0):
+    """``_pit`` under the target's joint law at T = 1."""
+    return _pit(_target_rows(model_dir, sequences), sequences, seed)
+
+
+def _min_p_p_value(model_dir, sequences):
+    """p-value of "the sampled tokens follow the target's law at T = 1 with ``MIN_P``" (the rows
+    SGLang's non-speculative sampler draws from): 0 when a token lies clearly below the min-p
+    threshold (impossible under that law), else the PIT chi-square under it. Also returns the
+    number of such tokens."""
+    rows = _target_rows(model_dir, sequences)
+    tokens = sequences[:, len(STAT_PROMPT):].unsqueeze(-1)
+    threshold = MIN_P * rows.amax(-1, keepdim=True)
+    outside = int((rows.gather(-1, tokens) < threshold * (1 - SUPPORT_MARGIN)).sum())
+    flat = rows.reshape(-1, rows.shape[-1])
+    law = sglang_sampler_law(flat, torch.full((flat.shape[0],), 1 << 30), torch.ones_like(flat[:, 0]),
+                             torch.full_like(flat[:, 0], MIN_P)).view(rows.shape)
+    return (0.0 if outside else _pit_p_value(_pit(law, sequences))), outside
 
 
 def _pit_p_value(u):
@@ -164,11 +196,12 @@ def _pit_p_value(u):
     return chi_square_p_value(counts, torch.full((PIT_BINS,), 1.0 / PIT_BINS))
 
 
-def _draft_law_samples(draft_dir, count, seed=1):
-    """``count`` sequences whose tokens follow the draft model's law (the plausible wrong law)."""
+def _model_law_samples(model_dir, count, seed=1):
+    """``count`` sequences whose tokens follow the law of the causal LM in ``model_dir`` at T = 1
+    (a plausible wrong law: the draft's, or the target's without min_p)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(draft_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
     seqs = torch.tensor([STAT_PROMPT] * count)
     with torch.inference_mode():
@@ -200,11 +233,38 @@ def test_draft_model_sampled_law_is_the_targets(pair, server, request):
 
     p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} PIT law test")
     # The same test on the draft's own law (what a sampler that skipped verification would emit).
-    p_wrong = _pit_p_value(_target_pit(pair[1], _draft_law_samples(pair[2], STAT_SAMPLES)))
+    p_wrong = _pit_p_value(_target_pit(pair[1], _model_law_samples(pair[2], STAT_SAMPLES)))
     print(f"draft's law, {STAT_SAMPLES} samples: p={p_wrong:.3g}")
     assert p_server[-1] > ALPHA, p_server
     assert p_wrong < ALPHA
     assert accept[0] > 1.0  # drafts were accepted, so verification (not only the bonus) ran
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+def test_draft_model_min_p_law_is_the_non_speculative_one(pair, server, request):
+    """T = 1 with ``min_p``: the tokens' joint law is the one SGLang's non-speculative sampler
+    draws from (the target's rows filtered by min-p: no token below the threshold, and the PIT
+    under the filtered rows uniform), for chains (q without min-p, SGLang's draft sampler),
+    sampled trees (q with it) and the exit level; the same test rejects the target's law
+    without min-p, which the server served before its target rows honoured min-p."""
+    url = request.getfixturevalue(server)
+
+    def server_p_value(count):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outs = list(pool.map(lambda _: _generate(url, STAT_PROMPT, STAT_TOKENS, temperature=1.0,
+                                                     min_p=MIN_P), range(count)))
+        sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
+        p_value, outside = _min_p_p_value(pair[1], sequences)
+        print(f"\n{server} T=1 min_p={MIN_P}, {count} samples: {outside} tokens below the min-p "
+              f"threshold, PIT chi-square p={p_value:.3g}")
+        return p_value
+
+    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} min_p law test")
+    p_wrong, outside = _min_p_p_value(pair[1], _model_law_samples(pair[1], STAT_SAMPLES))
+    print(f"target's law without min_p, {STAT_SAMPLES} samples: {outside} tokens below, p={p_wrong:.3g}")
+    assert p_server[-1] > ALPHA, p_server
+    assert p_wrong < ALPHA
 
 
 @pytest.mark.parametrize("server", ["k3_url", "tree_url"])

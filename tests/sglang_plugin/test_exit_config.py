@@ -167,7 +167,7 @@ def test_cpu_renorm_matches_the_runtime_sampling_transform():
     top_p = torch.tensor([1.0, 0.9, 0.5, 0.3, 1.0, 0.99], dtype=torch.float64)
     probs = torch.softmax(logits, -1)
     ours = cpu_sampling.top_p_renorm_prob(cpu_sampling.top_k_renorm_prob(probs, top_k), top_p)
-    params = BatchSamplingParams(torch.ones(6), top_k, top_p)
+    params = BatchSamplingParams(torch.ones(6), top_k, top_p, torch.zeros(6))
     expected = logits_to_probs(logits, params).double()
     torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-9)
     assert torch.equal((ours[0] > 0).nonzero(), logits[0].argmax().view(1, 1))

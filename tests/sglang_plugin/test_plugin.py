@@ -153,8 +153,10 @@ def _chain_batch(bs, num_steps, vocab, all_greedy, seed):
     )
     sampling_info = types.SimpleNamespace(
         is_all_greedy=all_greedy, acc_additive_penalties=None, acc_scaling_penalties=None,
-        logit_bias=None, temperatures=torch.ones(bs, 1), need_top_k_sampling=False,
-        need_top_p_sampling=False, sampling_seed=None, has_watermark_candidates=False,
+        logit_bias=None, temperatures=torch.ones(bs, 1), top_ks=torch.full((bs,), 1 << 30),
+        top_ps=torch.ones(bs), min_ps=torch.zeros(bs), need_top_k_sampling=False,
+        need_top_p_sampling=False, need_min_p_sampling=False, sampling_seed=None,
+        has_watermark_candidates=False,
     )
     batch = types.SimpleNamespace(
         device="cpu", seq_lens=torch.full((bs,), 7), sampling_info=sampling_info,
@@ -175,7 +177,8 @@ def test_eagle_sample_runs_our_verifier(plugin_loaded, monkeypatch, method):
     target_probs = torch.softmax(logits.next_token_logits, -1).reshape(bs, steps + 1, vocab)
 
     torch.manual_seed(123)  # eagle_sample draws its coins with torch.rand
-    predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
+    with state.verify_call(batch.sampling_info):
+        predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
     assert state.hsd_calls == 1
 
     torch.manual_seed(123)
@@ -243,7 +246,7 @@ def test_exit_round_reaches_the_sampler_of_its_own_verify_call_only(plugin_loade
     recorded = []
     verifier = types.SimpleNamespace(record=lambda *args: recorded.append(args))
 
-    with state.verify_call():
+    with state.verify_call(batch.sampling_info):
         state.exit_round = ExitRound(proposal, "greedy", True, verifier)
         predict, accept_lens, accept_index = eagle_utils.eagle_sample(verify_input, batch, logits)
     assert state.exit_round is None and state.hsd_calls == 1 and len(recorded) == 1
@@ -258,12 +261,50 @@ def test_exit_round_reaches_the_sampler_of_its_own_verify_call_only(plugin_loade
 
 
 def test_scatter_draft_probs_to_target_vocab():
-    from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
+    from sglang_hsd.sglang_plugin.draft_probs import is_identity_map, scatter_draft_probs
 
     q = torch.softmax(torch.randn(2, 3, 4), -1)
     hot = torch.tensor([0, 2, 5, 7])  # d2t = [0, 1, 3, 4]
-    full = scatter_draft_probs(q, hot, 9)
+    assert not is_identity_map(hot, 9)
+    full = scatter_draft_probs(q, hot, 9, is_identity=False)
     assert full.shape == (2, 3, 9)
     assert torch.equal(full[..., hot], q)
     assert full.sum(-1).sub(1).abs().max() < 1e-6
     assert (full[..., [1, 3, 4, 6, 8]] == 0).all()
+
+
+def test_scatter_draft_probs_decides_by_content_not_width():
+    """A full-width map that permutes ids scatters; only the identity map is returned as is, and
+    the identity flag with a width that cannot be the identity is refused."""
+    from sglang_hsd.sglang_plugin.draft_probs import is_identity_map, scatter_draft_probs
+
+    q = torch.softmax(torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0)), -1)
+    permuted = torch.tensor([3, 0, 4, 1, 2])
+    assert not is_identity_map(permuted, 5)
+    full = scatter_draft_probs(q, permuted, 5, is_identity=False)
+    assert torch.equal(full[..., permuted], q) and not torch.equal(full, q)
+    identity = torch.arange(5)
+    assert is_identity_map(identity, 5) and is_identity_map(None, 5)
+    assert not is_identity_map(torch.arange(4), 5)
+    assert scatter_draft_probs(q, identity, 5, is_identity=True) is q
+    with pytest.raises(ValueError, match="is_identity"):
+        scatter_draft_probs(q[..., :4], identity[:4], 5, is_identity=True)
+
+
+def test_draft_worker_decides_the_identity_once_when_the_map_loads():
+    """``TargetVocabDraft``: the flag is set with the vocabulary when the map loads, and each
+    round's q is scattered by it (a permuted full-width map is not passed through)."""
+    from sglang_hsd.sglang_plugin.draft_worker import TargetVocabDraft
+
+    worker = types.SimpleNamespace(
+        hot_token_id=torch.tensor([1, 0, 2]),
+        target_worker=types.SimpleNamespace(model_config=types.SimpleNamespace(vocab_size=3)))
+    TargetVocabDraft._hsd_record_vocab(worker)
+    assert worker.hsd_target_vocab_size == 3 and worker.hsd_identity_token_map is False
+    q = torch.tensor([[[0.7, 0.2, 0.1]]])
+    full = TargetVocabDraft._hsd_full_vocab(worker, q)
+    assert torch.equal(full, torch.tensor([[[0.2, 0.7, 0.1]]]))
+    worker.hot_token_id = torch.arange(3)
+    TargetVocabDraft._hsd_record_vocab(worker)
+    assert worker.hsd_identity_token_map is True
+    assert TargetVocabDraft._hsd_full_vocab(worker, q) is q

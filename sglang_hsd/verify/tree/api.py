@@ -27,6 +27,7 @@ def verify_tree(
     backend: str = "auto",
     draft_mode: str = "without-replacement",
     max_depth: int | None = None,
+    num_kept: torch.Tensor | None = None,
 ) -> TreeVerifyResult:
     """Verify a batch of draft trees (SGLang layout, see ``tree/layout.py``) against the target.
 
@@ -45,6 +46,10 @@ def verify_tree(
             siblings removed from q and renormalised; also K independent paths merged into a
             prefix tree) or ``"iid"`` (children i.i.d. from q, duplicates kept as siblings).
         max_depth: depth D of the deepest node; computed (one host sync) when ``None``.
+        num_kept: int64 [B], optional: request b's tree is nodes 0..num_kept[b] and later columns
+            are filler (no links, unreachable), as ``LevelTree`` leaves when q's support runs
+            out; validation checks them as filler instead of refusing them as orphans. None:
+            every node belongs to the tree. Read by validation only.
     Returns:
         ``TreeVerifyResult``.
     """
@@ -58,7 +63,7 @@ def verify_tree(
             candidates, retrive_next_token, retrive_next_sibling, draft_probs, target_probs,
             reads_q=rule.reads_q,
             distinct_siblings=rule.distinct_siblings and (draft_mode == "without-replacement" or not rule.reads_q),
-            uniforms=uniforms,
+            uniforms=uniforms, num_kept=num_kept,
         )
     batch, num_nodes = candidates.shape
     if uniforms is None:

@@ -59,11 +59,15 @@ def _scatter_links(links: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
     return out[:, :num_nodes]
 
 
-def check_tree_layout(next_token: torch.Tensor, next_sibling: torch.Tensor, name: str = "retrive_next_token") -> None:
+def check_tree_layout(next_token: torch.Tensor, next_sibling: torch.Tensor, name: str = "retrive_next_token",
+                      num_kept: torch.Tensor | None = None) -> None:
     """Raise ``ValueError`` unless every request's links describe one tree rooted at node 0.
 
     Rejects: links outside [-1, N), a sibling for the root, cycles, a node reached twice (two
     parents, or a sibling list that revisits a node) and orphans (nodes unreachable from the root).
+    ``num_kept`` (int [B], optional) declares filler: request b's tree is nodes 0..num_kept[b]
+    and every later column must be filler, unlinked (both links -1) and unreachable (tree links
+    stay inside [-1, num_kept[b] + 1)), as the level drafter leaves when q's support runs out.
     Walks each request on the host (validation only, never on the hot path).
     """
     if next_token.shape != next_sibling.shape or next_token.dim() != 2:
@@ -74,9 +78,30 @@ def check_tree_layout(next_token: torch.Tensor, next_sibling: torch.Tensor, name
     for label, links in (("retrive_next_token", next_token), ("retrive_next_sibling", next_sibling)):
         if links.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"{label} must be int64 (or int32), got dtype {links.dtype}")
-    num_nodes = next_token.shape[1]
+    batch, num_nodes = next_token.shape
+    kept = [num_nodes - 1] * batch if num_kept is None else _kept_counts(num_kept, batch, num_nodes)
     for b, (first, sibling) in enumerate(zip(next_token.tolist(), next_sibling.tolist())):
-        _check_one_tree(b, first, sibling, num_nodes)
+        size = kept[b] + 1
+        _check_filler(b, first[size:], sibling[size:], size)
+        _check_one_tree(b, first[:size], sibling[:size], size)
+
+
+def _kept_counts(num_kept: torch.Tensor, batch: int, num_nodes: int) -> list[int]:
+    if not isinstance(num_kept, torch.Tensor) or num_kept.dtype not in (torch.int64, torch.int32) \
+            or tuple(num_kept.shape) != (batch,):
+        raise ValueError(f"num_kept must be an int64 tensor of shape [B] = [{batch}], got "
+                         f"{getattr(num_kept, 'dtype', type(num_kept))} {list(getattr(num_kept, 'shape', []))}")
+    counts = num_kept.tolist()
+    bad = [b for b, kept in enumerate(counts) if not 0 <= kept < num_nodes]
+    if bad:
+        raise ValueError(f"num_kept[{bad[0]}] = {counts[bad[0]]} is outside [0, {num_nodes})")
+    return counts
+
+
+def _check_filler(b: int, first: list[int], sibling: list[int], start: int) -> None:
+    linked = [n for n, (child, nxt) in enumerate(zip(first, sibling)) if child != NO_NODE or nxt != NO_NODE]
+    if linked:
+        raise ValueError(f"request {b}: node {start + linked[0]} is filler (after num_kept) but has links")
 
 
 def _check_one_tree(b: int, first: list[int], sibling: list[int], num_nodes: int) -> None:

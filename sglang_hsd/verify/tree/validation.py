@@ -14,9 +14,11 @@ from sglang_hsd.verify.validation import (
 
 
 def validate_tree_inputs(
-    candidates, next_token, next_sibling, draft_probs, target_probs, reads_q: bool, distinct_siblings: bool, uniforms
+    candidates, next_token, next_sibling, draft_probs, target_probs, reads_q: bool, distinct_siblings: bool, uniforms,
+    num_kept=None,
 ) -> None:
-    """Raise ``ValueError`` naming the argument on any malformed input (see ``verify_tree``)."""
+    """Raise ``ValueError`` naming the argument on any malformed input (see ``verify_tree``;
+    ``num_kept`` declares the filler columns ``check_tree_layout`` accepts)."""
     if not isinstance(candidates, torch.Tensor) or candidates.dim() != 2:
         raise ValueError("candidates must be an int64 tensor of shape [B, N]")
     batch, num_nodes = candidates.shape
@@ -30,7 +32,7 @@ def validate_tree_inputs(
         )
     vocab = target_probs.shape[-1]
     check_token_ids("candidates", candidates, vocab)
-    check_tree_layout(next_token, next_sibling)
+    check_tree_layout(next_token, next_sibling, num_kept=num_kept)
     check_prob_rows("target_probs", target_probs)
     parents = parents_from_links(next_token, next_sibling)
     if distinct_siblings:
@@ -53,6 +55,9 @@ def validate_tree_inputs(
     rows = torch.arange(batch, device=candidates.device).unsqueeze(-1)
     q_of_node = draft_probs[rows, parents.clamp_min(0), candidates.long()]  # q_parent(token), [B, N]
     q_of_node[:, 0] = 1.0  # the root was not drafted
+    if num_kept is not None:  # nor were filler nodes (their tokens are placeholders)
+        filler = torch.arange(num_nodes, device=candidates.device) > num_kept.to(candidates.device).unsqueeze(-1)
+        q_of_node = q_of_node.masked_fill(filler, 1.0)
     check_drafted_tokens_have_mass(candidates, q_of_node, name="draft_probs")
 
 

@@ -175,3 +175,47 @@ def test_triton_backend_refuses_methods_without_a_kernel():
     tree, target = _random_tree(batch=1)
     with pytest.raises(ValueError, match="Triton tree kernels implement"):
         verify_tree(*_args(tree, target), method="rrs", backend="triton")
+
+
+def _short_tree():
+    """A level-drafted tree (D = 2, k = 3, N = 5) whose request 1 has one token of q support:
+    request 0 keeps 4 nodes, request 1 a chain of 2 and then 2 filler columns."""
+    from sglang_hsd.tree_draft import DraftPlan, KeyedNoise, LevelDrafter, TreeShape
+
+    root_q = torch.tensor([[0.3, 0.3, 0.2, 0.2, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    drafter = LevelDrafter(DraftPlan.build(TreeShape(2, 3, 5), "beam"), root_q, torch.tensor([False, False]),
+                           KeyedNoise.fresh(torch.zeros(2, dtype=torch.long), torch.Generator().manual_seed(0)))
+    drafter.first()
+    rows = torch.full((6, VOCAB), 1.0 / VOCAB, dtype=torch.float64)
+    rows[3:] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    drafter.step(rows)
+    tree = drafter.finish()
+    assert tree.num_kept.tolist() == [4, 2]
+    target = torch.softmax(torch.randn(2, 5, VOCAB, generator=torch.Generator().manual_seed(1)), -1).double()
+    return tree, target
+
+
+def test_declared_filler_passes_validation_and_nothing_else_does():
+    """A short level-drafted tree: its filler is refused as orphans unless ``num_kept`` declares
+    it; declared, it validates and verifies as without validation, and a wrong declaration or a
+    linked filler column is still refused."""
+    tree, target = _short_tree()
+    args = [tree.candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs, target]
+    uniforms = TreeUniforms(torch.rand(2, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64),
+                            torch.rand(2, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
+    with pytest.raises(ValueError, match="node 3 is an orphan"):
+        verify_tree(*args, uniforms=uniforms)  # general callers keep the orphan check
+    checked = verify_tree(*args, uniforms=uniforms, num_kept=tree.num_kept)
+    unchecked = verify_tree(*args, uniforms=uniforms, validate=False)
+    assert torch.equal(checked.tokens, unchecked.tokens) and torch.equal(checked.accept_index, unchecked.accept_index)
+    with pytest.raises(ValueError, match="orphan"):  # a filler column counted as kept
+        verify_tree(*args, uniforms=uniforms, num_kept=tree.num_kept + torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="filler"):  # a kept node (with a child) declared filler
+        verify_tree(*args, uniforms=uniforms, num_kept=torch.tensor([4, 0]))
+    linked = tree.retrive_next_sibling.clone()
+    linked[1, 4] = 3
+    with pytest.raises(ValueError, match="node 4 is filler"):
+        verify_tree(*_with(args, 2, linked), uniforms=uniforms, num_kept=tree.num_kept)
+    for bad in (torch.tensor([4]), torch.tensor([4.0, 2.0]), torch.tensor([4, 5])):
+        with pytest.raises(ValueError, match="num_kept"):
+            verify_tree(*args, uniforms=uniforms, num_kept=bad)
