@@ -12,8 +12,9 @@ every draft entry it runs, for the continuation drafts of ``draft_continuation.p
 
 With sampled trees (topk > 1, ``--hsd-tree-draft sampled``) it owns the draft loop
 (``tree_draft.draft_sampled_tree``), keeps the round's ``DraftTree`` for verification in
-``hsd_tree``, and its draft extends record the next root's q (``tree_draft.RootQHook``); the
-``SampledTreeDraft`` mixin holds that part.
+``hsd_tree``, and its draft extends record the next root's q (``tree_draft.RootQHook``); under
+SGLang's draft CUDA graph the round is captured by ``tree_graph.SampledTreeGraphRunner`` and its
+tree comes back as graph outputs. The ``SampledTreeDraft`` mixin holds that part.
 
 ``HSDStandaloneDraftWorker`` is the same for a separate draft language model (SGLang's
 ``StandaloneDraftWorker``, its own embeddings, LM head and KV cache), sampled trees included: its
@@ -78,7 +79,7 @@ class TargetVocabDraft(EagleDraftWorkerBase):
             execute = runner.execute
 
             def execute_full_vocab(forward_batch, *args, **kwargs):
-                out = execute(forward_batch, *args, **kwargs)
+                out = self._hsd_graph_outputs(execute(forward_batch, *args, **kwargs))
                 return (*out[:3], self._hsd_full_vocab(out[3]))
 
             runner.execute = execute_full_vocab
@@ -104,7 +105,29 @@ class SampledTreeDraft(EagleDraftWorkerBase):
         if (getattr(self, "hsd_root_q", None) is None or forward_batch.forward_mode.is_idle()
                 or forward_batch.sampling_info.is_all_greedy):
             return None
-        out, self.hsd_tree = draft_sampled_tree(self, forward_batch)
+        out, tree = draft_sampled_tree(self, forward_batch)
+        if getattr(self, "hsd_capturing_tree", False):  # a graph returns the tree as outputs
+            return (*out, tree.retrive_next_token, tree.retrive_next_sibling, tree.num_kept)
+        self.hsd_tree = tree
+        return out
+
+    def _capture_cuda_graphs(self):
+        """Sampled trees capture with ``tree_graph.SampledTreeGraphRunner``; otherwise SGLang's."""
+        if getattr(self, "hsd_root_q", None) is None:
+            return super()._capture_cuda_graphs()
+        from sglang_hsd.sglang_plugin.tree_graph import sampled_tree_graph_runner
+
+        with sampled_tree_graph_runner():
+            return super()._capture_cuda_graphs()
+
+    def _hsd_graph_outputs(self, out):
+        """SGLang's four outputs of a draft graph replay; a sampled tree's links and ``num_kept``
+        become the round's ``hsd_tree``."""
+        if getattr(self, "hsd_root_q", None) is None:
+            return out
+        from sglang_hsd.sglang_plugin.tree_graph import split_graph_outputs
+
+        out, self.hsd_tree = split_graph_outputs(out)
         return out
 
     def _draft_extend_for_prefill(self, batch, *args, **kwargs):

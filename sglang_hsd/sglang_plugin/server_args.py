@@ -192,9 +192,6 @@ def _sampled_tree_problems(args) -> list[str]:
     if config.tree_draft != "sampled":
         return []
     problems = []
-    if args.device not in ("cpu", None) and not getattr(args, "disable_cuda_graph", False):
-        problems.append("--hsd-tree-draft sampled: the sampled tree loop runs eagerly (a captured "
-                        "draft graph would replay SGLang's top-k loop); add --disable-cuda-graph")
     try:
         from sglang_hsd.tree_draft import TreeShape
         from sglang_hsd.tree_draft import LEVEL_RULES

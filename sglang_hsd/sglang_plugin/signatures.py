@@ -54,6 +54,13 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None)",
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute":
         "(self, forward_batch)",
+    # Sampled trees under the draft graph (tree_graph.py): the runner class the capture looks up
+    # in eagle_worker_v2, its constructor and the slicing of padded outputs it overrides.
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEDraftCudaGraphRunner.__init__":
+        "(self, eagle_worker, *, draft_attn_backend=None, speculative_num_steps=None)",
+    "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner"
+    "._postprocess_output_to_raw_bs": "(self, out, raw_bs)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs": "(self)",
     "sglang.srt.speculative.spec_utils.sample_draft_proposal":
         "(next_token_logits, temperatures, top_ks=None, *, sampling_seed=None, positions=None, "
         "draft_step=0)",
