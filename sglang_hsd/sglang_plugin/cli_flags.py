@@ -26,6 +26,7 @@ from sglang_hsd.sglang_plugin.config import (
 )
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
+from sglang_hsd.sglang_plugin.request_seeds import REQUEST_SEEDS_CHOICES, REQUEST_SEEDS_ENV, REQUEST_SEEDS_FLAG
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
 from sglang_hsd.tree_draft import LOSSLESS_LEVEL_RULES
 
@@ -73,6 +74,11 @@ HSD_FLAGS = (
      "what --speculative-draft-model-path is: an EAGLE-3 head (eagle3), a separate language model "
      "of the target's family with its own KV cache (model), or detected from its config (auto, "
      "the default)"),
+    (REQUEST_SEEDS_FLAG, REQUEST_SEEDS_ENV, {"choices": REQUEST_SEEDS_CHOICES},
+     "on: every request draws from a keyed stream (its seed, or one derived from --random-seed "
+     "and its id), so a request with a seed gives the same tokens every time, with trees and "
+     "chains; needs --sampling-backend pytorch (the CPU default). off (default): SGLang's "
+     "behaviour (seeds honoured only with --enable-deterministic-inference)"),
     (CPU_LINEAR_FLAG, CPU_LINEAR_ENV, {"choices": CPU_LINEAR_PATHS},
      "CPU kernel of the unquantized linear layers and lm_head of every model the server loads, "
      "with or without speculation: mkl (SGLang's F.linear, the default) or onednn-packed "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from sglang_hsd.sampling import BatchSamplingParams, SamplingFilters, apply_min_p, logits_to_probs
+from sglang_hsd.tree_draft.children import greedy_draft_q
 
 
 def batch_params(sampling_info, repeats: int = 1, temperature_scale: float = 1.0,
@@ -63,9 +64,8 @@ def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,
         logits: float [bs * repeats, V], rows of request b at b*repeats .. b*repeats + repeats - 1.
         sampling_info: SGLang's ``SamplingBatchInfo``.
         repeats: rows per request.
-        greedy_plain: greedy rows (top_k == 1) get softmax(logits) instead of their one-hot
-            transform. The drafter takes such rows' top-k deterministically; a one-hot q would
-            leave them a single child per node.
+        greedy_plain: greedy rows (top_k == 1) get the drafter's plain softmax instead of their
+            one-hot transform (the greedy-row rule of ``sglang_hsd.tree_draft.children``).
         temperature_scale: S; the transform runs at temperature T * S
             (``--hsd-draft-temperature-scale``, the drafter's level only).
     Returns:
@@ -75,8 +75,7 @@ def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,
     probs = logits_to_probs(logits, params, batch_filters(sampling_info))
     if greedy_plain:
         greedy = greedy_rows(sampling_info)
-        greedy = greedy if repeats == 1 else greedy.repeat_interleave(repeats)
-        probs = torch.where(greedy.unsqueeze(-1), torch.softmax(logits.float(), dim=-1), probs)
+        probs = greedy_draft_q(probs, logits, greedy if repeats == 1 else greedy.repeat_interleave(repeats))
     return probs
 
 

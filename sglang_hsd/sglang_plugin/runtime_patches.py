@@ -5,7 +5,9 @@
 * on CPU with ``--hsd-cpu-linear onednn-packed``, oneDNN's packed kernel for the unquantized
   float32 linear layers and lm_head of every model loaded (``cpu/linear_path.py``);
 * the ``--hsd-*`` flags on the launcher's parser (``cli_flags.py``);
-* ``/server_info`` -> ``internal_states[]`` gains an ``hsd`` entry (``hsd_internal_state``).
+* ``/server_info`` -> ``internal_states[]`` gains an ``hsd`` entry (``hsd_internal_state``);
+* with ``--hsd-request-seeds on``, a stream seed for every request of an HSD batch, and SGLang's
+  torch sampler taking min-p with a seed (``request_seeds.py``).
 
 Every replaced SGLang function keeps its original as ``__sglang_hsd_original__`` (the signature
 checks read it). The verify hooks are not installed here but by each ``HSDWorker``
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from sglang_hsd.sglang_plugin.cli_flags import extend_cli
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME
+from sglang_hsd.sglang_plugin.request_seeds import install_request_seeds
 
 
 def install_patches() -> None:
@@ -39,6 +42,7 @@ def install_patches() -> None:
         install_cpu_linear_path(CpuLinearConfig.from_env())
     extend_cli(ServerArgs)
     extend_internal_state()
+    install_request_seeds()
 
 
 def extend_internal_state() -> None:

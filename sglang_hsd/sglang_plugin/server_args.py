@@ -110,6 +110,7 @@ def validate_hsd_server_args(args) -> None:
             "--speculative-use-block-verification: HSD replaces SGLang's chain sampler; choose "
             "the verifier with --hsd-verify-method {hsd,tokenwise} instead"
         )
+    problems += request_seed_problems(args)
     if getattr(args, "speculative_adaptive", False):
         problems.append("--speculative-adaptive: not supported with HSD; remove it")
     if getattr(args, "enable_multi_layer_eagle", False):
@@ -236,3 +237,18 @@ def draft_model_problems(args) -> list[str]:
         problems.append("--enable-dp-attention with --hsd-draft-kind model: SGLang's standalone "
                         "draft worker does not support DP attention; remove it")
     return problems
+
+
+def request_seed_problems(args) -> list[str]:
+    """What ``--hsd-request-seeds on`` cannot honour: SGLang's FlashInfer sampler takes no seed."""
+    from sglang_hsd.sglang_plugin.request_seeds import REQUEST_SEEDS_FLAG, request_seeds_enabled
+
+    try:
+        enabled = request_seeds_enabled()
+    except ValueError as err:
+        return [str(err)]
+    backend = getattr(args, "sampling_backend", None)
+    if enabled and (backend not in (None, "pytorch") or (backend is None and args.device not in ("cpu", None))):
+        return [f"{REQUEST_SEEDS_FLAG} on: SGLang's {backend or 'default (flashinfer)'} sampler takes no "
+                "seed; add --sampling-backend pytorch"]
+    return []

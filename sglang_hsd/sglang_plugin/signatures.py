@@ -61,6 +61,12 @@ EXPECTED_SIGNATURES: dict[str, str] = {
     "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner"
     "._postprocess_output_to_raw_bs": "(self, out, raw_bs)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs": "(self)",
+    # --hsd-request-seeds (request_seeds.py).
+    "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch":
+        "(batch, vocab_size)",
+    "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch":
+        "(probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions, *, "
+        "return_filtered_probs=False, max_top_k=None)",
     "sglang.srt.speculative.spec_utils.sample_draft_proposal":
         "(next_token_logits, temperatures, top_ks=None, *, sampling_seed=None, positions=None, "
         "draft_step=0)",
