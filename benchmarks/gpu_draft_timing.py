@@ -15,10 +15,11 @@ import time
 
 import torch
 
+from benchmarks.gpu_timing import median_us
+
 FULL = {"shape": ((4, 2, 8), (5, 4, 8)), "batch": (1, 16, 64), "vocab": (32000, 128256)}
 QUICK = {"shape": ((5, 4, 8),), "batch": (1, 64), "vocab": (128256,)}
 RULE, HIDDEN = "spine_wide", 64
-WARMUP, REPS = 3, 20
 
 
 def draft_grid(quick: bool) -> list[tuple]:
@@ -29,21 +30,6 @@ def draft_grid(quick: bool) -> list[tuple]:
 def plan_lines(quick: bool) -> list[str]:
     return [f"round {RULE} (D, k, N)={shape} B={batch} V={vocab}: eager and CUDA-graph replay"
             for shape, batch, vocab in draft_grid(quick)]
-
-
-def _median_us(fn) -> float:
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(REPS):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def time_round(shape, batch: int, vocab: int) -> dict:
@@ -61,11 +47,11 @@ def time_round(shape, batch: int, vocab: int) -> dict:
 
     static = round_inputs(batch, shape, vocab, HIDDEN, seed=0, device=device)
     with torch.no_grad():
-        eager_us = _median_us(lambda: run(**static))
+        eager_us, _ = median_us(lambda: run(**static), cuda=True)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = run(**static)
-        replay_us = _median_us(graph.replay)
+        replay_us, _ = median_us(graph.replay, cuda=True)
         fresh = round_inputs(batch, shape, vocab, HIDDEN, seed=1, device=device)
         for name, value in fresh.items():
             static[name].copy_(value)
