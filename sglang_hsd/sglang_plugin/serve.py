@@ -19,6 +19,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from sglang_hsd.sglang_plugin.serve_launch import ServeLaunch
 
 # The request printed as an example and sent by the server test: greedy, short.
 CHAT_EXAMPLE = {
@@ -78,6 +84,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     """Handler of ``sglang-hsd serve``: 0 after Ctrl-C or ``--print-command``, 1 when the server
     fails, 2 for input refused before anything loads."""
+    from sglang_hsd.assets.archives import AssetUnavailableError
     from sglang_hsd.assets.fetch import fetch_model
     from sglang_hsd.sglang_plugin.serve_launch import (
         ServeConfig, ServeError, build_launch, check_config, resolve_device, resolve_models)
@@ -92,6 +99,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except ServeError as err:
         print(f"sglang-hsd serve: error: {err}", file=sys.stderr)
         return 2
+    except (AssetUnavailableError, RuntimeError) as err:  # a fetch failed (download, sha256), as in fetch
+        print(f"sglang-hsd serve: error: {err}", file=sys.stderr)
+        return 1
     if args.print_command:
         print(launch.shell_line())
         return 0
@@ -110,7 +120,7 @@ def _log_tail(path: Path, lines: int) -> str:
         return ""
 
 
-def _wait_with_progress(launch, proc, log_path: Path, timeout: float) -> None:
+def _wait_with_progress(launch: ServeLaunch, proc: subprocess.Popen, log_path: Path, timeout: float) -> None:
     """``wait_healthy`` with a bar showing the time waited and the server log's last line."""
     from tqdm.auto import tqdm
 
@@ -124,8 +134,8 @@ def _wait_with_progress(launch, proc, log_path: Path, timeout: float) -> None:
         wait_healthy(launch.url, proc, timeout, on_poll)
 
 
-def serve_until_interrupted(launch, log_path: Path, timeout: float) -> int:
-    """Start ``launch`` (a ``ServeLaunch``), wait until healthy, print how to use it, serve until
+def serve_until_interrupted(launch: ServeLaunch, log_path: Path, timeout: float) -> int:
+    """Start ``launch``, wait until healthy, print how to use it, serve until
     Ctrl-C; the server's process group is stopped on every way out."""
     import os
 
@@ -165,7 +175,7 @@ def bench_command(url: str, device: str) -> str:
             f"    --dataset-name random-ids --random-range-ratio 1.0 {sizes}")
 
 
-def ready_message(launch, seconds: float, pid: int, log_path: Path) -> str:
+def ready_message(launch: ServeLaunch, seconds: float, pid: int, log_path: Path) -> str:
     """What serve prints once the server answers ``/health``."""
     import importlib.util
 

@@ -218,7 +218,11 @@ def _size_cpu_memory(flags: list[Flag], models: ServeModels, available: int) -> 
     dtype = (values.get("--dtype") or ("auto",))[0]
     if dtype not in DTYPE_BYTES:
         raise ServeError(f"--dtype {dtype}: serve sizes memory for {', '.join(DTYPE_BYTES)}")
-    sizes = [read_checkpoint_size(models.target), read_checkpoint_size(models.draft)]
+    try:
+        sizes = [read_checkpoint_size(models.target), read_checkpoint_size(models.draft)]
+    except FileNotFoundError as err:
+        raise ServeError(f"{err}: serve reads the models' sizes from safetensors checkpoints to size "
+                         "memory on CPU") from None
     plan = plan_memory(sizes, DTYPE_BYTES[dtype], values.get("--hsd-cpu-linear") == (PATH_PACKED,),
                        _int_flag(values, "--max-total-tokens"), available)
     if "--mem-fraction-static" in values:
