@@ -1,6 +1,7 @@
 """The documents name real things: every repository path, ``file::test`` reference and dotted
 ``sglang_hsd`` / ``eagle_heads`` name written in backticks in README.md, docs/ and
-benchmarks/README.md exists in the tree. Moving a module without updating the documents fails here.
+benchmarks/README.md exists in the tree, and so does every relative Markdown link's target.
+Moving a module or a result file without updating the documents fails here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ PACKAGES = ("sglang_hsd", "eagle_heads")
 PLACEHOLDER_MARKS = ("*", "{", "<", "...", "NAME", "X.py")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"^(?:sglang_hsd|eagle_heads)(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _references(text: str) -> tuple[list[str], list[str]]:
@@ -34,6 +36,19 @@ def _references(text: str) -> tuple[list[str], list[str]]:
             elif DOTTED.match(word):
                 dotted.append(word)
     return paths, dotted
+
+
+def _missing_links(document: Path, text: str) -> list[str]:
+    """Relative Markdown link targets in ``text`` (anchors dropped) that do not exist beside
+    ``document``."""
+    missing = []
+    for target in LINK.findall(text):
+        if target.startswith(("http://", "https://", "mailto:", "#")):
+            continue
+        path = target.split("#", 1)[0]
+        if not (document.parent / path).exists():
+            missing.append(f"{target}: linked from {document.name}, no such file or folder")
+    return missing
 
 
 def _defines(source: str, name: str) -> bool:
@@ -70,6 +85,7 @@ def _missing_dotted(name: str) -> str | None:
 def test_documents_name_existing_things(document):
     paths, dotted = _references(document.read_text())
     missing = [m for m in map(_missing_path, paths) if m] + [m for m in map(_missing_dotted, dotted) if m]
+    missing += _missing_links(document, document.read_text())
     assert missing == []
 
 
@@ -79,3 +95,5 @@ def test_checker_catches_a_stale_reference():
     assert _missing_path(paths[0]) and _missing_dotted(dotted[0])
     assert _missing_path("tests/test_sampling.py::test_no_such_test")
     assert _missing_dotted("sglang_hsd.verify.verify_chain") is None
+    links = "[a](docs/nowhere.md) [b](docs/README.md#design-documents) [c](https://example.org) [d](#top)"
+    assert _missing_links(ROOT / "README.md", links) == ["docs/nowhere.md: linked from README.md, no such file or folder"]

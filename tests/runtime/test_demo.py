@@ -79,6 +79,31 @@ def test_demo_command_runs_end_to_end_on_tiny_models(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "token for token: IDENTICAL (10 tokens)" in out and "total time" in out
     assert "x over" not in out and "tok/s" in out and "process CPU time" in out
+    # One comparison per prompt (a code and a chat prompt), then the range over both.
+    assert "--- humaneval prompt 0" in out and "--- mtbench prompt 0" in out
+    assert "range over 2 prompts: " in out and "every output identical to plain decoding" in out
+
+
+def test_the_default_demo_shows_code_and_chat():
+    assert [prompt.prompt_set for prompt in QWEN_PAIR.prompts] == ["humaneval", "mtbench"]
+    with pytest.raises(ValueError, match="at least one prompt"):
+        dataclasses.replace(QWEN_PAIR, prompts=())
+    with pytest.raises(ValueError, match="exactly one of prompt_set and text"):
+        demo.DemoPrompt("humaneval", 0, "text")
+
+
+def test_range_names_the_slowest_and_fastest_prompt():
+    def comparison(plain_seconds, accepted, identical=True):
+        tokens = [1] * 10
+        return demo.PromptComparison(tokens, tokens if identical else [2] * 10, plain_seconds, 1.0, 1.0, 1.0,
+                                     (0.0, 0.0), accepted)
+
+    line = demo.format_range(["code", "chat", "other"],
+                             [comparison(3.0, [15, 15]), comparison(0.8, [1, 2]), comparison(1.5, [4])])
+    assert line == ("range over 3 prompts: 0.80x (chat, 1.5 drafts accepted per round) to 3.00x (code, 15.0 "
+                    "drafts accepted per round); every output identical to plain decoding")
+    assert "AN OUTPUT DIFFERS" in demo.format_range(["a"], [comparison(1.0, [1], identical=False)])
+    assert demo.format_range(["a"], [comparison(2.0, [3])]).startswith("range over 1 prompt: 2.00x (a, ")
 
 
 def test_demo_help_names_every_demo_and_bad_lengths_fail_before_loading(capsys):

@@ -7,7 +7,9 @@
   ``sglang_hsd.sglang_plugin.BOOTSTRAP_DIR``);
 * ``cpu_sampling``: torch versions of the sampling kernels SGLang lacks on CPU (top-k / top-p
   renormalisation, the draft sampler's row argmax), installed by ``register()``;
-* ``cpu_server``: the launch command, environment and lifetime of a CPU server (tests, benchmarks);
+* ``cpu_server``: the launch command, environment and lifetime of a CPU server (tests, benchmarks,
+  ``sglang-hsd serve``);
+* ``memory``: what a CPU server's models need in host memory, and its ``--mem-fraction-static``;
 * ``tiny_models``: tiny random Llama targets with a self-made tokenizer for those servers.
 
 Nothing here imports SGLang at module level.

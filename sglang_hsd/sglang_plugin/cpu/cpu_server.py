@@ -1,10 +1,12 @@
-"""Start SGLang on CPU with the HSD plugin (tests, benchmarks), always cleaned up.
+"""Start SGLang on CPU with the HSD plugin (tests, benchmarks, ``sglang-hsd serve``), always
+cleaned up. The one home of the CPU server's command line.
 
-The flags are the ones SGLang 0.5.23 needs on a CPU host without sgl_kernel / AMX:
-``--device cpu`` with ``SGLANG_USE_CPU_ENGINE=1``; prefill on ``torch_native``; target verify
-(``--speculative-attention-mode decode``), target decode and draft on ``intel_amx`` (the only CPU
-backend SGLang's EAGLE draft path accepts; ``cpu_shims`` supplies its ops in torch);
-``--max-total-tokens 8192`` (the CPU memory probe otherwise sizes the KV pool from host RAM).
+The flags are the ones SGLang 0.5.23 needs on a CPU host without sgl_kernel / AMX
+(``cpu_host_flags``): ``--device cpu`` with ``SGLANG_USE_CPU_ENGINE=1``; prefill on
+``torch_native``; target verify (``--speculative-attention-mode decode``), target decode and draft
+on ``intel_amx`` (the only CPU backend SGLang's EAGLE draft path accepts; ``cpu_shims`` supplies
+its ops in torch); ``--max-total-tokens 8192`` (the CPU memory probe otherwise sizes the KV pool
+from host RAM); ``--sleep-on-idle``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 import sglang_hsd
 from sglang_hsd.runtime.kernel_paths import PATH_PACKED
@@ -29,12 +32,32 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def cpu_linear_flags(path: str) -> list[str]:
+# KV pool capacity of every CPU server: SGLang's CPU memory probe would otherwise size the pool
+# from host RAM; 8192 tokens hold a few concurrent requests of a CPU server's speed.
+CPU_MAX_TOTAL_TOKENS = 8192
+# The CPU draft path's attention: target verify runs as decode steps, on the backend the shims serve.
+_SPECULATIVE_CPU_ATTENTION = ["--decode-attention-backend", "intel_amx", "--speculative-attention-mode",
+                              "decode", "--speculative-draft-attention-backend", "intel_amx"]
+
+
+def cpu_host_flags(speculative: bool) -> list[str]:
+    """The flags every CPU server needs on a host without sgl_kernel / AMX (module docstring);
+    ``speculative`` adds the draft path's attention backends."""
+    flags = ["--device", "cpu", "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS),
+             "--attention-backend", "torch_native",
+             # An idle scheduler otherwise polls at 100% of a core: with several servers up (tests)
+             # or a client beside one (benchmarks) that takes the 2 cores' time from the busy one.
+             "--sleep-on-idle"]
+    return flags + (_SPECULATIVE_CPU_ATTENTION if speculative else [])
+
+
+def cpu_linear_flags(path: str, mem_fraction_static: float = 0.9) -> list[str]:
     """The flags of ``--hsd-cpu-linear path`` (``cpu/linear_path.py``). The packed copies count as
     weights in SGLang's memory probe, which then leaves no room for the KV pool under its default
-    ``--mem-fraction-static``; the pool is sized by ``--max-total-tokens`` here anyway."""
+    ``--mem-fraction-static``; ``mem_fraction_static`` raises it (0.9 suits small models on a host
+    with room; ``cpu/memory.py`` sizes it for real ones)."""
     flags = ["--hsd-cpu-linear", path]
-    return flags + (["--mem-fraction-static", "0.9"] if path == PATH_PACKED else [])
+    return flags + (["--mem-fraction-static", str(mem_fraction_static)] if path == PATH_PACKED else [])
 
 
 def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
@@ -42,7 +65,8 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
                        extra: list[str] | None = None,
                        eagle3_rejection_sampling: bool = True, topk: int | None = None,
                        num_draft_tokens: int | None = None) -> list[str]:
-    """The CPU launch command.
+    """The CPU launch command of tests and benchmarks: ``cpu_host_flags`` plus a fixed random seed
+    and at most 8 running requests.
 
     ``eagle3_rejection_sampling``: for ``EAGLE3`` chains, sample drafts and carry q (SGLang
     refuses this for a reduced draft vocabulary); False gives SGLang's argmax drafts.
@@ -50,16 +74,10 @@ def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
     ``--speculative-num-draft-tokens``; defaults: a chain of ``num_steps`` + 1 tokens). Tree
     flags of HSD (``--hsd-tree-draft``, ``--hsd-verify-method``) go in ``extra``."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path,
-           "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-           "--max-total-tokens", "8192", "--attention-backend", "torch_native",
-           "--max-running-requests", "8", "--random-seed", "0",
-           # An idle scheduler otherwise polls at 100% of a core: with several servers up (tests)
-           # or a client beside one (benchmarks) that takes the 2 cores' time from the busy one.
-           "--sleep-on-idle"]
+           "--host", "127.0.0.1", "--port", str(port), *cpu_host_flags(bool(algorithm)),
+           "--max-running-requests", "8", "--random-seed", "0"]
     if algorithm:
-        cmd += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft_path,
-                "--decode-attention-backend", "intel_amx", "--speculative-attention-mode",
-                "decode", "--speculative-draft-attention-backend", "intel_amx"]
+        cmd += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft_path]
         is_eagle3 = algorithm.upper() == "EAGLE3"
         if is_eagle3 or topk:
             cmd += ["--speculative-eagle-topk", str(topk or 1)]
@@ -98,22 +116,34 @@ def draft_model_server_command(model_path: str, port: int, draft_path: str,
     return cmd + list(extra or [])
 
 
-def server_env(verify_method: str | None = None) -> dict:
-    """This process's environment plus what a CPU server needs: this checkout of sglang_hsd and
-    the CPU shims' start-up hook (``BOOTSTRAP_DIR``) first on ``PYTHONPATH``."""
-    env = dict(os.environ)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+def server_env_vars(verify_method: str | None = None, cpu: bool = True) -> dict[str, str]:
+    """The variables a server needs: this checkout of sglang_hsd first on ``PYTHONPATH`` (then
+    the current entries) and, on CPU (``cpu``), the CPU shims' start-up hook (``BOOTSTRAP_DIR``)
+    after it and ``SGLANG_USE_CPU_ENGINE=1``; ``verify_method`` as ``SGLANG_HSD_VERIFY_METHOD``."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(sglang_hsd.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([package_root, BOOTSTRAP_DIR, *paths])
-    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    ordered = [package_root, *([BOOTSTRAP_DIR] if cpu else []), *paths]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(ordered))}  # first place of each path kept
+    if cpu:
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
     if verify_method:
         env["SGLANG_HSD_VERIFY_METHOD"] = verify_method
     return env
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def server_env(verify_method: str | None = None, cpu: bool = True) -> dict:
+    """This process's environment plus ``server_env_vars``."""
+    return {**os.environ, **server_env_vars(verify_method, cpu)}
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float,
+                 on_poll: Callable[[float], None] | None = None) -> None:
+    """Poll ``url/health`` once a second until it answers 200.
+
+    ``on_poll``: called with the seconds waited so far after each failed poll (a progress bar).
+    Raises ``RuntimeError`` when the server exits first, ``TimeoutError`` after ``timeout`` s."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} before becoming healthy")
         try:
@@ -122,8 +152,52 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
                     return
         except Exception:
             pass
+        if on_poll is not None:
+            on_poll(time.monotonic() - start)
         time.sleep(1.0)
     raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM ``proc``'s process group, wait for ``proc`` and then for the rest of the group
+    (SGLang's scheduler and detokenizer outlive the launcher by a moment), SIGKILL whatever is
+    left after ``grace`` seconds. Returns once no process of the group remains."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _group_alive(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    while _group_alive(proc.pid) and time.monotonic() < deadline + 10:
+        time.sleep(0.2)  # killed children are reaped by init
+
+
+@contextlib.contextmanager
+def server_process(cmd: list[str], env: dict, log_path: str):
+    """Run ``cmd`` in its own process group with its output in ``log_path``; yield the
+    ``Popen``; on exit stop the whole group (``stop_process_group``)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop_process_group(proc)
 
 
 @contextlib.contextmanager
@@ -134,18 +208,6 @@ def running_server(cmd: list[str], env: dict, log_path: str, timeout: float = 60
     several under load)."""
     port = cmd[cmd.index("--port") + 1]
     url = f"http://127.0.0.1:{port}"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
+    with server_process(cmd, env, log_path) as proc:
         wait_healthy(url, proc, timeout)
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
