@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME
-from sglang_hsd.sglang_plugin.cpu.memory import GIB, MemoryPlan
+from sglang_hsd.sglang_plugin.cpu.memory import MemoryPlan, format_gib
 from sglang_hsd.sglang_plugin.launch_flags import (
     Flag, LaunchFlagError, duplicated, flag_values, flag_words, merge_flags, parse_flags)
 
@@ -234,19 +234,15 @@ def _size_cpu_memory(flags: list[Flag], models: ServeModels, available: int) -> 
         if room <= 0:
             raise ServeError(
                 f"--mem-fraction-static {fraction} leaves the KV cache no memory: SGLang keeps that share of "
-                f"the ~{_gib(plan.available - plan.baseline)} it will find free for weights and KV, and the "
+                f"the ~{format_gib(plan.available - plan.baseline)} it will find free for weights and KV, and the "
                 f"weights{' and packed copies' if plan.packed_copies else ''} take "
-                f"{_gib(plan.weights + plan.packed_copies)}; drop the flag and serve sizes it from free memory")
+                f"{format_gib(plan.weights + plan.packed_copies)}; drop the flag and serve sizes it from free memory")
     elif not plan.fits:
         hint = " or add --hsd-cpu-linear mkl after -- (no packed copies; slower verification)" \
             if plan.packed_copies else ""
         raise ServeError(f"the models do not fit in this machine's free memory: {plan.describe()}; "
                          f"free memory, serve a smaller pair (--target, --draft){hint}")
     return plan
-
-
-def _gib(size: int) -> str:
-    return f"{size / GIB:.1f} GiB"
 
 
 def build_launch(config: ServeConfig, models: ServeModels, device: str,

@@ -147,15 +147,16 @@ class MemoryPlan:
         return int((self.available - self.baseline) * fraction) - self.weights - self.packed_copies
 
     def describe(self) -> str:
-        parts = [f"weights {_gib(self.weights)}"]
+        parts = [f"weights {format_gib(self.weights)}"]
         if self.packed_copies:
-            parts.append(f"oneDNN packed copies {_gib(self.packed_copies)}")
-        parts += [f"KV cache for {self.max_total_tokens} tokens {_gib(self.kv_cache)}",
-                  f"server processes {_gib(self.baseline)}", f"margin {_gib(self.margin)}"]
-        return f"{' + '.join(parts)} = {_gib(self.needed)} needed, {_gib(self.available)} available"
+            parts.append(f"oneDNN packed copies {format_gib(self.packed_copies)}")
+        parts += [f"KV cache for {self.max_total_tokens} tokens {format_gib(self.kv_cache)}",
+                  f"server processes {format_gib(self.baseline)}", f"margin {format_gib(self.margin)}"]
+        return f"{' + '.join(parts)} = {format_gib(self.needed)} needed, {format_gib(self.available)} available"
 
 
-def _gib(size: int) -> str:
+def format_gib(size: int) -> str:
+    """``size`` bytes as "X.Y GiB" (for messages)."""
     return f"{size / GIB:.1f} GiB"
 
 
