@@ -35,16 +35,10 @@ def plan_lines(quick: bool) -> list[str]:
 def time_round(shape, batch: int, vocab: int) -> dict:
     """Eager and replay microseconds of one round configuration, and whether replay == eager."""
     from sglang_hsd.tree_draft import DraftPlan, TreeShape
-    from sglang_hsd.tree_draft.tiny_round import TinyHead, close_target, draft_round, round_inputs, verify_round
+    from sglang_hsd.tree_draft.tiny_round import TinyHead, round_inputs, whole_round
 
     device = torch.device("cuda")
-    head = TinyHead(vocab, HIDDEN, device=device)
-    plan = DraftPlan.build(TreeShape(*shape), RULE, device)
-
-    def run(root_hidden, root_q, deterministic, seed, position, target, accept, sample):
-        tree = draft_round(head, plan, root_hidden, root_q, deterministic, seed, position)
-        return tree, verify_round(tree, close_target(tree[3], target), accept, sample, shape[0])
-
+    run = whole_round(TinyHead(vocab, HIDDEN, device=device), DraftPlan.build(TreeShape(*shape), RULE, device))
     static = round_inputs(batch, shape, vocab, HIDDEN, seed=0, device=device)
     with torch.no_grad():
         eager_us, _ = median_us(lambda: run(**static), cuda=True)

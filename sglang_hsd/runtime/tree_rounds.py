@@ -42,7 +42,6 @@ multi-token law by chi-square against the exact target law.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Protocol
 
@@ -145,7 +144,8 @@ class TreeRounds:
         """Steps 1-2: the root's q and D - 1 beam forwards; the drafter's tree slots are cut after."""
         run, shape, drafter = self.run, self.shape, self.drafter
         k, rows = shape.topk, idx.numel()
-        params = self._draft_params(idx)
+        # Greedy rows come out one-hot here and take the plain softmax instead (greedy_draft_q).
+        params = run.params.rows(idx)
         root_logits = drafter.root_logits(idx)
         greedy = run.params.temperature[idx] == 0
         noise = KeyedNoise.fresh(run.seq_len[idx], run.generator)  # a stream per request and round
@@ -174,14 +174,6 @@ class TreeRounds:
         stats.proposed += int(tree.num_kept.sum())
         drafter.cut_back()
         return tree
-
-    def _draft_params(self, idx: torch.Tensor) -> BatchSamplingParams:
-        """The requests' sampling parameters, greedy rows at temperature 1 (their q is replaced by
-        the drafter's plain softmax, ``greedy_draft_q``; temperature 1 only keeps the transform
-        from producing a one-hot row it would discard)."""
-        params = self.run.params.rows(idx)
-        temperature = torch.where(params.temperature == 0, torch.ones_like(params.temperature), params.temperature)
-        return dataclasses.replace(params, temperature=temperature)
 
     def _target_forward(self, idx, candidates, parents, positions) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Step 3's forward: every target group on the trees (int64 [R, N] each) of rows ``idx``.

@@ -65,6 +65,18 @@ def verify_round(tree: tuple[torch.Tensor, ...], target_probs: torch.Tensor, acc
     return result.accept_index, result.num_accepted, result.tokens
 
 
+def whole_round(head: TinyHead, plan: DraftPlan, backend: str = "auto"):
+    """The round the checks run: ``draft_round`` then ``verify_round`` against a target near the
+    drafter (``close_target``, so drafts are accepted). Returns a function of ``round_inputs``'
+    fields giving (the tree's tensors, the verify result's tensors)."""
+
+    def run(root_hidden, root_q, deterministic, seed, position, target, accept, sample):
+        tree = draft_round(head, plan, root_hidden, root_q, deterministic, seed, position)
+        return tree, verify_round(tree, close_target(tree[3], target), accept, sample, plan.shape.depth, backend)
+
+    return run
+
+
 def close_target(draft_probs: torch.Tensor, noise_rows: torch.Tensor, weight: float = 0.8) -> torch.Tensor:
     """A target near the drafter, so rounds accept drafts: ``weight`` q + (1 - weight) noise rows,
     renormalised (rows of leaves, zero in q, become the noise rows). Both float [B, N, V]."""

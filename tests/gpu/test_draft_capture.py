@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sglang_hsd.tree_draft import DraftPlan, TreeShape
-from sglang_hsd.tree_draft.tiny_round import TinyHead, close_target, draft_round, round_inputs, verify_round
+from sglang_hsd.tree_draft.tiny_round import TinyHead, round_inputs, whole_round
 from tests.gpu import _support as support
 
 pytestmark = pytest.mark.skipif(not support.CUDA or support.SMOKE, reason="CUDA graphs need a CUDA device")
@@ -24,13 +24,6 @@ CASES = [  # (shape, rule, batch, vocab)
     ((3, 2, 6), "beam", 64, 32000),
 ]
 HIDDEN = 64
-
-
-def _round(head, plan, depth):
-    def run(root_hidden, root_q, deterministic, seed, position, target, accept, sample):
-        tree = draft_round(head, plan, root_hidden, root_q, deterministic, seed, position)
-        return tree, verify_round(tree, close_target(tree[3], target), accept, sample, depth)
-    return run
 
 
 def _assert_same(eager, replayed, what: str):
@@ -44,7 +37,7 @@ def _assert_same(eager, replayed, what: str):
 def test_round_replays_equal_to_eager(shape, rule, batch, vocab):
     device = torch.device("cuda")
     head = TinyHead(vocab, HIDDEN, device=device)
-    run = _round(head, DraftPlan.build(TreeShape(*shape), rule, device), shape[0])
+    run = whole_round(head, DraftPlan.build(TreeShape(*shape), rule, device))
     static = round_inputs(batch, shape, vocab, HIDDEN, seed=0, device=device)
     with torch.no_grad():
         side = torch.cuda.Stream()
@@ -72,7 +65,7 @@ def test_round_replays_equal_to_eager(shape, rule, batch, vocab):
 def test_eager_round_never_synchronises(shape, rule, batch, vocab):
     device = torch.device("cuda")
     head = TinyHead(vocab, HIDDEN, device=device)
-    run = _round(head, DraftPlan.build(TreeShape(*shape), rule, device), shape[0])
+    run = whole_round(head, DraftPlan.build(TreeShape(*shape), rule, device))
     inputs = round_inputs(batch, shape, vocab, HIDDEN, seed=5, device=device)
     with torch.no_grad():
         run(**inputs)  # warm-up: Triton compiles outside the checked region

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang_hsd.tree_draft import DraftPlan, TreeShape
-from sglang_hsd.tree_draft.tiny_round import TinyHead, close_target, draft_round, round_inputs, verify_round
+from sglang_hsd.tree_draft.tiny_round import TinyHead, round_inputs, whole_round
 from sglang_hsd.verify import ChainUniforms, verify_chain
 
 VOCAB = 24
@@ -44,13 +44,6 @@ def forbid_host_sync():
             setattr(torch.Tensor, name, method)
 
 
-def _whole_round(head, plan, depth):
-    def run(root_hidden, root_q, deterministic, seed, position, target, accept, sample):
-        tree = draft_round(head, plan, root_hidden, root_q, deterministic, seed, position)
-        return tree, verify_round(tree, close_target(tree[3], target), accept, sample, depth, backend="torch")
-    return run
-
-
 def test_the_detector_catches_a_host_sync():
     with forbid_host_sync(), pytest.raises(AssertionError, match="host synchronisation"):
         bool(torch.ones(1) > 0)
@@ -62,7 +55,7 @@ def test_round_has_no_host_sync(rule, shape):
     head, plan = TinyHead(VOCAB), DraftPlan.build(TreeShape(*shape), rule)
     inputs = round_inputs(3, shape, VOCAB)
     with torch.no_grad(), forbid_host_sync():
-        _whole_round(head, plan, shape[0])(**inputs)
+        whole_round(head, plan, backend="torch")(**inputs)
         chain_q = torch.softmax(torch.randn(3, shape[2] - 1, VOCAB), -1)
         tokens = torch.zeros(3, shape[2] - 1, dtype=torch.long)
         verify_chain(tokens, chain_q, inputs["target"], method="hsd", validate=False, backend="torch",
@@ -75,11 +68,11 @@ def test_round_has_no_host_sync(rule, shape):
 def test_round_compiles_without_graph_breaks_and_equals_eager(shape, rule, backend):
     head, plan = TinyHead(VOCAB), DraftPlan.build(TreeShape(*shape), rule)
     inputs = round_inputs(3, shape, VOCAB)
-    whole_round = _whole_round(head, plan, shape[0])
+    run = whole_round(head, plan, backend="torch")
     torch._dynamo.reset()
-    compiled = torch.compile(whole_round, fullgraph=True, backend=backend)
+    compiled = torch.compile(run, fullgraph=True, backend=backend)
     with torch.no_grad():
-        eager_tree, eager_result = whole_round(**inputs)
+        eager_tree, eager_result = run(**inputs)
         tree, result = compiled(**inputs)
     for index, (a, b) in enumerate(zip(eager_tree, tree)):
         assert torch.equal(a, b) if index != 3 else torch.allclose(a, b), index
