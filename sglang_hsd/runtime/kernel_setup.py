@@ -33,6 +33,7 @@ __all__ = [
     "COPY_PATHS",
     "configure_kernels",
     "fastest_drafter_precision",
+    "fastest_precision_for_shapes",
     "parse_drafter_precision",
 ]
 
@@ -109,16 +110,28 @@ def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
                               config: MeasureConfig = SINGLE_ROW_MEASURE,
                               candidates: tuple[str, ...] = tuple(DRAFTER_PRECISIONS)) -> tuple[str, dict[str, float]]:
     """The ``candidates`` name (:data:`DRAFTER_PRECISIONS`) whose single-row projections cost
-    ``model`` least here.
+    ``model`` (its ``nn.Linear`` layers) least here: :func:`fastest_precision_for_shapes`."""
+    counts = Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
+    return fastest_precision_for_shapes(counts, pack_linears, config, candidates)
 
-    Times one row of each of ``model``'s linear shapes (:func:`measure`, at the current thread
-    count) in fp32 (the faster of MKL and oneDNN packed with ``pack_linears``, as
-    :func:`single_row_split` chooses; MKL alone without) and on each candidate copy, and sums
-    each over the model's linear layers (a shape counts once per layer that has it). A few
-    seconds for a 0.5B model (three rounds, ``SINGLE_ROW_MEASURE``). Which copy is faster
-    depends on the CPU (bf16 on the AVX2 EPYC, fp16 on the AVX-512 one, ``docs/cpu.md``); only a
-    separate drafter may run one (the verifier uses the probabilities it produced, so the output
-    law does not change).
+
+def fastest_precision_for_shapes(counts: Mapping[tuple[int, int], int], pack_linears: bool = True,
+                                 config: MeasureConfig = SINGLE_ROW_MEASURE,
+                                 candidates: tuple[str, ...] = tuple(DRAFTER_PRECISIONS)) -> tuple[str, dict[str, float]]:
+    """The ``candidates`` name (:data:`DRAFTER_PRECISIONS`) whose single-row projections cost a
+    drafter with these linear shapes least here.
+
+    Args:
+        counts: ``(in_features, out_features)`` -> how many of the drafter's layers have it (the
+            runtime's ``nn.Linear`` s or a server model's linear layers and LM head).
+
+    Times one row of each shape (:func:`measure`, at the current thread count) in fp32 (the
+    faster of MKL and oneDNN packed with ``pack_linears``, as :func:`single_row_split` chooses;
+    MKL alone without) and on each candidate copy, and sums each over the layers. A few seconds
+    for a 0.5B model (three rounds, ``SINGLE_ROW_MEASURE``). Which copy is faster depends on the
+    CPU (bf16 on the AVX2 EPYC, fp16 on the AVX-512 one, ``docs/cpu.md``); only a separate
+    drafter may run one (the verifier uses the probabilities it produced, so the output law does
+    not change).
 
     Returns: ``(name, {precision: milliseconds of one step's projections})``; a copy that fails
     to run costs ``inf``, and ties go to fp32.
@@ -128,7 +141,6 @@ def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
     for name in candidates:
         parse_drafter_precision(name, name="candidates")
     copy_paths = {kind: path for kind, path in COPY_PATHS.items() if kind in candidates}
-    counts = Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
     fp32_paths = RUNTIME_PATHS if pack_linears else {PATH_MKL: RUNTIME_PATHS[PATH_MKL]}
     threads = torch.get_num_threads()
     config = dataclasses.replace(config, threads=(threads,))

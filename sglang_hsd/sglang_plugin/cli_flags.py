@@ -24,6 +24,8 @@ from sglang_hsd.sglang_plugin.config import (
     VERIFY_METHOD_CHOICES,
     VERIFY_METHOD_ENV,
 )
+from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
+from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
 from sglang_hsd.sglang_plugin.request_seeds import REQUEST_SEEDS_CHOICES, REQUEST_SEEDS_ENV, REQUEST_SEEDS_FLAG
@@ -84,6 +86,11 @@ HSD_FLAGS = (
      "with or without speculation: mkl (SGLang's F.linear, the default) or onednn-packed "
      "(oneDNN pre-packed float32 weights, much cheaper for the few rows of a verification "
      "forward; needs --dtype float32, doubles the weights' memory)"),
+    (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": DRAFTER_PRECISION_OPTIONS},
+     "CPU: the weight copy a separate draft model's (--hsd-draft-kind model) few-row forwards "
+     "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "
+     "int8 or int4. Only the drafter's numbers change; the verifier uses the q it produced, so "
+     "the output law is unchanged"),
 )
 
 

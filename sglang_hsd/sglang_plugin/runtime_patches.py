@@ -93,6 +93,9 @@ def hsd_internal_state(scheduler) -> dict:
     if draft_allocator is not None:
         state["draft_kv_available_size"] = int(draft_allocator.available_size())
         state["draft_kv_shares_allocator"] = draft_allocator is allocator
+    copies = getattr(worker, "hsd_draft_copies", None)
+    if copies is not None:
+        state["draft_copies"] = copies
     if exit_level is not None:
         state["levels"] = exit_level.stats.as_dict()
         state["max_split_logit_diff"] = exit_level.max_split_logit_diff

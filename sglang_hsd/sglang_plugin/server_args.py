@@ -111,6 +111,7 @@ def validate_hsd_server_args(args) -> None:
             "the verifier with --hsd-verify-method {hsd,tokenwise} instead"
         )
     problems += request_seed_problems(args)
+    problems += draft_precision_problems(args)
     if getattr(args, "speculative_adaptive", False):
         problems.append("--speculative-adaptive: not supported with HSD; remove it")
     if getattr(args, "enable_multi_layer_eagle", False):
@@ -252,3 +253,28 @@ def request_seed_problems(args) -> list[str]:
         return [f"{REQUEST_SEEDS_FLAG} on: SGLang's {backend or 'default (flashinfer)'} sampler takes no "
                 "seed; add --sampling-backend pytorch"]
     return []
+
+
+def draft_precision_problems(args) -> list[str]:
+    """What an explicit ``--hsd-draft-precision`` copy cannot honour (``auto`` and ``fp32`` run
+    anywhere: ``auto`` keeps float32 where no copy applies)."""
+    from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_FLAG, DraftPrecisionConfig
+
+    try:
+        precision = DraftPrecisionConfig.from_env().precision
+    except ValueError as err:
+        return [str(err)]
+    if precision in ("auto", "fp32"):
+        return []
+    problems = []
+    if args.device != "cpu":
+        problems.append(f"{DRAFT_PRECISION_FLAG} {precision}: weight copies run on CPU only (--device cpu); "
+                        "remove the flag")
+    if args.speculative_draft_model_path is not None and resolve_draft_kind(args.speculative_draft_model_path) != MODEL:
+        problems.append(f"{DRAFT_PRECISION_FLAG} {precision}: copies are for a separate draft language model "
+                        "(--hsd-draft-kind model); an EAGLE-3 head may share the target's LM head; remove the flag")
+    dtype = getattr(args, "dtype", None)
+    if dtype not in ("float32", "float", None):
+        problems.append(f"{DRAFT_PRECISION_FLAG} {precision}: the copies are built from float32 weights; "
+                        f"serve with --dtype float32 (got {dtype})")
+    return problems

@@ -15,6 +15,9 @@ drafts are sampled from the draft model's q under each request's temperature / t
 (``--speculative-eagle-topk`` > 1) draw each node's children without replacement from that q
 (``tree_draft.draft_sampled_tree``); all-greedy batches draft and verify by argmax.
 
+On CPU the draft model's own layers draft on the weight copy of ``--hsd-draft-precision``
+(``cpu/draft_copies.py``; ``auto``, the default, measures the fastest at start-up).
+
 With ``--hsd-exit-layer`` (buffer 1) the early-exit level of ``exit_level.py`` runs in every
 round, as with an EAGLE-3 head: the target's first L layers plus an exit head verify the draft
 model's chain, and the remaining layers run only for what the exit kept.
@@ -31,7 +34,7 @@ from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
 from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (
-    adopt_draft_worker, install_hsd_hooks, setup_sampled_trees)
+    adopt_draft_worker, install_hsd_hooks, setup_draft_copies, setup_sampled_trees)
 
 
 class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
@@ -52,3 +55,5 @@ class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
         self.hsd_exit = build_exit_verifier(target_worker, plugin_config, exit_config)
         draft = adopt_draft_worker(self, StandaloneDraftWorker, HSDStandaloneDraftWorker)
         setup_sampled_trees(draft, plugin_config)
+        # Only the drafter's numbers change (the verifier reads the q the copy produced).
+        self.hsd_draft_copies = setup_draft_copies(self)

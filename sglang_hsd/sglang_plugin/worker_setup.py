@@ -54,3 +54,24 @@ def setup_sampled_trees(draft, config: PluginConfig) -> None:
     draft.hsd_tree_plan = DraftPlan.build(shape, config.tree_rule, draft.device)
     draft.hsd_root_q = RootQHook(config.draft_temperature_scale)
     draft.hsd_root_q.install(eagle_worker_v2)
+
+
+def setup_draft_copies(worker) -> dict | None:
+    """On CPU, give a separate draft language model's own layers the ``--hsd-draft-precision``
+    weight copy (``cpu.draft_copies``) and log the choice; returns the report for
+    ``/server_info``, or None off CPU or without a draft model on this rank."""
+    draft = getattr(worker, "_draft_worker", None)
+    if draft is None or str(worker.device) != "cpu":
+        return None
+    from sglang_hsd.sglang_plugin.cpu.draft_copies import (
+        DRAFT_PRECISION_FLAG, DraftPrecisionConfig, attach_draft_copies, log_report)
+    from sglang_hsd.sglang_plugin.cpu.linear_path import refuse_weight_updates
+
+    report = attach_draft_copies(draft.draft_runner.model, worker.target_worker.model_runner.model,
+                                 DraftPrecisionConfig.from_env())
+    log_report(report)
+    if report.layers:
+        refuse_weight_updates(f"{DRAFT_PRECISION_FLAG} {report.precision}: the draft model's weight "
+                              "copies cannot follow a weight update; restart the server with the new "
+                              f"weights (or pass {DRAFT_PRECISION_FLAG} fp32)")
+    return report.as_dict()

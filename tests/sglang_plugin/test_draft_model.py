@@ -16,6 +16,7 @@ pytestmark = pytest.mark.sglang
 
 from sglang_hsd.sglang_plugin.config import (  # noqa: E402
     EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
+from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
     DRAFT_KIND_ENV,
     EAGLE3,
@@ -32,7 +33,8 @@ from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
 def clean_env(monkeypatch):
     # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
     # resolution and the flags write os.environ directly.
-    for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV):
+    for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV,
+                 DRAFT_PRECISION_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -193,6 +195,10 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-exit-buffer 2 (or the --hsd-plan buffer) with --hsd-draft-kind model"),
     ({}, dict(speculative_token_map="map.pt"), "--speculative-token-map"),
     ({}, dict(enable_dp_attention=True), "--enable-dp-attention"),
+    ({DRAFT_PRECISION_ENV: "int4"}, dict(dtype="bfloat16"),
+     "--hsd-draft-precision int4: the copies are built from float32 weights; serve with --dtype float32"),
+    ({DRAFT_PRECISION_ENV: "int4"}, dict(device="cuda"), "--hsd-draft-precision int4: weight copies run on CPU"),
+    ({DRAFT_PRECISION_ENV: "int5"}, {}, "--hsd-draft-precision (SGLANG_HSD_DRAFT_PRECISION) must be one of"),
 ])
 def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
     from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
@@ -202,6 +208,14 @@ def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
     with pytest.raises(HSDServerArgsError) as err:
         hsd.validate_server_args(_args(pair.target, pair.draft, **overrides))
     assert says in str(err.value)
+
+
+def test_draft_precision_copy_refused_for_an_eagle3_head(hsd, pair, clean_env):
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
+
+    clean_env.setenv(DRAFT_PRECISION_ENV, "int8")
+    with pytest.raises(HSDServerArgsError, match="copies are for a separate draft language model"):
+        hsd.validate_server_args(_args(pair.target, pair.head))
 
 
 def test_server_args_refuse_a_mismatched_pair_before_models_load(hsd, pair, tmp_path):

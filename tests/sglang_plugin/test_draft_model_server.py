@@ -2,6 +2,8 @@
 target (4 layers) and a draft language model of the same family (the target's first layer, same
 tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 
+* the K = 3 chain server drafts on an int4 copy of the draft model's weights
+  (``--hsd-draft-precision int4``, ``cpu/draft_copies.py``); the others on what ``auto`` measures;
 * greedy output equals the target's plain greedy decoding (transformers-free ``CausalLM``) token
   for token, for chains of K = 2, 3, 4 drafts and a tree, in a concurrent batch of several requests;
 * T = 1: the law of the first generated tokens is the target's. Each sampled sequence is mapped
@@ -78,12 +80,12 @@ def reference(pair):
     return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
 
 
-def _server(pair, num_steps, topk=1, num_draft_tokens=None, exit_layer=None):
+def _server(pair, num_steps, topk=1, num_draft_tokens=None, exit_layer=None, extra=()):
     from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         draft_model_server_command, free_port, running_server, server_env)
 
     root, target, draft = pair
-    extra = ["--dtype", "float32", "--disable-radix-cache"]
+    extra = ["--dtype", "float32", "--disable-radix-cache", *extra]
     if exit_layer is not None:  # logit-lens exit head
         extra += ["--hsd-exit-layer", str(exit_layer), "--hsd-exit-heads", "none"]
     cmd = draft_model_server_command(target, free_port(), draft, num_steps=num_steps, extra=extra,
@@ -99,7 +101,11 @@ def _server_name(num_steps, topk=1, num_draft_tokens=None, exit_layer=None):
 
 @pytest.fixture(scope="module")
 def k3_url(pair):
-    with _server(pair, 3) as url:
+    """A chain of K = 3 whose draft model drafts on an int4 copy of its weights: the greedy, law
+    and load tests below then hold with the copy's q (only the drafter's numbers change)."""
+    with _server(pair, 3, extra=["--hsd-draft-precision", "int4"]) as url:
+        copies = _hsd_state(url)["draft_copies"]
+        assert copies["precision"] == "int4" and copies["layers"] > 0, copies
         yield url
     with open(pair[0] / "server_k3.log") as f:
         log = f.read()

@@ -117,19 +117,63 @@ def _packed_rows(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
 
 
 def install_cpu_linear_path(config: CpuLinearConfig) -> None:
-    """Patch SGLang (imported here) for ``config``; nothing for ``mkl``. Idempotent."""
-    if not config.packed:
-        return
+    """Patch SGLang (imported here) for ``config``. Idempotent.
+
+    Always (on CPU): the unquantized linear apply and the LM head take a layer's draft weight
+    copy (``draft_copies.COPY_ATTR``, only ever set on a draft model's own layers), else its
+    packed weight, else SGLang's own kernel. With ``onednn-packed``: every model is packed after
+    loading and weight updates are refused.
+    """
+    _install_layer_kernels()
+    if config.packed:
+        _install_packing()
+
+
+def _install_layer_kernels() -> None:
     from sglang.srt.layers.logits_processor import LogitsProcessor
     from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from sglang_hsd.sglang_plugin.cpu.draft_copies import COPY_ATTR
+
+    if getattr(UnquantizedLinearMethod.__dict__["apply"], "__sglang_hsd_original__", None) is not None:
+        return
+    original_apply = UnquantizedLinearMethod.__dict__["apply"]
+    original_lm_head = LogitsProcessor.__dict__["_compute_lm_head"]
+
+    def apply(self, layer, x, bias=None):
+        copy = getattr(layer, COPY_ATTR, None)
+        if copy is not None:
+            out = copy(x, bias)
+            if out is not None:
+                return out
+        packed = getattr(layer, PACKED_ATTR, None)
+        if packed is None or x.dtype != torch.float32:
+            return original_apply(self, layer, x, bias)
+        return _packed_rows(x, packed, bias)
+
+    def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
+        if embedding_bias is not None or hasattr(lm_head, "set_lora"):
+            return original_lm_head(self, hidden_states, lm_head, embedding_bias, out=out)
+        copy = getattr(lm_head, COPY_ATTR, None)
+        if copy is not None:
+            logits = copy(hidden_states.to(torch.float32), None)
+            if logits is not None:
+                return logits
+        packed = getattr(lm_head, PACKED_ATTR, None)
+        if packed is None:
+            return original_lm_head(self, hidden_states, lm_head, embedding_bias, out=out)
+        return _packed_rows(hidden_states.to(torch.float32), packed, None)
+
+    _replace([(UnquantizedLinearMethod, "apply", apply),
+              (LogitsProcessor, "_compute_lm_head", _compute_lm_head)])
+
+
+def _install_packing() -> None:
     from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
 
     if getattr(ModelRunner.__dict__["load_model"], "__sglang_hsd_original__", None) is not None:
         return
     original_load = ModelRunner.__dict__["load_model"]
-    original_apply = UnquantizedLinearMethod.__dict__["apply"]
-    original_lm_head = LogitsProcessor.__dict__["_compute_lm_head"]
 
     def load_model(self):
         check_model_dtype(self.model_config.dtype, self.device)
@@ -141,33 +185,33 @@ def install_cpu_linear_path(config: CpuLinearConfig) -> None:
         logger.info("sglang-hsd: %d linear layers of %s run oneDNN's packed kernel", count,
                     type(self.model).__name__)
 
-    def apply(self, layer, x, bias=None):
-        packed = getattr(layer, PACKED_ATTR, None)
-        if packed is None or x.dtype != torch.float32:
-            return original_apply(self, layer, x, bias)
-        return _packed_rows(x, packed, bias)
+    _replace([(ModelRunner, "load_model", load_model)])
+    refuse_weight_updates(UPDATE_REFUSED)
 
-    def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
-        packed = getattr(lm_head, PACKED_ATTR, None)
-        if packed is None or embedding_bias is not None or hasattr(lm_head, "set_lora"):
-            return original_lm_head(self, hidden_states, lm_head, embedding_bias, out=out)
-        return _packed_rows(hidden_states.to(torch.float32), packed, None)
 
-    replaced = [(ModelRunner, "load_model", load_model),
-                (UnquantizedLinearMethod, "apply", apply),
-                (LogitsProcessor, "_compute_lm_head", _compute_lm_head)]
-    replaced += [(WeightUpdater, name, _refused_update(WeightUpdater.__dict__[name]))
-                 for name in WEIGHT_UPDATES]
+def refuse_weight_updates(message: str) -> None:
+    """Answer SGLang's weight-update requests with ``(False, message)`` (copies of the weights
+    would go stale). The first caller's message stays. Idempotent."""
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    if getattr(WeightUpdater.__dict__[WEIGHT_UPDATES[0]], "__sglang_hsd_original__", None) is not None:
+        return
+    _replace([(WeightUpdater, name, _refused_update(WeightUpdater.__dict__[name], message))
+              for name in WEIGHT_UPDATES])
+
+
+def _replace(replaced) -> None:
+    """Set each ``(cls, name, new)``, keeping the original as ``__sglang_hsd_original__``."""
     for cls, name, new in replaced:
         new.__sglang_hsd_original__ = cls.__dict__[name]
         setattr(cls, name, new)
 
 
-def _refused_update(original):
-    """A weight-update method answering ``(False, UPDATE_REFUSED)``, named as ``original``."""
+def _refused_update(original, message: str):
+    """A weight-update method answering ``(False, message)``, named as ``original``."""
 
     @functools.wraps(original)
     def refuse(self, *args, **kwargs):
-        return False, UPDATE_REFUSED
+        return False, message
 
     return refuse

@@ -1,0 +1,185 @@
+"""The draft model's weight copy in the server (``--hsd-draft-precision``).
+
+A draft step at small batch is a chain of few-row matrix products bound by reading the weights:
+on the AVX-512 EPYC one row of Qwen2.5-Coder-0.5B's LM head costs 24 ms in packed float32 and
+4 ms on an int4 copy (``docs/cpu.md``). The runtime already drafts on such copies
+(``runtime.weight_copies``, ``runtime.kernel_setup``); this module gives a separate draft language
+model served by SGLang (``--hsd-draft-kind model``) the same copies.
+
+``--hsd-draft-precision`` (``SGLANG_HSD_DRAFT_PRECISION``) takes ``fp32`` (no copy), ``bf16``,
+``fp16``, ``int8``, ``int4`` or ``auto`` (the default): the copy whose single-row products,
+summed over the draft model's linear layers and LM head, measure fastest here at start-up
+(``runtime.kernel_setup.fastest_precision_for_shapes``, a few seconds; the choice and every
+total are logged and reported in ``/server_info``). Each layer then computes the row counts its
+kind serves (``WeightCopyKind.rows``: int4 up to 16 rows, int8 up to 8, the half copies one row:
+where a forward of the 0.5B was measured faster on the copy than on packed float32) on the copy,
+and every other call (a long draft extend, a prefill) on its float32 kernel.
+
+Why it is lossless: only the *drafter's* numbers change. The draft tokens are drawn from the q the
+copy produced and the verifier reads that same q, so the output law is the target's whatever q
+is (``docs/verification.md``); the copy can only change how often drafts are accepted. So copies
+are attached only to the draft model's own layers: a layer whose weight is also one of the
+target's parameters (a shared embedding or LM head) keeps float32, and the target is never
+touched.
+
+Limits: float32 draft weights only (``--dtype float32``; ``auto`` keeps float32 for any other
+dtype, an explicit copy is refused naming the flag); CPU only; the copies add their own memory
+(int4: about an eighth of the float32 weights); a weight update would leave them stale, so the
+server answers weight-update requests with a failure naming the flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_hsd.runtime.kernel_setup import (AUTO_PRECISION, DRAFTER_PRECISION_OPTIONS, DRAFTER_PRECISIONS,
+                                             fastest_precision_for_shapes)
+from sglang_hsd.runtime.layers import PackedRows
+from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, WeightCopy, build_weight_copy
+
+logger = logging.getLogger(__name__)
+
+DRAFT_PRECISION_ENV = "SGLANG_HSD_DRAFT_PRECISION"
+DRAFT_PRECISION_FLAG = "--hsd-draft-precision"
+# Attribute of a draft layer holding its ``LayerCopy`` (set at worker start, read by the patched
+# linear apply / LM head of ``linear_path``).
+COPY_ATTR = "hsd_weight_copy"
+
+
+class DraftPrecisionError(ValueError):
+    """A bad ``--hsd-draft-precision`` setting; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class DraftPrecisionConfig:
+    """Fields:
+        precision: a ``DRAFTER_PRECISION_OPTIONS`` name (``fp32``: no copy; ``auto``: measured).
+    """
+
+    precision: str = AUTO_PRECISION
+
+    def __post_init__(self) -> None:
+        if self.precision not in DRAFTER_PRECISION_OPTIONS:
+            raise DraftPrecisionError(f"{DRAFT_PRECISION_FLAG} ({DRAFT_PRECISION_ENV}) must be one of "
+                                      f"{', '.join(DRAFTER_PRECISION_OPTIONS)}, got {self.precision!r}")
+
+    @classmethod
+    def from_env(cls) -> "DraftPrecisionConfig":
+        return cls(os.environ.get(DRAFT_PRECISION_ENV, "").strip().lower() or AUTO_PRECISION)
+
+
+@dataclass(frozen=True)
+class LayerCopy:
+    """One draft layer's copy and the row counts it serves.
+
+    ``copy`` computes ``x @ W.T`` without bias (the caller adds the layer's bias: SGLang passes
+    it separately); ``rows``: the flattened row counts taken on the copy.
+    """
+
+    copy: WeightCopy
+    rows: PackedRows
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """``x`` ``[..., in]`` -> ``[..., out]`` fp32, or None when this call is not the copy's
+        (dtype, row count, an fp16 overflow): the caller computes it in float32."""
+        if x.dtype != torch.float32:
+            return None
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] not in self.rows:
+            return None
+        out = self.copy(flat)
+        if out is None:
+            return None
+        if bias is not None:
+            out = out + bias
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+@dataclass
+class DraftCopyReport:
+    """What ``attach_draft_copies`` did, for the log and ``/server_info``.
+
+    Fields:
+        precision: the precision in place (``auto`` resolved; ``fp32``: no copy).
+        requested: the flag's value.
+        layers: layers given a copy.
+        skipped_shared: layers left in float32 because the target shares their weight.
+        measured_ms: with ``auto``, one draft step's single-row projections per precision (ms).
+    """
+
+    precision: str
+    requested: str
+    layers: int = 0
+    skipped_shared: int = 0
+    measured_ms: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"precision": self.precision, "requested": self.requested, "layers": self.layers,
+                "skipped_shared": self.skipped_shared,
+                "measured_ms": {k: round(v, 3) for k, v in self.measured_ms.items()}}
+
+
+def draft_linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The unquantized linear layers and the LM head of an SGLang model whose weight is a 2-D
+    CPU float32 tensor (the layers a copy can stand in for)."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
+
+    lm_head = getattr(model, "lm_head", None)
+    layers = []
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        is_linear = isinstance(method, UnquantizedLinearMethod)
+        is_lm_head = module is lm_head and isinstance(method, UnquantizedEmbeddingMethod)
+        weight = getattr(module, "weight", None)
+        if not (is_linear or is_lm_head) or not isinstance(weight, torch.Tensor):
+            continue
+        if weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2:
+            layers.append(module)
+    return layers
+
+
+def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Module,
+                        config: DraftPrecisionConfig) -> DraftCopyReport:
+    """Give ``draft_model``'s float32 linear layers and LM head the configured copy (in place).
+
+    Layers whose weight storage the target also holds are skipped. Raises
+    ``DraftPrecisionError`` for an explicit copy when the draft has no float32 layer.
+    """
+    shared = {p.untyped_storage().data_ptr() for p in target_model.parameters()}
+    layers = draft_linear_layers(draft_model)
+    own = [m for m in layers if m.weight.untyped_storage().data_ptr() not in shared]
+    report = DraftCopyReport(precision="fp32", requested=config.precision,
+                             skipped_shared=len(layers) - len(own))
+    if not own:
+        if config.precision not in ("fp32", AUTO_PRECISION):
+            raise DraftPrecisionError(f"{DRAFT_PRECISION_FLAG} {config.precision}: the draft model has no "
+                                      "float32 linear layer of its own to copy (serve it with --dtype "
+                                      "float32, or pass fp32)")
+        return report
+    precision = config.precision
+    if precision == AUTO_PRECISION:
+        counts = Counter((m.weight.shape[1], m.weight.shape[0]) for m in own)
+        precision, report.measured_ms = fastest_precision_for_shapes(counts, pack_linears=True)
+    report.precision = precision
+    kind = DRAFTER_PRECISIONS[precision]
+    if kind is None:
+        return report
+    rows = PackedRows((WEIGHT_COPIES[kind].rows,))
+    for module in own:
+        setattr(module, COPY_ATTR, LayerCopy(build_weight_copy(kind, module.weight.detach()), rows))
+    report.layers = len(own)
+    return report
+
+
+def log_report(report: DraftCopyReport) -> None:
+    measured = ", ".join(f"{k} {v:.1f} ms" for k, v in report.measured_ms.items())
+    logger.info("sglang-hsd: draft model weight copy %s (%s %s%s): %d layers%s", report.precision,
+                DRAFT_PRECISION_FLAG, report.requested,
+                f"; one draft step's single rows measured {measured}" if measured else "",
+                report.layers,
+                f", {report.skipped_shared} shared with the target kept float32" if report.skipped_shared else "")

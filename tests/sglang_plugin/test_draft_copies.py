@@ -1,0 +1,98 @@
+"""``--hsd-draft-precision`` (``sglang_plugin/cpu/draft_copies.py``) without a server: the
+setting's checks, which layers get a copy (never one whose weight the target shares), which row
+counts take it, and that the patched linear apply reads it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from sglang_hsd.sglang_plugin.cpu.draft_copies import (
+    COPY_ATTR, DRAFT_PRECISION_ENV, DraftPrecisionConfig, DraftPrecisionError, attach_draft_copies)
+
+pytest.importorskip("sglang")
+pytestmark = pytest.mark.sglang
+
+
+class _Layer(nn.Module):
+    def __init__(self, method, weight: torch.Tensor):
+        super().__init__()
+        self.quant_method = method
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+
+def _models():
+    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
+
+    torch.manual_seed(0)
+    target = nn.Module()
+    target.lm_head = _Layer(UnquantizedEmbeddingMethod(), torch.randn(64, 32))
+    draft = nn.Module()
+    draft.qkv = _Layer(UnquantizedLinearMethod(), torch.randn(48, 32))
+    draft.down = _Layer(UnquantizedLinearMethod(), torch.randn(32, 40))
+    draft.lm_head = target.lm_head  # a head shared with the target keeps float32
+    return target, draft
+
+
+def test_config_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(DRAFT_PRECISION_ENV, raising=False)
+    assert DraftPrecisionConfig.from_env().precision == "auto"
+    monkeypatch.setenv(DRAFT_PRECISION_ENV, "INT4")
+    assert DraftPrecisionConfig.from_env().precision == "int4"
+    monkeypatch.setenv(DRAFT_PRECISION_ENV, "int3")
+    with pytest.raises(DraftPrecisionError, match=r"--hsd-draft-precision \(SGLANG_HSD_DRAFT_PRECISION\).*'int3'"):
+        DraftPrecisionConfig.from_env()
+
+
+def test_int4_copies_the_drafts_own_layers_only():
+    target, draft = _models()
+    report = attach_draft_copies(draft, target, DraftPrecisionConfig("int4"))
+    assert (report.precision, report.layers, report.skipped_shared) == ("int4", 2, 1)
+    assert {n for n, m in draft.named_modules() if hasattr(m, COPY_ATTR)} == {"qkv", "down"}
+    assert not hasattr(target.lm_head, COPY_ATTR)
+    copy = getattr(draft.qkv, COPY_ATTR)
+    x = torch.randn(3, 32)
+    bias = torch.randn(48)
+    exact = x @ draft.qkv.weight.T + bias
+    out = copy(x, bias)
+    assert out.shape == (3, 48)
+    assert (out - exact).abs().max() < 0.1 * exact.abs().max()  # int4: close, not equal
+    assert copy(torch.randn(17, 32), None) is None  # int4 serves up to 16 rows
+    assert copy(x.to(torch.bfloat16), None) is None
+
+
+def test_fp32_and_auto_without_float32_layers_keep_float32():
+    target, draft = _models()
+    assert attach_draft_copies(draft, target, DraftPrecisionConfig("fp32")).layers == 0
+    assert not any(hasattr(m, COPY_ATTR) for m in draft.modules())
+    empty = nn.Module()
+    assert attach_draft_copies(empty, target, DraftPrecisionConfig("auto")).precision == "fp32"
+    with pytest.raises(DraftPrecisionError, match="--hsd-draft-precision int8.*float32"):
+        attach_draft_copies(empty, target, DraftPrecisionConfig("int8"))
+
+
+def test_auto_measures_and_reports_every_precision():
+    target, draft = _models()
+    report = attach_draft_copies(draft, target, DraftPrecisionConfig("auto"))
+    assert set(report.measured_ms) == {"fp32", "bf16", "fp16", "int8", "int4"}
+    assert report.precision == min(report.measured_ms, key=report.measured_ms.__getitem__)
+    assert report.as_dict()["requested"] == "auto"
+
+
+def test_patched_apply_takes_the_copy_for_its_rows():
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from sglang_hsd.sglang_plugin.cpu.linear_path import CpuLinearConfig, install_cpu_linear_path
+
+    install_cpu_linear_path(CpuLinearConfig("mkl"))
+    target, draft = _models()
+    attach_draft_copies(draft, target, DraftPrecisionConfig("int4"))
+    method = draft.qkv.quant_method
+    x = torch.randn(2, 32)
+    copied = method.apply(draft.qkv, x)
+    assert torch.equal(copied, getattr(draft.qkv, COPY_ATTR)(x, None))
+    assert not torch.allclose(copied, x @ draft.qkv.weight.T, atol=1e-5)
+    many = torch.randn(20, 32)  # beyond the copy's rows: float32
+    torch.testing.assert_close(method.apply(draft.qkv, many), many @ draft.qkv.weight.T)
+    assert isinstance(method, UnquantizedLinearMethod)
