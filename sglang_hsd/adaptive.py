@@ -1,0 +1,248 @@
+"""Adaptive speculation: how many tokens the next round drafts, chosen to maximise tokens per second.
+
+Each round the server runs a batch of B requests with one draft length L for all of them (SGLang
+swaps its speculative runtime state between pre-built lengths; L = 0 is plain decoding). The
+:class:`BudgetController` picks L from
+
+* each request's per-token acceptance rate, estimated from its own past rounds
+  (:class:`AcceptanceEstimate`: a rejection ends a round, so a round that drafted L and accepted
+  a < L tokens is a successes and one failure, a = L is L successes), shrunk towards the server-wide
+  rate for requests with few rounds, older rounds discounted;
+* the measured seconds of a round at this batch size (:class:`RoundCosts`: per power-of-two batch
+  bucket and length, exponentially averaged; lengths not measured are interpolated linearly
+  between measured ones, since each draft step adds about one small forward);
+
+as ``argmax_L sum_i E_i(L) / cost(B, L)`` with ``E(L) = 1 + r + ... + r^L`` the expected tokens of
+a chain whose tokens are accepted with probability r each (the bonus token included). Before it can
+compare, the controller runs each *anchor* length (0, the shortest and the longest positive one)
+once per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
+drifts (a machine getting busier) is re-measured; those exploration rounds are chosen by a fixed
+schedule. At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the
+choice falls to 0: speculation backs off to off.
+
+Why it is lossless: L for round n is a function of rounds 1..n-1 only (their drafted and accepted
+counts and their timings), never of round n's drafts, so every round is a verification of a draft
+whose length was fixed before it was drawn, and each such round is exact (``docs/verification.md``).
+A controller that shortened a round's draft *after* seeing which of its tokens the verifier accepts
+would not be (``verify/oracles/adaptive_rounds_exact.py`` checks both over several rounds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+__all__ = ["AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "RoundCosts", "batch_bucket",
+           "expected_tokens"]
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    """Fields:
+        candidates: the draft lengths the server can switch between (0 = plain decoding), sorted,
+            distinct, each >= 0, at least one positive.
+        prior_rate: per-token acceptance assumed before any round was observed, in (0, 1).
+        prior_rounds: weight, in rounds, of the server-wide rate in a request's estimate (> 0).
+        memory: factor by which a request's earlier rounds are discounted each round, in (0, 1].
+        cost_memory: weight of the earlier measurements in a round cost's average, in [0, 1).
+        refresh_rounds: an anchor length not run at a batch bucket for this many rounds there is
+            run again (>= 1).
+    """
+
+    candidates: tuple[int, ...]
+    prior_rate: float = 0.6
+    prior_rounds: float = 2.0
+    memory: float = 0.9
+    cost_memory: float = 0.7
+    refresh_rounds: int = 64
+
+    def __post_init__(self) -> None:
+        c = tuple(self.candidates)
+        if not c or list(c) != sorted(set(c)) or c[0] < 0 or c[-1] < 1:
+            raise ValueError(f"candidates must be sorted distinct lengths >= 0 with a positive one, got {c}")
+        if not 0.0 < self.prior_rate < 1.0:
+            raise ValueError(f"prior_rate must be in (0, 1), got {self.prior_rate}")
+        if not self.prior_rounds > 0:
+            raise ValueError(f"prior_rounds must be > 0, got {self.prior_rounds}")
+        if not 0.0 < self.memory <= 1.0:
+            raise ValueError(f"memory must be in (0, 1], got {self.memory}")
+        if not 0.0 <= self.cost_memory < 1.0:
+            raise ValueError(f"cost_memory must be in [0, 1), got {self.cost_memory}")
+        if self.refresh_rounds < 1:
+            raise ValueError(f"refresh_rounds must be >= 1, got {self.refresh_rounds}")
+
+    @classmethod
+    def up_to(cls, longest: int, **kwargs) -> "AdaptiveConfig":
+        """Every length 0..``longest`` (the configured draft length)."""
+        if longest < 1:
+            raise ValueError(f"longest must be >= 1, got {longest}")
+        return cls(tuple(range(longest + 1)), **kwargs)
+
+    @property
+    def anchors(self) -> tuple[int, ...]:
+        """The lengths measured at every bucket before costs are compared."""
+        positive = [c for c in self.candidates if c > 0]
+        return tuple(sorted({self.candidates[0], positive[0], positive[-1]}))
+
+
+def expected_tokens(rate: float, length: int) -> float:
+    """Tokens a chain of ``length`` drafts commits when each is accepted with probability
+    ``rate`` until the first rejection, the verifier's own token included: ``sum_{i<=L} rate^i``."""
+    if length <= 0:
+        return 1.0
+    if rate >= 1.0:
+        return float(length + 1)
+    return (1.0 - rate ** (length + 1)) / (1.0 - rate)
+
+
+@dataclass
+class AcceptanceEstimate:
+    """One request's discounted acceptance counts (per drafted token)."""
+
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, drafted: int, accepted: int, memory: float) -> None:
+        """A round that drafted ``drafted`` tokens and accepted the first ``accepted``."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
+        if drafted == 0:
+            return
+        self.successes = self.successes * memory + accepted
+        self.trials = self.trials * memory + accepted + (1 if accepted < drafted else 0)
+
+    def rate(self, prior_rate: float, prior_rounds: float) -> float:
+        """Posterior-mean style estimate, shrunk towards ``prior_rate`` with weight ``prior_rounds``."""
+        return (self.successes + prior_rate * prior_rounds) / (self.trials + prior_rounds)
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above ``batch`` (>= 1): rounds of similar batch share costs."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    return 1 << (batch - 1).bit_length()
+
+
+@dataclass
+class RoundCosts:
+    """Measured seconds of a decode round per (batch bucket, draft length)."""
+
+    memory: float
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    last_run: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def observe(self, bucket: int, length: int, seconds: float, round_index: int) -> None:
+        key = (bucket, length)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else self.memory * old + (1 - self.memory) * seconds
+        self.last_run[key] = round_index
+
+    def estimate(self, bucket: int, length: int) -> float | None:
+        """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
+        nearest measured positive lengths (extrapolated from the two nearest), else None."""
+        measured = self.seconds.get((bucket, length))
+        if measured is not None:
+            return measured
+        if length == 0:
+            return None
+        points = sorted((l, s) for (b, l), s in self.seconds.items() if b == bucket and l > 0)
+        if len(points) < 2:
+            return None
+        below = [p for p in points if p[0] < length]
+        above = [p for p in points if p[0] > length]
+        if below and above:
+            (l0, s0), (l1, s1) = below[-1], above[0]
+        elif above:
+            (l0, s0), (l1, s1) = above[0], above[1]
+        else:
+            (l0, s0), (l1, s1) = below[-2], below[-1]
+        return max(s0 + (s1 - s0) * (length - l0) / (l1 - l0), 0.0)
+
+
+class BudgetController:
+    """Chooses each round's draft length (module docstring). Not thread-safe: one per scheduler.
+
+    Use: ``length = choose(rates, batch)`` before a round; ``observe_round(batch, length,
+    seconds)`` after it; ``AcceptanceEstimate.observe`` per request with its drafted / accepted
+    counts and ``observe_rates`` with the rates of the requests that drafted.
+    """
+
+    def __init__(self, config: AdaptiveConfig) -> None:
+        self.config = config
+        self.costs = RoundCosts(config.cost_memory)
+        self.server_rate = config.prior_rate
+        self.rounds = 0
+        self.bucket_rounds: dict[int, int] = {}
+        self.choices: dict[tuple[int, int], int] = {}  # (bucket, length) -> rounds chosen
+        self.request_rounds_by_length: dict[int, int] = {}
+
+    def request_rate(self, estimate: AcceptanceEstimate) -> float:
+        return estimate.rate(self.server_rate, self.config.prior_rounds)
+
+    def observe_rates(self, accepted: int, drafted_rounds: int, rejections: int) -> None:
+        """Server-wide rate, exponentially averaged over rounds that drafted (``accepted``
+        tokens over ``drafted_rounds`` requests, of which ``rejections`` ended on a rejection)."""
+        if drafted_rounds == 0:
+            return
+        round_rate = accepted / max(accepted + rejections, 1)
+        weight = self.config.memory
+        self.server_rate = min(max(weight * self.server_rate + (1 - weight) * round_rate, 1e-3), 1 - 1e-3)
+
+    def _stale_anchor(self, bucket: int) -> int | None:
+        seen = self.bucket_rounds.get(bucket, 0)
+        for length in self.config.anchors:
+            last = self.costs.last_run.get((bucket, length))
+            if last is None or seen - last >= self.config.refresh_rounds:
+                return length
+        return None
+
+    def choose(self, rates: Sequence[float], batch: int) -> int:
+        """The draft length of the next round for a batch whose requests have acceptance
+        ``rates`` (one per request, ``len(rates) == batch``)."""
+        if len(rates) != batch:
+            raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
+        bucket = batch_bucket(batch)
+        length = self._stale_anchor(bucket)
+        if length is None:
+            best, best_speed = self.config.candidates[0], -math.inf
+            for candidate in self.config.candidates:
+                seconds = self.costs.estimate(bucket, candidate)
+                if seconds is None or seconds <= 0:
+                    continue
+                speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
+                if speed > best_speed:
+                    best, best_speed = candidate, speed
+            length = best
+        self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
+        self.request_rounds_by_length[length] = self.request_rounds_by_length.get(length, 0) + batch
+        return length
+
+    def observe_round(self, batch: int, length: int, seconds: float) -> None:
+        """A decode round of ``batch`` requests drafting ``length`` took ``seconds``."""
+        bucket = batch_bucket(batch)
+        index = self.bucket_rounds.get(bucket, 0)
+        self.costs.observe(bucket, length, seconds, index)
+        self.bucket_rounds[bucket] = index + 1
+        self.rounds += 1
+
+    def mean_length(self) -> float | None:
+        """Mean chosen length per request-round (None before any round)."""
+        total = sum(self.request_rounds_by_length.values())
+        if total == 0:
+            return None
+        return sum(l * n for l, n in self.request_rounds_by_length.items()) / total
+
+    def as_dict(self) -> dict:
+        """For ``/server_info``: the choices and measured costs (milliseconds) per bucket."""
+        choices: dict[str, dict[str, int]] = {}
+        for (bucket, length), n in sorted(self.choices.items()):
+            choices.setdefault(str(bucket), {})[str(length)] = n
+        costs: dict[str, dict[str, float]] = {}
+        for (bucket, length), s in sorted(self.costs.seconds.items()):
+            costs.setdefault(str(bucket), {})[str(length)] = round(1000 * s, 2)
+        mean = self.mean_length()
+        return {"candidates": list(self.config.candidates), "rounds": self.rounds,
+                "mean_steps": None if mean is None else round(mean, 3),
+                "server_accept_rate": round(self.server_rate, 4),
+                "choices_by_batch_bucket": choices, "round_ms_by_batch_bucket": costs}
