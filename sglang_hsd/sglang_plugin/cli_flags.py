@@ -25,6 +25,7 @@ from sglang_hsd.sglang_plugin.config import (
     VERIFY_METHOD_ENV,
 )
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
+from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_CHOICES, ADAPTIVE_ENV, ADAPTIVE_FLAG
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
@@ -86,6 +87,12 @@ HSD_FLAGS = (
      "with or without speculation: mkl (SGLang's F.linear, the default) or onednn-packed "
      "(oneDNN pre-packed float32 weights, much cheaper for the few rows of a verification "
      "forward; needs --dtype float32, doubles the weights' memory)"),
+    (ADAPTIVE_FLAG, ADAPTIVE_ENV, {"choices": ADAPTIVE_CHOICES},
+     "on (default for chains): each decode round drafts the length (0 = plain decoding up to "
+     "--speculative-num-steps) that maximises expected tokens per second for the batch, from the "
+     "requests' past acceptance and this server's measured round costs; logged, reported in "
+     "/server_info and per request (meta_info hsd_draft_budget). off: every round drafts "
+     "--speculative-num-steps. Trees and the exit level keep their shape"),
     (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": DRAFTER_PRECISION_OPTIONS},
      "CPU: the weight copy a separate draft model's (--hsd-draft-kind model) few-row forwards "
      "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "

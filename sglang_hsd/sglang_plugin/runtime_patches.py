@@ -6,6 +6,8 @@
   float32 linear layers and lm_head of every model loaded (``cpu/linear_path.py``);
 * the ``--hsd-*`` flags on the launcher's parser (``cli_flags.py``);
 * ``/server_info`` -> ``internal_states[]`` gains an ``hsd`` entry (``hsd_internal_state``);
+* SGLang's output streamer returns ``meta_info["hsd_draft_budget"]`` (each decode round's draft
+  length under ``--hsd-adaptive``) once per request (``adaptive_spec.py``);
 * with ``--hsd-request-seeds on``, a stream seed for every request of an HSD batch, and SGLang's
   torch sampler taking min-p with a seed (``request_seeds.py``).
 
@@ -16,6 +18,7 @@ checks read it). The verify hooks are not installed here but by each ``HSDWorker
 
 from __future__ import annotations
 
+from sglang_hsd.sglang_plugin.adaptive_spec import install_request_level_key
 from sglang_hsd.sglang_plugin.cli_flags import extend_cli
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME
 from sglang_hsd.sglang_plugin.request_seeds import install_request_seeds
@@ -43,6 +46,7 @@ def install_patches() -> None:
     extend_cli(ServerArgs)
     extend_internal_state()
     install_request_seeds()
+    install_request_level_key()
 
 
 def extend_internal_state() -> None:
@@ -93,6 +97,8 @@ def hsd_internal_state(scheduler) -> dict:
     if draft_allocator is not None:
         state["draft_kv_available_size"] = int(draft_allocator.available_size())
         state["draft_kv_shares_allocator"] = draft_allocator is allocator
+    adaptive = getattr(worker, "hsd_adaptive", None)
+    state["adaptive"] = {"enabled": False} if adaptive is None else adaptive.as_dict()
     copies = getattr(worker, "hsd_draft_copies", None)
     if copies is not None:
         state["draft_copies"] = copies

@@ -112,6 +112,7 @@ def validate_hsd_server_args(args) -> None:
         )
     problems += request_seed_problems(args)
     problems += draft_precision_problems(args)
+    problems += adaptive_problems(args)
     if getattr(args, "speculative_adaptive", False):
         problems.append("--speculative-adaptive: not supported with HSD; remove it")
     if getattr(args, "enable_multi_layer_eagle", False):
@@ -278,3 +279,27 @@ def draft_precision_problems(args) -> list[str]:
         problems.append(f"{DRAFT_PRECISION_FLAG} {precision}: the copies are built from float32 weights; "
                         f"serve with --dtype float32 (got {dtype})")
     return problems
+
+
+def adaptive_problems(args) -> list[str]:
+    """What an explicit ``--hsd-adaptive on`` cannot honour (the default turns itself off)."""
+    from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG, AdaptiveSetting, unsupported_reason
+
+    try:
+        setting = AdaptiveSetting.from_env()
+    except ValueError as err:
+        return [str(err)]
+    if not (setting.enabled and setting.explicit):
+        return []
+    exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
+    from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
+
+    try:
+        seeds = request_seeds_enabled()
+    except ValueError:
+        seeds = False  # reported by request_seed_problems
+    reason = unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, seeds)
+    if reason is None:
+        return []
+    return [f"{ADAPTIVE_FLAG} on with {reason}: adaptive draft lengths are built for chains without an "
+            f"exit level; pass {ADAPTIVE_FLAG} off or drop the other option"]

@@ -32,7 +32,7 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, S
 
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
-from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_exit_verifier
+from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_adaptive, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (
     adopt_draft_worker, install_hsd_hooks, setup_draft_copies, setup_sampled_trees)
 
@@ -53,6 +53,7 @@ class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
         self.hsd_hooks = install_hsd_hooks(plugin_config)
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.hsd_exit = build_exit_verifier(target_worker, plugin_config, exit_config)
+        self.hsd_adaptive = build_adaptive(self, plugin_config)
         draft = adopt_draft_worker(self, StandaloneDraftWorker, HSDStandaloneDraftWorker)
         setup_sampled_trees(draft, plugin_config)
         # Only the drafter's numbers change (the verifier reads the q the copy produced).

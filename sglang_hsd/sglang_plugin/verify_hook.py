@@ -43,6 +43,8 @@ import torch
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
 from sglang_hsd.sglang_plugin.request_sampling import target_probs_with_min_p
 from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
+from sglang_hsd.verify.chain.types import ChainVerifyResult
+from sglang_hsd.verify.common import assemble_emitted, inverse_cdf_sample
 from sglang_hsd.verify.window_round import target_round
 
 if TYPE_CHECKING:
@@ -186,6 +188,14 @@ def make_hsd_chain_sampling(original, state: VerifyHookState):
     return hsd_chain_sampling
 
 
+def empty_chain_result(target_probs: torch.Tensor, sample: torch.Tensor) -> ChainVerifyResult:
+    """A round that drafted nothing: one token per row from ``target_probs`` [bs, V] by inverse
+    CDF with ``sample`` [bs] (the same draw a chain's bonus token makes), nothing accepted."""
+    token = inverse_cdf_sample(target_probs, sample)
+    num_accepted = torch.zeros_like(token)
+    return ChainVerifyResult(num_accepted, assemble_emitted(token[:, None][:, :0], num_accepted, token))
+
+
 def _verify_exit_chain(state: VerifyHookState, target_probs, uniforms: ChainUniforms):
     """The target level of an exit round: ``target_round`` on the exit's chain; the round's
     statistics go to the exit level that ran it."""
@@ -205,6 +215,8 @@ def _verify_drafts(state: VerifyHookState, candidates, draft_probs, target_probs
         logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",
                     config.verify_method)
     num_draft = candidates.shape[1] - 1
+    if num_draft == 0:  # --hsd-adaptive chose plain decoding: the token is drawn from p
+        return empty_chain_result(target_probs[:, 0], uniforms.sample)
     return verify_chain(
         candidates[:, 1:].to(torch.int64),
         draft_probs[:, :num_draft],

@@ -14,6 +14,7 @@ import time
 
 from sglang.srt.speculative import eagle_worker_common
 
+from sglang_hsd.sglang_plugin.adaptive_spec import AdaptiveSetting, install_adaptive
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, ExitLevelConfigError, PluginConfig
 from sglang_hsd.sglang_plugin.exit_head import ExitHead, load_exit_map
 from sglang_hsd.sglang_plugin.exit_level import ExitLevelTarget, ExitLevelVerifier
@@ -28,6 +29,36 @@ class HSDVerify:
     (``hsd_exit``, an ``ExitLevelVerifier`` or None) through ``ExitLevelTarget`` standing in for
     the target worker. Needs ``hsd_hooks`` and ``hsd_exit`` set by the worker's ``__init__``.
     """
+
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        """SGLang's round; with ``--hsd-adaptive`` (``hsd_adaptive``, an
+        ``adaptive_spec.AdaptiveRounds``) a decode round's draft length is chosen first (SGLang's
+        adaptive controller then activates it) and the round is timed."""
+        rounds = getattr(self, "hsd_adaptive", None)
+        if rounds is None:
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        if not batch.forward_mode.is_decode() or not batch.reqs:
+            rounds.interrupt()
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        rounds.begin(batch.reqs)
+        try:
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        finally:
+            rounds.end()
+
+    def _build_trivial_verify_input(self, batch):
+        """SGLang's one-node verify input of a round that drafts nothing (``--hsd-adaptive``
+        chose 0), with an all-zero draft q ``[bs, 1, V]``: SGLang's sampler requires a q of the
+        target's width, and the chain verifier reads no row of it for an empty chain (the token
+        is drawn from the target's p)."""
+        verify_input = super()._build_trivial_verify_input(batch)
+        if getattr(verify_input, "draft_probs", None) is None and not batch.forward_mode.is_idle():
+            import torch
+
+            vocab = self.target_worker.model_config.vocab_size
+            verify_input.draft_probs = torch.zeros(batch.seq_lens.shape[0], 1, vocab,
+                                                   dtype=torch.float32, device=self.device)
+        return verify_input
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         if (self.hsd_exit is None or batch.forward_mode.is_idle() or batch.has_grammar
@@ -61,6 +92,13 @@ class HSDVerify:
             seconds = self.hsd_exit.stats.seconds
             seconds["verify_total"] = seconds.get("verify_total", 0.0) + (
                 time.perf_counter() - started)
+
+
+def build_adaptive(worker, plugin_config: PluginConfig):
+    """``--hsd-adaptive`` for ``worker`` (after SGLang's ``__init__``, ``hsd_exit`` set): an
+    ``adaptive_spec.AdaptiveRounds`` or None (off, or trees / an exit level)."""
+    return install_adaptive(worker, AdaptiveSetting.from_env(), plugin_config.topk,
+                            exit_layer=worker.hsd_exit is not None)
 
 
 def build_exit_verifier(target_worker, plugin_config: PluginConfig,

@@ -24,7 +24,7 @@ from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
 from sglang_hsd.sglang_plugin.draft_continuation import DraftContinuation
 from sglang_hsd.sglang_plugin.draft_kind import MODEL, current_draft_kind
 from sglang_hsd.sglang_plugin.draft_worker import HSDDraftWorker
-from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_exit_verifier
+from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_adaptive, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (
     adopt_draft_worker, install_hsd_hooks, setup_sampled_trees)
 
@@ -64,6 +64,7 @@ class HSDWorker(HSDVerify, EAGLEWorkerV2):
         self.hsd_hooks = install_hsd_hooks(plugin_config)
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.hsd_exit = build_exit_verifier(target_worker, plugin_config, exit_config)
+        self.hsd_adaptive = build_adaptive(self, plugin_config)
         self._adopt_draft_worker(target_worker)
 
     def _adopt_draft_worker(self, target_worker) -> None:

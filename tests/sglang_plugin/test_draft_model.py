@@ -16,6 +16,7 @@ pytestmark = pytest.mark.sglang
 
 from sglang_hsd.sglang_plugin.config import (  # noqa: E402
     EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
+from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
     DRAFT_KIND_ENV,
@@ -34,7 +35,7 @@ def clean_env(monkeypatch):
     # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
     # resolution and the flags write os.environ directly.
     for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV,
-                 DRAFT_PRECISION_ENV):
+                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -199,6 +200,10 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-draft-precision int4: the copies are built from float32 weights; serve with --dtype float32"),
     ({DRAFT_PRECISION_ENV: "int4"}, dict(device="cuda"), "--hsd-draft-precision int4: weight copies run on CPU"),
     ({DRAFT_PRECISION_ENV: "int5"}, {}, "--hsd-draft-precision (SGLANG_HSD_DRAFT_PRECISION) must be one of"),
+    ({ADAPTIVE_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
+     "--hsd-adaptive on with --speculative-eagle-topk 2"),
+    ({ADAPTIVE_ENV: "on", EXIT_LAYER_ENV: "2"}, {}, "--hsd-adaptive on with --hsd-exit-layer"),
+    ({ADAPTIVE_ENV: "maybe"}, {}, "--hsd-adaptive (SGLANG_HSD_ADAPTIVE) must be one of on, off"),
 ])
 def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
     from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError

@@ -2,6 +2,8 @@
 target (4 layers) and a draft language model of the same family (the target's first layer, same
 tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 
+* chain servers run with ``--hsd-adaptive`` on (the default): every round's length (0..K) is
+  chosen from past rounds, and every check below holds with it; the lengths are reported;
 * the K = 3 chain server drafts on an int4 copy of the draft model's weights
   (``--hsd-draft-precision int4``, ``cpu/draft_copies.py``); the others on what ``auto`` measures;
 * greedy output equals the target's plain greedy decoding (transformers-free ``CausalLM``) token
@@ -140,6 +142,18 @@ def _check_greedy(url, reference):
     for ids, out, expected in zip(PROMPTS * 2, outputs, reference * 2):
         assert out["output_ids"] == expected, ids
         assert out["meta_info"]["spec_verify_ct"] >= 1
+
+
+def test_adaptive_lengths_are_reported_per_request_and_in_server_info(k3_url):
+    """``--hsd-adaptive`` is on by default for chains: each request returns the draft length of
+    every decode round it took part in, and ``/server_info`` the controller's state."""
+    out = _generate(k3_url, PROMPTS[0], temperature=1.0)
+    budgets = out["meta_info"]["hsd_draft_budget"]
+    assert budgets and all(0 <= b <= 3 for b in budgets), budgets
+    adaptive = _hsd_state(k3_url)["adaptive"]
+    assert adaptive["enabled"] and adaptive["candidates"] == [0, 1, 2, 3]
+    assert adaptive["rounds"] >= len(budgets) and adaptive["mean_steps"] is not None
+    assert adaptive["round_ms_by_batch_bucket"]
 
 
 @pytest.mark.parametrize("num_steps", [2, 3, 4])

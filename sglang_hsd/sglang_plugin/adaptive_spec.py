@@ -1,0 +1,232 @@
+"""``--hsd-adaptive``: each decode round's draft length chosen by ``sglang_hsd.adaptive``, in SGLang.
+
+SGLang 0.5.23 can switch a V2 speculative worker between pre-built runtime states of different
+draft lengths (``AdaptiveController`` with a policy object; its own ``--speculative-adaptive`` is
+an EAGLE-only acceptance-EMA rule). The HSD workers install that controller with
+:class:`HSDAdaptivePolicy`, whose decisions are ``BudgetController``'s: the length that maximises
+expected tokens per second for this batch, from each request's past acceptance and this server's
+measured round seconds at this batch size, 0 (plain decoding) when speculation does not pay.
+
+Per round (:class:`AdaptiveRounds`, driven by ``verify_step.HSDVerify.forward_batch_generation``):
+before a decode batch runs, the length is chosen from the requests' estimates and recorded on each
+request (``meta_info["hsd_draft_budget"]``: the length of every decode round the request took part
+in, returned when it finishes); the round's forward is timed, and the scheduler's time between
+rounds is added as a measured overhead; after verification SGLang hands the accepted counts
+(``on_verify_complete``), which update each request's estimate. ``/server_info`` ->
+``internal_states[0]["hsd"]["adaptive"]`` reports the mean chosen length, the choices and the
+measured milliseconds per batch bucket and length.
+
+Lossless: the length of round n depends only on rounds before n (``sglang_hsd/adaptive.py``).
+
+Scope: chains (``--speculative-eagle-topk 1``) without an exit level, and without
+``--hsd-request-seeds on`` (a seeded request must not depend on timings). Trees, the exit level
+and seeded servers keep the configured length (an explicit ``--hsd-adaptive on`` with them is refused naming the flag; the
+default turns itself off there and says so in the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from sglang_hsd.adaptive import AcceptanceEstimate, AdaptiveConfig, BudgetController
+
+logger = logging.getLogger(__name__)
+
+ADAPTIVE_ENV = "SGLANG_HSD_ADAPTIVE"
+ADAPTIVE_FLAG = "--hsd-adaptive"
+ADAPTIVE_CHOICES = ("on", "off")
+# meta_info key of a request's per-round draft lengths (a request-level customized-info key).
+BUDGET_KEY = "hsd_draft_budget"
+# Attribute of SGLang's Req holding its AcceptanceEstimate.
+ESTIMATE_ATTR = "hsd_acceptance"
+# A gap between two decode rounds longer than this many forwards is not scheduler overhead
+# (new requests arrived, a prefill ran): it is not measured.
+_MAX_OVERHEAD_FORWARDS = 1.0
+
+
+@dataclass(frozen=True)
+class AdaptiveSetting:
+    """Fields:
+        enabled: the flag's value (True: on).
+        explicit: whether the user set it (the default turns itself off where unsupported;
+            an explicit ``on`` is refused there).
+    """
+
+    enabled: bool = True
+    explicit: bool = False
+
+    @classmethod
+    def from_env(cls) -> "AdaptiveSetting":
+        text = os.environ.get(ADAPTIVE_ENV, "").strip().lower()
+        if not text:
+            return cls()
+        if text not in ADAPTIVE_CHOICES:
+            raise ValueError(f"{ADAPTIVE_FLAG} ({ADAPTIVE_ENV}) must be one of {', '.join(ADAPTIVE_CHOICES)}, "
+                             f"got {text!r}")
+        return cls(text == "on", explicit=True)
+
+
+def unsupported_reason(topk: int, exit_layer: bool, request_seeds: bool = False) -> str | None:
+    """Why adaptive lengths cannot run with this shape, or None."""
+    if request_seeds:
+        # A seeded request must give the same tokens every time; the length of its rounds
+        # (chosen from measured timings) would change which drafts its stream is spent on.
+        return "--hsd-request-seeds on (seeded requests must not depend on timings)"
+    if topk > 1:
+        return f"--speculative-eagle-topk {topk} (trees keep their configured shape)"
+    if exit_layer:
+        return "--hsd-exit-layer (the exit level's verify window is fixed)"
+    return None
+
+
+class AdaptiveRounds:
+    """The per-round bookkeeping between SGLang's worker and a ``BudgetController``.
+
+    Args:
+        controller: the policy state.
+    """
+
+    def __init__(self, controller: BudgetController) -> None:
+        self.controller = controller
+        self.length = controller.config.candidates[-1]  # SGLang starts at the configured length
+        self._reqs: list = []
+        self._round_length = 0
+        self._started = 0.0
+        self._last_end: float | None = None
+        self._last_forward = 0.0
+        self.overhead = 0.0  # seconds between a decode round's end and the next one's start (EMA)
+        self._last_logged: tuple[int, int] | None = None
+
+    def begin(self, reqs) -> int:
+        """Choose the length for a decode batch of ``reqs`` (SGLang ``Req`` s); returns it."""
+        started = time.perf_counter()
+        if self._last_end is not None:
+            gap = started - self._last_end
+            if gap <= _MAX_OVERHEAD_FORWARDS * max(self._last_forward, 1e-3):
+                self.overhead = gap if self.overhead == 0.0 else 0.8 * self.overhead + 0.2 * gap
+        rates = [self.controller.request_rate(_estimate(req)) for req in reqs]
+        self.length = self.controller.choose(rates, len(reqs))
+        for req in reqs:
+            if req.customized_info is None:
+                req.customized_info = {}
+            req.customized_info.setdefault(BUDGET_KEY, []).append(self.length)
+        key = (len(reqs), self.length)
+        if self._last_logged is None or key[1] != self._last_logged[1]:
+            logger.info("sglang-hsd adaptive: batch %d -> draft length %d (server accept rate %.2f)",
+                        len(reqs), self.length, self.controller.server_rate)
+            self._last_logged = key
+        self._reqs, self._round_length = list(reqs), self.length
+        self._started = time.perf_counter()
+        return self.length
+
+    def end(self) -> None:
+        """The round's forward finished: its seconds (plus the measured overhead) are observed."""
+        now = time.perf_counter()
+        self._last_forward = now - self._started
+        self._last_end = now
+        if self._reqs:
+            self.controller.observe_round(len(self._reqs), self._round_length,
+                                          self._last_forward + self.overhead)
+
+    def interrupt(self) -> None:
+        """A non-decode forward ran: the next gap is not scheduler overhead."""
+        self._last_end = None
+
+    def verified(self, num_correct_drafts_per_req: list[int]) -> None:
+        """SGLang's accepted draft counts of the last decode round, in its requests' order."""
+        reqs, length = self._reqs, self._round_length
+        if len(num_correct_drafts_per_req) != len(reqs) or length == 0:
+            return
+        accepted = rejections = 0
+        memory = self.controller.config.memory
+        for req, correct in zip(reqs, num_correct_drafts_per_req):
+            correct = min(int(correct), length)
+            _estimate(req).observe(length, correct, memory)
+            accepted += correct
+            rejections += correct < length
+        self.controller.observe_rates(accepted, len(reqs), rejections)
+
+    def as_dict(self) -> dict:
+        state = self.controller.as_dict()
+        state.update(enabled=True, current_steps=self.length,
+                     overhead_ms=round(1000 * self.overhead, 2))
+        return state
+
+
+def _estimate(req) -> AcceptanceEstimate:
+    estimate = getattr(req, ESTIMATE_ATTR, None)
+    if estimate is None:
+        estimate = AcceptanceEstimate()
+        setattr(req, ESTIMATE_ATTR, estimate)
+    return estimate
+
+
+class HSDAdaptivePolicy:
+    """SGLang's ``AdaptiveSpecPolicy`` protocol over :class:`AdaptiveRounds`: the state for a
+    batch is the length ``AdaptiveRounds.begin`` chose for it; SGLang's accepted counts go to
+    ``AdaptiveRounds.verified``."""
+
+    def __init__(self, rounds: AdaptiveRounds) -> None:
+        self.rounds = rounds
+        self._cuda_graph_bs: list[int] | None = None
+
+    @property
+    def candidate_steps(self) -> list[int]:
+        return list(self.rounds.controller.config.candidates)
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self._cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        return self._cuda_graph_bs
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        return self.rounds.length
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> int | None:
+        self.rounds.verified(num_correct_drafts_per_req)
+        return None  # the switch happens when the next batch is activated
+
+
+def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bool) -> AdaptiveRounds | None:
+    """Give an HSD V2 worker (after SGLang's ``__init__``, before ``init_cuda_graphs``) SGLang's
+    ``AdaptiveController`` driven by ``BudgetController`` over lengths 0..``speculative_num_steps``;
+    None when off or unsupported (logged)."""
+    if not setting.enabled:
+        logger.info("sglang-hsd: %s off: every round drafts %d tokens", ADAPTIVE_FLAG,
+                    worker.speculative_num_steps)
+        return None
+    from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
+
+    reason = unsupported_reason(topk, exit_layer, request_seeds_enabled())
+    if reason is not None:
+        logger.info("sglang-hsd: %s not applied with %s", ADAPTIVE_FLAG, reason)
+        return None
+    if getattr(worker, "_draft_worker", None) is None:
+        return None  # a pipeline stage without the draft
+    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+
+    rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(worker.speculative_num_steps)))
+    worker.adaptive_controller = AdaptiveController(worker, HSDAdaptivePolicy(rounds))
+    logger.info("sglang-hsd: %s on: draft lengths %s chosen per round from measured costs and acceptance",
+                ADAPTIVE_FLAG, list(rounds.controller.config.candidates))
+    return rounds
+
+
+def install_request_level_key() -> None:
+    """SGLang's output streamer emits ``BUDGET_KEY`` once per request (when it finishes), not
+    sliced per token. Idempotent."""
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
+
+    original = SchedulerOutputStreamer.__dict__["is_request_level_customized_info_key"]
+    if getattr(original, "__sglang_hsd_original__", None) is not None:
+        return
+
+    def is_request_level_customized_info_key(self, key: str) -> bool:
+        return key == BUDGET_KEY or original(self, key)
+
+    is_request_level_customized_info_key.__sglang_hsd_original__ = original
+    SchedulerOutputStreamer.is_request_level_customized_info_key = is_request_level_customized_info_key
