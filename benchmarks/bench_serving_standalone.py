@@ -10,8 +10,8 @@ prompt set, temperature and concurrency in the same run; request/s; median TPOT;
 the client reads from ``/server_info`` (SGLang's average over its last decode-log interval of 40
 steps: ``n/a`` for shorter runs) and, per request, SGLang's ``spec_accept_length`` (mean ±
 standard error over requests); the mean draft budget an adaptive server chose
-(``/server_info`` -> ``hsd.adaptive.mean_steps``; null in the JSON and ``n/a`` in the table
-when the server does not report it).
+(``/server_info`` -> ``hsd.adaptive.mean_steps`` read after the row, as the server averages it;
+null in the JSON and ``n/a`` in the table when the server does not report it).
 
 Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-linear`` =
 ``--cpu-linear``, so speculation and its reference run the same kernels; ``none-bf16`` excepted):
