@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,10 +30,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.bench_sglang_serving import BENCH_CLIENT, setup_models, write_sharegpt_file
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
-from sglang_hsd.sglang_plugin.cpu.cpu_server import (
-    cpu_server_command, free_port, running_server, server_env)
+from benchmarks.serving_harness import (
+    ClientError, ClientSpec, ModelSetup, ServerSpec, cpu_server, read_server_info, run_client,
+    setup_models, write_prompt_file)
+from sglang_hsd.sglang_plugin.cpu.cpu_server import cpu_server_command, free_port
 
 TEMPERATURES = (0.0, 0.7, 1.0, 1.3)
 
@@ -44,11 +44,6 @@ def _request(url: str, path: str, payload: dict | None = None, timeout: float = 
     req = urllib.request.Request(url + path, data=data,
                                  headers={"Content-Type": "application/json"})
     return urllib.request.urlopen(req, timeout=timeout)
-
-
-def _hsd_state(url: str) -> dict:
-    with _request(url, "/server_info") as resp:
-        return json.loads(resp.read())["internal_states"][0]["hsd"]
 
 
 def make_jobs(count: int, seed: int, vocab: int) -> list[dict]:
@@ -96,21 +91,16 @@ def run_job(url: str, job: dict, vocab: int) -> dict:
             "finish_reason": finish, "seconds": time.monotonic() - started}
 
 
-def run_serving_client(url: str, setup, dataset: Path, args, out_file: Path, log: Path):
-    cmd = [sys.executable, "-c", BENCH_CLIENT, "--backend", "sglang", "--base-url", url,
-           "--model", str(setup.target), "--tokenizer", str(setup.target),
-           "--dataset-name", "random", "--dataset-path", str(dataset),
-           "--random-input-len", "24", "--random-output-len", str(args.output_len),
-           "--random-range-ratio", "0.5", "--num-prompts", str(args.num_requests),
-           "--max-concurrency", str(args.num_requests), "--temperature", "1.0",
-           "--extra-request-body", json.dumps({"top_p": 0.9, "ignore_eos": True}),
-           "--seed", "1", "--disable-tqdm", "--output-file", str(out_file)]
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, env=server_env(), stdout=f, stderr=subprocess.STDOUT,
-                              timeout=args.client_timeout)
-    if proc.returncode != 0:
-        return {"error": f"client exited {proc.returncode}"}
-    return json.loads(out_file.read_text().strip().splitlines()[-1])
+def run_serving_client(url: str, setup: ModelSetup, dataset: Path, args, workdir: Path) -> dict:
+    """SGLang's client at concurrency ``--num-requests``, T = 1, top-p 0.9: its result line."""
+    spec = ClientSpec(setup.target, dataset, args.num_requests, args.output_len, 1.0,
+                      args.num_requests, dataset_name="random", input_len=24,
+                      random_range_ratio=0.5, extra_request_body={"top_p": 0.9, "ignore_eos": True},
+                      seed=1)
+    try:
+        return run_client(url, spec, workdir, "serving", args.client_timeout).metrics
+    except ClientError as err:
+        return {"error": str(err)}
 
 
 def load(url: str, setup, dataset: Path, args, workdir: Path) -> dict:
@@ -118,7 +108,7 @@ def load(url: str, setup, dataset: Path, args, workdir: Path) -> dict:
     jobs = make_jobs(args.num_requests, args.seed, vocab)
     serving: dict = {}
     client = threading.Thread(target=lambda: serving.update(run_serving_client(
-        url, setup, dataset, args, workdir / "serving.jsonl", workdir / "serving_client.log")))
+        url, setup, dataset, args, workdir)))
     started = time.monotonic()
     client.start()
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
@@ -140,10 +130,10 @@ def _safe(fn, *args):
 def wait_idle(url: str, free_at_start: int, timeout: float = 120.0) -> int:
     """Poll until the KV pool's free slots are back (aborted requests finish asynchronously)."""
     deadline = time.monotonic() + timeout
-    free = _hsd_state(url)["kv_available_size"]
+    free = read_server_info(url).hsd["kv_available_size"]
     while free != free_at_start and time.monotonic() < deadline:
         time.sleep(2.0)
-        free = _hsd_state(url)["kv_available_size"]
+        free = read_server_info(url).hsd["kv_available_size"]
     return free
 
 
@@ -223,30 +213,29 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hsd_load_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        setup = setup_models(args, workdir)
+        setup = setup_models(args.model, workdir, args.exit_layer, args.exit_heads)
         dataset = workdir / "sharegpt_format.json"
-        write_sharegpt_file(dataset)
+        write_prompt_file(dataset, "sharegpt", 200, fallback=True)
         cmd = cpu_server_command(str(setup.target), free_port(), "HSD", str(setup.head),
                                  num_steps=args.num_steps, extra=[
             "--hsd-exit-layer", str(setup.exit_layer), "--hsd-exit-heads",
             str(setup.exit_heads) if setup.exit_heads else "none", "--dtype", args.dtype,
             "--disable-radix-cache", "--max-running-requests", "32",
             "--hsd-exit-buffer", str(args.exit_buffer)])
-        log_path = workdir / "server.log"
         meta = {"model": setup.name, "exit_layer": setup.exit_layer, "cpu_count": run.cpu_count,
                 "exit_buffer": args.exit_buffer,
                 "exit_heads": "trained heads" if setup.exit_heads else "logit lens",
                 "num_requests": args.num_requests,
                 "command": run.command}
-        with running_server(cmd, server_env(), str(log_path), timeout=900) as url:
-            before = _hsd_state(url)
-            run = load(url, setup, dataset, args, workdir)
-            free_after = wait_idle(url, before["kv_available_size"])
-            after = _hsd_state(url)
-            with _request(url, "/health") as resp:
+        with cpu_server(ServerSpec("load", cmd, {}, timeout=900), workdir) as server:
+            before = read_server_info(server.url).hsd
+            measured = load(server.url, setup, dataset, args, workdir)
+            free_after = wait_idle(server.url, before["kv_available_size"])
+            after = read_server_info(server.url).hsd
+            with _request(server.url, "/health") as resp:
                 assert resp.status == 200
-        summary = summarize(run, before, after, free_after, log_path.read_text(errors="replace"),
-                            meta)
+        log_text = (workdir / "server_load.log").read_text(errors="replace")
+        summary = summarize(measured, before, after, free_after, log_text, meta)
     stem = "sglang_load" if args.model == "tiny" else f"sglang_load_{args.model}"
     if args.exit_buffer != 1:
         stem += f"_buffer{args.exit_buffer}"

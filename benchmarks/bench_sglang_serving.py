@@ -1,11 +1,13 @@
 """Serving benchmark on CPU: SGLang 0.5.23 with ``--speculative-algorithm HSD`` vs the alternatives.
 
-For each configuration a CPU server (``sglang_hsd.sglang_plugin.cpu.cpu_server``) is started on
-127.0.0.1 with a tiny random Llama target and a random EAGLE-3 head over half its vocabulary (as
-in ``tests/sglang_plugin/test_server_e2e.py``), SGLang's own client ``python -m
-sglang.benchmark.serving --backend sglang --dataset-name random`` sends a bounded number of
-requests, and its result line (throughput, latencies, ``accept_length`` from ``/server_info``) is
-kept. The server is always killed afterwards.
+For each configuration a CPU server is started on 127.0.0.1 with a tiny random Llama target and a
+random EAGLE-3 head over half its vocabulary (as in ``tests/sglang_plugin/test_server_e2e.py``),
+SGLang's own client ``sglang.benchmark.serving --backend sglang --dataset-name random`` sends a
+bounded number of requests, and its result line (throughput, latencies, ``accept_length`` from
+``/server_info``) is kept, with the per-request accept lengths' mean and standard error
+(``benchmarks/serving_harness.py`` runs the servers and the client). The server is always killed
+afterwards. Results are rewritten after every configuration; running the same command again
+resumes a stopped run.
 
 Configurations:
 * ``hsd``        --speculative-algorithm HSD --hsd-verify-method hsd
@@ -40,45 +42,30 @@ The numbers show that the path works end to end and what it costs on this machin
     PYTHONPATH=. python benchmarks/bench_sglang_serving.py            # all four, ~10 min on 2 cores
     PYTHONPATH=. python benchmarks/bench_sglang_serving.py --configs hsd,none --num-prompts 8
 
-``datasets`` (imported by SGLang's benchmark package for MMMU only) is replaced by an import stub
-in the client process when it is not installed. The ``random`` dataset takes its prompt tokens
-from a ShareGPT-format file; we write one from ``sglang_hsd.assets``' ShareGPT prompts (or the
-tiny tokenizer's built-in text when those cannot be fetched), so no download from the hub.
+The ``random`` dataset takes its prompt tokens from a ShareGPT-format file, written from
+``sglang_hsd.assets``' ShareGPT prompts (or the tiny tokenizer's built-in text when those cannot
+be fetched), so nothing is downloaded from the hub.
 """
+
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
-from benchmarks.serving_client import DATASETS_STUB
-from sglang_hsd.runtime.loading import prompt_set_texts
-from sglang_hsd.sglang_plugin.cpu.cpu_server import (
-    cpu_server_command, free_port, running_server, server_env)
+from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run
+from benchmarks.serving_harness import (
+    ClientSpec, ModelSetup, ResultBook, Server, ServerSpec, fmt, measure_rows, read_server_info,
+    run_client, setup_models, shown_command, write_prompt_file)
+from sglang_hsd.sglang_plugin.cpu.cpu_server import cpu_server_command, free_port
 from sglang_hsd.sglang_plugin.exit_stats import ExitLevelStats
 
-# The client, run as ``python -c BENCH_CLIENT <args>``: stub ``datasets`` if absent, then run
-# SGLang's module as __main__ (exactly ``python -m sglang.benchmark.serving <args>``).
-BENCH_CLIENT = DATASETS_STUB + """
-import runpy
-sys.argv[0] = "sglang.benchmark.serving"
-runpy.run_module("sglang.benchmark.serving", run_name="__main__", alter_sys=True)
-"""
-# Fields of the client's result line that go into the table and the JSON summary.
-KEPT_METRICS = (
-    "completed", "duration", "total_output_tokens", "request_throughput", "output_throughput",
-    "mean_e2e_latency_ms", "median_tpot_ms", "median_itl_ms", "accept_length",
-)
 
-
-@dataclass
+@dataclass(frozen=True)
 class ServerConfig:
     """One server to benchmark.
 
@@ -87,79 +74,63 @@ class ServerConfig:
         algorithm: ``--speculative-algorithm`` (None: no speculation).
         verify_method: ``--hsd-verify-method`` for HSD.
         note: what the row measures, printed under the table.
+        exit_level: the early-exit verifier level (``--hsd-exit-layer``, ``--hsd-exit-heads``).
+        exit_window: exit sub-rounds fill the verify window (``--hsd-exit-buffer K + 1``).
     """
 
     name: str
     algorithm: str | None
     verify_method: str | None = None
     note: str = ""
-    extra: list[str] = field(default_factory=list)
+    exit_level: bool = False
+    exit_window: bool = False
 
 
-CONFIGS = {
-    "hsd": ServerConfig("hsd", "HSD", "hsd", "HSD, sequence-level verify_chain(method='hsd')"),
-    "tokenwise": ServerConfig("tokenwise", "HSD", "tokenwise",
-                              "HSD plugin with token-wise verify_chain (SGLang's rule, our code)"),
-    "eagle3": ServerConfig(
-        "eagle3", "EAGLE3", None,
-        "SGLang EAGLE3, argmax drafts; CPU verify is argmax for every batch (temperature "
-        "ignored, upstream bug: patches/0003), so this row is greedy speculative decoding"),
-    "none": ServerConfig("none", None, None, "no speculative decoding"),
-    "hsd-exit": ServerConfig(
-        "hsd-exit", "HSD", "hsd",
-        "HSD 3-level: EAGLE-3 drafts, early exit (first L layers + exit head) verifies with hsd, "
-        "the remaining layers run only for the positions the exit accepted"),
-    "hsd-exit-window": ServerConfig(
-        "hsd-exit-window", "HSD", "hsd",
-        "hsd-exit with exit buffer N_i = K + 1 (--hsd-exit-buffer): exit sub-rounds (EAGLE-3 "
-        "drafts continuing the exit's chain) fill the verify window before the full target runs"),
-}
+CONFIGS = {c.name: c for c in (
+    ServerConfig("hsd", "HSD", "hsd", "HSD, sequence-level verify_chain(method='hsd')"),
+    ServerConfig("tokenwise", "HSD", "tokenwise",
+                 "HSD plugin with token-wise verify_chain (SGLang's rule, our code)"),
+    ServerConfig("eagle3", "EAGLE3", None,
+                 "SGLang EAGLE3, argmax drafts; CPU verify is argmax for every batch (temperature "
+                 "ignored, upstream bug: patches/0003), so this row is greedy speculative decoding"),
+    ServerConfig("none", None, None, "no speculative decoding"),
+    ServerConfig("hsd-exit", "HSD", "hsd",
+                 "HSD 3-level: EAGLE-3 drafts, early exit (first L layers + exit head) verifies "
+                 "with hsd, the remaining layers run only for the positions the exit accepted",
+                 exit_level=True),
+    ServerConfig("hsd-exit-window", "HSD", "hsd",
+                 "hsd-exit with exit buffer N_i = K + 1 (--hsd-exit-buffer): exit sub-rounds "
+                 "(EAGLE-3 drafts continuing the exit's chain) fill the verify window before the "
+                 "full target runs", exit_level=True, exit_window=True),
+)}
 
 
-@dataclass
-class ModelSetup:
-    """Target, EAGLE-3 head and exit heads of one benchmark run.
-
-    Fields:
-        name: ``tiny`` (built here, random) or a model from the sglang-hsd cache.
-        target, head: folders. exit_heads: folder or None (logit lens). exit_layer: L.
-        dataset: client ``--dataset-name`` (random token ids for the tiny model, ShareGPT text
-            for a real one).
-    """
-
-    name: str
-    target: Path
-    head: Path
-    exit_heads: Path | None
-    exit_layer: int
-    dataset: str
+def server_command(config: ServerConfig, setup: ModelSetup, args) -> list[str]:
+    """The CPU server command of ``config`` (argmax EAGLE-3 drafts for ``eagle3``)."""
+    extra = ["--dtype", args.dtype]
+    if config.verify_method:
+        extra += ["--hsd-verify-method", config.verify_method]
+    if config.exit_level:
+        extra += ["--hsd-exit-layer", str(setup.exit_layer), "--hsd-exit-heads",
+                  str(setup.exit_heads) if setup.exit_heads else "none"]
+    if config.exit_window:
+        extra += ["--hsd-exit-buffer", str(args.num_steps + 1)]
+    return cpu_server_command(str(setup.target), free_port(), config.algorithm,
+                              str(setup.head) if config.algorithm else None,
+                              num_steps=args.num_steps if config.algorithm else None,
+                              extra=extra, eagle3_rejection_sampling=False)
 
 
-def setup_models(args, workdir: Path) -> ModelSetup:
-    if args.model == "tiny":
-        target, head = build_models(workdir)
-        return ModelSetup("tiny", target, head, None, args.exit_layer or 2, "random")
-    cache = Path(os.environ.get("SGLANG_HSD_CACHE", Path.home() / ".cache" / "sglang-hsd"))
-    target = cache / "models" / args.model
-    heads = cache / "heads" / args.model
-    missing = [p for p in (target, heads / "eagle3") if not p.is_dir()]
-    if missing:
-        raise SystemExit(f"missing {missing}: run `sglang-hsd fetch {args.model}` and train its "
-                         "heads with eagle_heads first")
-    exit_heads = Path(args.exit_heads) if args.exit_heads else heads / "exit"
-    if args.exit_heads == "none" or not exit_heads.is_dir():
-        exit_heads = None
-    return ModelSetup(args.model, target, heads / "eagle3", exit_heads, args.exit_layer or 16,
-                      "sharegpt")
-
-
-def build_models(root: Path):
-    from eagle_heads.eagle3 import build_random_eagle3_head
-    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_llama
-
-    config = build_tiny_llama(str(root / "target"))
-    build_random_eagle3_head(str(root / "eagle3"), config, draft_vocab_size=config.vocab_size // 2)
-    return root / "target", root / "eagle3"
+def measure(server: Server, config: str, setup: ModelSetup, dataset: Path, args,
+            workdir: Path) -> dict:
+    """One client run against ``server``, with the exit level's statistics of its requests."""
+    levels_before = read_server_info(server.url).hsd.get("levels")
+    spec = ClientSpec(setup.target, dataset, args.num_prompts, args.output_len, args.temperature,
+                      args.max_concurrency, dataset_name=setup.dataset, input_len=args.input_len)
+    result = run_client(server.url, spec, workdir, config, args.client_timeout)
+    levels = _levels_delta(levels_before, read_server_info(server.url).hsd.get("levels"))
+    return {"startup_s": server.startup_s, "hsd_levels": levels, **result.kept(),
+            **result.accept_length_stats(), "client_summary": result.summary()}
 
 
 def _model_description(setup: ModelSetup, config: dict) -> str:
@@ -169,92 +140,6 @@ def _model_description(setup: ModelSetup, config: dict) -> str:
                 "vocabulary")
     return (f"{setup.name} ({config['num_hidden_layers']} layers, hidden "
             f"{config['hidden_size']}) + trained EAGLE-3 head")
-
-
-def write_sharegpt_file(path: Path, count: int = 200) -> str:
-    """ShareGPT-format JSON (two turns per record) for ``--dataset-name random``; returns its
-    source."""
-    try:
-        texts = prompt_set_texts("sharegpt", count)
-        source = "sharegpt (sglang_hsd.assets)"
-    except Exception as err:  # offline and not cached: any text gives random token ids
-        from sglang_hsd.sglang_plugin.cpu.tiny_models import _CORPUS
-
-        texts = [s.strip() + "." for s in _CORPUS.split(".") if s.strip()]
-        source = f"tiny built-in corpus (ShareGPT unavailable: {type(err).__name__})"
-    records = [{"id": str(i), "conversations": [{"from": "human", "value": t},
-                                                {"from": "gpt", "value": "ok"}]}
-               for i, t in enumerate(texts) if t.strip()]
-    path.write_text(json.dumps(records))
-    return source
-
-
-def client_command(url: str, setup: ModelSetup, dataset: Path, args, output_file: Path) -> list[str]:
-    if setup.dataset == "random":
-        data = ["--dataset-name", "random", "--random-input-len", str(args.input_len),
-                "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0"]
-    else:
-        data = ["--dataset-name", "sharegpt", "--sharegpt-output-len", str(args.output_len),
-                "--sharegpt-context-len", "2048"]
-    return [
-        sys.executable, "-c", BENCH_CLIENT, "--backend", "sglang", "--base-url", url,
-        "--model", str(setup.target), "--tokenizer", str(setup.target), *data,
-        "--dataset-path", str(dataset), "--num-prompts", str(args.num_prompts),
-        "--max-concurrency", str(args.max_concurrency),
-        "--temperature", str(args.temperature), "--seed", "0", "--disable-tqdm",
-        "--output-file", str(output_file),
-    ]
-
-
-def run_config(config: ServerConfig, setup: ModelSetup, dataset: Path, args,
-               workdir: Path) -> dict:
-    port = free_port()
-    extra = list(config.extra) + ["--dtype", args.dtype]
-    if config.verify_method:
-        extra += ["--hsd-verify-method", config.verify_method]
-    if config.name.startswith("hsd-exit"):
-        extra += ["--hsd-exit-layer", str(setup.exit_layer), "--hsd-exit-heads",
-                  str(setup.exit_heads) if setup.exit_heads else "none"]
-    if config.name == "hsd-exit-window":
-        extra += ["--hsd-exit-buffer", str(args.num_steps + 1)]
-    cmd = cpu_server_command(str(setup.target), port, config.algorithm,
-                             str(setup.head) if config.algorithm else None,
-                             num_steps=args.num_steps if config.algorithm else None,
-                             extra=extra, eagle3_rejection_sampling=False)
-    server_log = workdir / f"server_{config.name}.log"
-    client_log = workdir / f"client_{config.name}.log"
-    output_file = workdir / f"client_{config.name}.jsonl"
-    started = time.monotonic()
-    record = {"config": config.name, "note": config.note,
-              "server_command": " ".join(cmd[1:]).replace(str(workdir), "$WORK")}
-    try:
-        with running_server(cmd, server_env(), str(server_log), timeout=args.server_timeout) as url:
-            record["startup_s"] = round(time.monotonic() - started, 1)
-            levels_before = _hsd_levels(url)
-            client = client_command(url, setup, dataset, args, output_file)
-            with open(client_log, "w") as log:
-                proc = subprocess.run(client, env=server_env(), stdout=log,
-                                      stderr=subprocess.STDOUT, timeout=args.client_timeout)
-            if proc.returncode != 0:
-                raise RuntimeError(f"client exited {proc.returncode}; see {client_log}")
-            result = json.loads(output_file.read_text().strip().splitlines()[-1])
-            record["hsd_levels"] = _levels_delta(levels_before, _hsd_levels(url))
-    except Exception as err:
-        record["error"] = f"{type(err).__name__}: {err}"
-        record["server_log_tail"] = _tail(server_log)
-        return record
-    record.update({k: result.get(k) for k in KEPT_METRICS})
-    record["client_summary"] = _summary_block(client_log)
-    return record
-
-
-def _hsd_levels(url: str) -> dict | None:
-    """The exit level's counters from ``/server_info`` (None without an exit level)."""
-    import urllib.request
-
-    with urllib.request.urlopen(url + "/server_info", timeout=30) as resp:
-        state = json.loads(resp.read())["internal_states"][0].get("hsd") or {}
-    return state.get("levels")
 
 
 def _levels_delta(before: dict | None, after: dict | None) -> dict | None:
@@ -268,24 +153,6 @@ def _levels_delta(before: dict | None, after: dict | None) -> dict | None:
     seconds = {name: value - seconds_before.get(name, 0.0)
                for name, value in after.get("seconds", {}).items()}
     return ExitLevelStats(**counters, seconds=seconds).as_dict()
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _summary_block(path: Path) -> str:
-    """The client's printed result table (from '====' to the end)."""
-    text = path.read_text(errors="replace")
-    start = text.find("============ Serving Benchmark Result")
-    return text[start:].strip() if start >= 0 else _tail(path, 40)
-
-
-def _fmt(value, digits=2):
-    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def markdown_table(records: list[dict], meta: dict) -> str:
@@ -302,12 +169,12 @@ def markdown_table(records: list[dict], meta: dict) -> str:
         levels = r.get("hsd_levels") or {}
         lines.append(
             f"| {r['config']} | {r['completed']}/{meta['num_prompts']} | "
-            f"{_fmt(r['output_throughput'])} | {_fmt(r['request_throughput'], 3)} | "
-            f"{_fmt(r['mean_e2e_latency_ms'], 0)} | {_fmt(r['median_tpot_ms'], 1)} | "
-            f"{_fmt(r['accept_length'])} | {_fmt(levels.get('exit_subrounds_per_round'))} | "
-            f"{_fmt(levels.get('exit_accept_length'))} | "
-            f"{_fmt(levels.get('target_accept_rate'))} | "
-            f"{_fmt(levels.get('layer_forwards_saved'))} |")
+            f"{fmt(r['output_throughput'])} | {fmt(r['request_throughput'], 3)} | "
+            f"{fmt(r['mean_e2e_latency_ms'], 0)} | {fmt(r['median_tpot_ms'], 1)} | "
+            f"{fmt(r['accept_length'])} | {fmt(levels.get('exit_subrounds_per_round'))} | "
+            f"{fmt(levels.get('exit_accept_length'))} | "
+            f"{fmt(levels.get('target_accept_rate'))} | "
+            f"{fmt(levels.get('layer_forwards_saved'))} |")
     notes = [f"- `{r['config']}`: {r['note']}" for r in records]
     return "\n".join([
         f"SGLang {meta['sglang_version']} on CPU ({meta['cpu_count']} cores), {meta['model']}; "
@@ -357,7 +224,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hsd_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        setup = setup_models(args, workdir)
+        setup = setup_models(args.model, workdir, args.exit_layer, args.exit_heads)
         dataset = workdir / "sharegpt_format.json"
         model_config = json.loads((setup.target / "config.json").read_text())
         meta = {
@@ -375,21 +242,24 @@ def main(argv=None) -> int:
             "output_len": args.output_len, "temperature": args.temperature,
             "max_concurrency": args.max_concurrency, "num_steps": args.num_steps,
             "dtype": args.dtype,
-            "prompt_source": write_sharegpt_file(dataset),
+            "prompt_source": write_prompt_file(dataset, "sharegpt", 200, fallback=True),
             "command": run.command,
         }
-        records = []
+        stem = ("sglang_serving" if args.model == "tiny"
+                else f"sglang_serving_{args.model}_t{args.temperature:g}")
+        book = ResultBook(args.out_dir / stem, run, meta, markdown_table,
+                          key=lambda row: (row["config"],))
         for name in names:
-            print(f"[bench] {name} ...", flush=True)
-            records.append(run_config(CONFIGS[name], setup, dataset, args, workdir))
-            print(json.dumps({k: v for k, v in records[-1].items()
-                              if k not in ("client_summary", "server_log_tail")}), flush=True)
-    stem = ("sglang_serving" if args.model == "tiny"
-            else f"sglang_serving_{args.model}_t{args.temperature:g}")
-    table = markdown_table(records, meta)
-    write_results(args.out_dir / stem, {"meta": meta, "results": records}, table, run)
+            config = CONFIGS[name]
+            cmd = server_command(config, setup, args)
+            spec = ServerSpec(name, cmd, {"config": name, "note": config.note,
+                                          "server_command": shown_command(cmd, workdir)},
+                              timeout=args.server_timeout)
+            measure_rows(spec, [{}], lambda server, row, name=name: measure(
+                server, name, setup, dataset, args, workdir), book, workdir)
+    table = book.finish()
     print(table)
-    return 1 if any("error" in r for r in records) else 0
+    return 1 if book.failed() else 0
 
 
 if __name__ == "__main__":

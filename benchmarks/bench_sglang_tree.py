@@ -6,8 +6,8 @@ For every tree shape (``--speculative-num-steps`` D, ``--speculative-eagle-topk`
 SGLang's own client (``sglang.benchmark.serving``) then sends the same prompts at every
 temperature. Per request SGLang reports ``spec_accept_length`` (completion tokens / verify passes,
 bonus token included): the client here records it for every request (the client module is run
-unchanged: ``benchmarks/serving_client.py``), and the tables give the mean with its standard
-error over requests.
+unchanged: ``benchmarks/serving_client.py``; servers and client: ``benchmarks/serving_harness.py``),
+and the tables give the mean with its standard error over requests.
 
 Configurations (same head, same (D, k, N) for every tree row):
 * ``stock-tree``  ``--hsd-tree-draft topk --hsd-verify-method target-only``: SGLang's stock tree
@@ -32,7 +32,9 @@ sampled rows' noise; the row's own stock values when T = 0 was not run).
         --configs stock-tree,hsd-tree,hsd-tree-sharp,hsd-chain
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --num-prompts 4 --output-len 8   # tiny smoke
 
-Results: ``benchmarks/results/<name>.{json,md,png}`` (default name ``sglang_tree_<model>``).
+Results: ``benchmarks/results/<name>.{json,md,png}`` (default name ``sglang_tree_<model>``),
+rewritten after every row (``"complete": false`` until the last); running the same command again
+resumes a stopped run.
 
 ``--combine A.json B.json ... --name X`` runs no server: it joins the rows of earlier runs made
 with the same model, prompts, output length and concurrency (the client's prompts, order and seed
@@ -45,19 +47,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.bench_sglang_serving import (
-    client_command, setup_models, write_sharegpt_file, _summary_block, _tail)
 from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run, write_results
-from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
-from sglang_hsd.sglang_plugin.cpu.cpu_server import (
-    cpu_server_command, free_port, running_server, server_env)
-
+from benchmarks.serving_client import mean_se
+from benchmarks.serving_harness import (
+    ClientSpec, ModelSetup, ResultBook, Server, ServerSpec, measure_rows, run_client, setup_models,
+    shown_command, write_prompt_file)
+from sglang_hsd.sglang_plugin.cpu.cpu_server import cpu_server_command, free_port
 
 
 @dataclass(frozen=True)
@@ -113,57 +113,36 @@ def server_flags(config: TreeConfig, shape: tuple[int, int, int]) -> list[str]:
     return flags
 
 
-def run_client(url, setup, dataset, args, temperature, workdir: Path, tag: str) -> dict:
+def tree_row_key(row: dict) -> tuple:
+    """A row's identity: (config, tree shape, temperature)."""
+    return row.get("config"), tuple(row.get("shape") or ()), row.get("temperature")
+
+
+def measure(server: Server, temperature: float, setup: ModelSetup, dataset: Path, args,
+            workdir: Path, tag: str) -> dict:
     """One client run at ``temperature``: the client's result line plus per-request figures."""
-    args.temperature = temperature
-    output_file = workdir / f"client_{tag}.jsonl"
-    per_request = workdir / f"per_request_{tag}.json"
-    client = client_command(url, setup, dataset, args, output_file)
-    client[2] = PER_REQUEST_CLIENT
-    if "--sharegpt-context-len" in client:  # real models: keep prompts short enough
-        client[client.index("--sharegpt-context-len") + 1] = str(args.context_len)
-    env = {**server_env(), PER_REQUEST_ENV: str(per_request)}
-    log_path = workdir / f"client_{tag}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.run(client, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=args.client_timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"client exited {proc.returncode}: {_tail(log_path)}")
-    result = json.loads(output_file.read_text().strip().splitlines()[-1])
-    accepted = read_per_request(per_request)
-    mean, se = mean_se(accepted)
-    return {"temperature": temperature, "completed": result.get("completed"),
-            "output_throughput": result.get("output_throughput"),
-            "server_accept_length": result.get("accept_length"),
-            "accept_length_mean": mean, "accept_length_se": se, "requests": len(accepted),
-            "per_request_accept_length": accepted,
-            "client_summary": _summary_block(log_path)}
+    spec = ClientSpec(setup.target, dataset, args.num_prompts, args.output_len, temperature,
+                      args.max_concurrency, dataset_name=setup.dataset, input_len=args.input_len,
+                      context_len=args.context_len)
+    result = run_client(server.url, spec, workdir, f"{tag}_t{temperature:g}", args.client_timeout)
+    return {"temperature": temperature, "completed": result.metrics.get("completed"),
+            "output_throughput": result.metrics.get("output_throughput"),
+            "server_accept_length": result.metrics.get("accept_length"),
+            **result.accept_length_stats(), "requests": len(result.accept_lengths),
+            "per_request_accept_length": result.accept_lengths,
+            "client_summary": result.summary()}
 
 
-def run_server(config: TreeConfig, shape, setup, dataset, args, workdir: Path) -> list[dict]:
-    """Start one server for (config, shape) and run every temperature against it."""
-    tag = f"{config.name}_{'-'.join(map(str, shape))}"
+def server_spec(config: TreeConfig, shape, setup: ModelSetup, args, workdir: Path) -> ServerSpec:
+    """The server of (config, shape); its records' common fields."""
     cmd = cpu_server_command(str(setup.target), free_port(), "HSD", str(setup.head),
                              num_steps=shape[0],
                              extra=server_flags(config, shape) + ["--dtype", args.dtype])
-    base = {"config": config.name, "shape": list(shape), "note": config.note,
-            "draft_temperature_scale": config.draft_temperature_scale, "tree_rule": config.tree_rule,
-            "server_command": " ".join(cmd[1:]).replace(str(workdir), "$WORK")}
-    records = []
-    try:
-        with running_server(cmd, server_env(), str(workdir / f"server_{tag}.log"),
-                            timeout=args.server_timeout) as url:
-            for temperature in args.temperatures:
-                print(f"[bench] {tag} T={temperature} ...", flush=True)
-                record = {**base, **run_client(url, setup, dataset, args, temperature, workdir,
-                                               f"{tag}_t{temperature:g}")}
-                records.append(record)
-                print(json.dumps({k: v for k, v in record.items() if k not in (
-                    "client_summary", "per_request_accept_length")}), flush=True)
-    except Exception as err:
-        records.append({**base, "error": f"{type(err).__name__}: {err}",
-                        "server_log_tail": _tail(workdir / f"server_{tag}.log")})
-    return records
+    fields = {"config": config.name, "shape": list(shape), "note": config.note,
+              "draft_temperature_scale": config.draft_temperature_scale,
+              "tree_rule": config.tree_rule, "server_command": shown_command(cmd, workdir)}
+    return ServerSpec(f"{config.name}_{'-'.join(map(str, shape))}", cmd, fields,
+                      timeout=args.server_timeout)
 
 
 def _find(records: list[dict], name: str, shape, temperature: float) -> dict | None:
@@ -298,12 +277,17 @@ def parse_args(argv=None):
     parser.add_argument("--combine", nargs="+", type=Path, default=None,
                         help="no server: join the rows of earlier results JSON files (same model, "
                              "prompts, output length, concurrency) into one table")
-    args = parser.parse_args(argv)
-    args.exit_layer = args.exit_heads = None  # setup_models reads them (no exit level here)
-    return args
+    return parser.parse_args(argv)
 
 
 COMBINE_KEYS = ("model", "num_prompts", "output_len", "max_concurrency", "prompt_source")
+# Prompt sources as runs before the shared harness named them: the same 200 ShareGPT prompts.
+LEGACY_PROMPT_SOURCES = {"sharegpt (sglang_hsd.assets)": "sharegpt (200 prompts)"}
+
+
+def _combine_value(meta: dict, key: str):
+    value = meta.get(key)
+    return LEGACY_PROMPT_SOURCES.get(value, value) if key == "prompt_source" else value
 
 
 def combine(paths: list[Path]) -> tuple[list[dict], dict]:
@@ -312,7 +296,8 @@ def combine(paths: list[Path]) -> tuple[list[dict], dict]:
     runs = [(Path(p), json.loads(Path(p).read_text())) for p in paths]
     first = runs[0][1]["meta"]
     for path, data in runs[1:]:
-        differing = [k for k in COMBINE_KEYS if data["meta"].get(k) != first.get(k)]
+        differing = [k for k in COMBINE_KEYS
+                     if _combine_value(data["meta"], k) != _combine_value(first, k)]
         if differing:
             raise SystemExit(f"--combine: {path} differs from {runs[0][0]} in {differing}")
     order = list(CONFIGS)
@@ -361,7 +346,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hsd_tree_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        setup = setup_models(args, workdir)
+        setup = setup_models(args.model, workdir)
         dataset = workdir / "sharegpt_format.json"
         config = json.loads((setup.target / "config.json").read_text())
         meta = {"model": f"{setup.name} ({config['num_hidden_layers']} layers) + "
@@ -371,20 +356,23 @@ def main(argv=None) -> int:
                 "config_notes": {n: c.note for n, c in configs.items()},
                 "num_prompts": args.num_prompts, "output_len": args.output_len,
                 "max_concurrency": args.max_concurrency,
-                "prompt_source": write_sharegpt_file(dataset), "command": run.command}
-        records = []
+                "prompt_source": write_prompt_file(dataset, "sharegpt", 200, fallback=True),
+                "command": run.command}
+        stem = args.out_dir / (args.name or f"sglang_tree_{args.model}")
+        book = ResultBook(stem, run, meta, markdown_table, key=tree_row_key, plot=plot)
         for shape in shapes:
             for name in names:
                 if CONFIGS[name].tree_draft is None and any(
-                        r["config"] == name and r["shape"][0] == shape[0] for r in records):
+                        r["config"] == name and r["shape"][0] == shape[0] for r in book.rows):
                     continue  # a chain depends on D only
-                records.extend(run_server(configs[name], shape, setup, dataset, args, workdir))
-    stem = args.out_dir / (args.name or f"sglang_tree_{args.model}")
-    table = markdown_table(records, meta)
-    write_results(stem, {"meta": meta, "results": records}, table, run)
-    plot(records, meta, stem.with_suffix(".png"), run)
+                spec = server_spec(configs[name], shape, setup, args, workdir)
+                measure_rows(spec, [{"temperature": t} for t in args.temperatures],
+                             lambda server, row, tag=spec.tag: measure(
+                                 server, row["temperature"], setup, dataset, args, workdir, tag),
+                             book, workdir)
+    table = book.finish()
     print(table)
-    return 1 if any("error" in r for r in records) else 0
+    return 1 if book.failed() else 0
 
 
 if __name__ == "__main__":

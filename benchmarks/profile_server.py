@@ -34,14 +34,15 @@ import pstats
 import tempfile
 import time
 import urllib.request
-from argparse import Namespace
 from pathlib import Path
 
-from benchmarks.bench_serving_standalone import CONFIGS, resolve_models, server_command
-from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
+from benchmarks.bench_serving_standalone import (
+    CONFIGS, ServerOptions, add_server_arguments, server_command)
+from benchmarks.common import benchmark_parser, start_run, write_results
+from benchmarks.serving_harness import (
+    ServerSpec, cpu_server, prompt_file_texts, resolve_models, write_prompt_file)
 from sglang_hsd.sglang_plugin import BOOTSTRAP_DIR
-from sglang_hsd.sglang_plugin.cpu.cpu_server import running_server, server_env
-from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_PATHS
+from sglang_hsd.sglang_plugin.cpu.cpu_server import server_env
 
 # Runs first in every process the server spawns: the CPU shims, then a profiler dumped every few
 # seconds (the server is killed, so nothing runs at exit).
@@ -152,51 +153,37 @@ def markdown(result: dict) -> str:
 
 def parse_args(argv=None):
     parser = benchmark_parser(__doc__.split("\n\n")[0], full_doc=False)
+    add_server_arguments(parser, dtype="float32", cpu_linear="onednn-packed")
     parser.add_argument("--config", default="hsd", choices=sorted(CONFIGS))
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--tiny", action="store_true", help="a random tiny pair (smoke test)")
     parser.add_argument("--prompt-set", default="mtbench")
     parser.add_argument("--num-prompts", type=int, default=3)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--num-steps", type=int, default=4)
-    parser.add_argument("--tree-topk", type=int, default=2)
-    parser.add_argument("--tree-tokens", type=int, default=8)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--cpu-linear", default="onednn-packed", choices=CPU_LINEAR_PATHS)
-    parser.add_argument("--server-timeout", type=float, default=1200.0)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> dict:
-    from benchmarks.bench_serving_standalone import write_prompt_file
-
     args = parse_args(argv)
     run = start_run(__file__, argv)
     with tempfile.TemporaryDirectory(prefix="hsd_profile_server_") as tmp:
         work = Path(tmp)
-        target, draft = resolve_models(args, work)
+        target, draft = resolve_models(args.target, args.draft, work, args.tiny)
         prompts = work / "prompts.json"
         write_prompt_file(prompts, args.prompt_set, args.num_prompts, args.tiny)
-        texts = [r["conversations"][0]["value"] for r in json.loads(prompts.read_text())]
+        texts = prompt_file_texts(prompts)
         hook, profiles = work / "hook", work / "profiles"
         hook.mkdir()
         profiles.mkdir()
         (hook / "sitecustomize.py").write_text(PROFILING_SITECUSTOMIZE.format(
             bootstrap=os.path.join(BOOTSTRAP_DIR, "sitecustomize.py"), out=str(profiles),
             every=DUMP_EVERY_S))
-        server_args = Namespace(concurrency=[1], dtype=args.dtype, cpu_linear=args.cpu_linear,
-                                num_steps=args.num_steps, tree_topk=args.tree_topk,
-                                tree_tokens=args.tree_tokens)
         env = server_env()
         env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
-        with running_server(server_command(args.config, target, draft, server_args), env,
-                            str(work / "server.log"), timeout=args.server_timeout) as url:
-            send_prompts(url, texts[:1], WARMUP_TOKENS, args.temperature)  # profiled too
+        cmd = server_command(CONFIGS[args.config], target, draft, ServerOptions.from_args(args, 1))
+        with cpu_server(ServerSpec(args.config, cmd, {}, args.server_timeout, env), work) as server:
+            send_prompts(server.url, texts[:1], WARMUP_TOKENS, args.temperature)  # profiled too
             started = time.monotonic()
-            requests = send_prompts(url, texts, args.output_len, args.temperature)
+            requests = send_prompts(server.url, texts, args.output_len, args.temperature)
             wall = time.monotonic() - started
             time.sleep(3 * DUMP_EVERY_S)  # let every process dump after the last request
         stats = scheduler_profile(profiles).stats

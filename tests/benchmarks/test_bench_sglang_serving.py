@@ -47,3 +47,24 @@ def test_table_has_one_row_per_config_and_marks_failures():
     assert "| none | failed: server did not start |" in table
     header = next(line for line in table.splitlines() if line.startswith("| config"))
     assert header.count("|") == row.count("|")
+
+
+def test_server_commands_of_the_exit_level_configurations(tmp_path):
+    from argparse import Namespace
+
+    from benchmarks.bench_sglang_serving import CONFIGS, server_command
+    from benchmarks.serving_harness import ModelSetup
+
+    setup = ModelSetup("tiny", tmp_path / "t", tmp_path / "h", None, 2, "random")
+    args = Namespace(dtype="float32", num_steps=3)
+
+    def tail(name):
+        cmd = server_command(CONFIGS[name], setup, args)
+        return cmd[cmd.index("--dtype"):]
+
+    assert tail("none") == ["--dtype", "float32"]
+    assert tail("hsd") == ["--dtype", "float32", "--hsd-verify-method", "hsd"]
+    assert tail("hsd-exit")[-4:] == ["--hsd-exit-layer", "2", "--hsd-exit-heads", "none"]
+    assert tail("hsd-exit-window")[-2:] == ["--hsd-exit-buffer", "4"]
+    eagle3 = server_command(CONFIGS["eagle3"], setup, args)
+    assert "--speculative-use-rejection-sampling" not in eagle3

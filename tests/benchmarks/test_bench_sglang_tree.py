@@ -3,6 +3,7 @@ table's lookup of chains by depth (no server here)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -114,3 +115,29 @@ def test_combine_joins_comparable_runs_and_refuses_others(tmp_path):
     other = write("ccc.json", ["hsd-tree"], [[5, 4, 8]], [], output_len=64)
     with pytest.raises(SystemExit, match="output_len"):
         combine([a, other])
+
+
+def test_rows_are_keyed_by_config_shape_and_temperature():
+    from benchmarks.bench_sglang_tree import tree_row_key
+
+    row = {"config": "hsd-tree", "shape": [5, 4, 8], "temperature": 1.0, "note": "n"}
+    assert tree_row_key(row) == ("hsd-tree", (5, 4, 8), 1.0)
+    assert tree_row_key(json.loads(json.dumps(row))) == tree_row_key(row)  # resumed from JSON
+
+
+def test_combine_takes_runs_from_before_the_shared_harness(tmp_path):
+    from benchmarks.bench_sglang_tree import combine
+
+    row = {"config": "stock-tree", "shape": [5, 4, 8], "temperature": 1.0,
+           "accept_length_mean": 1.5, "accept_length_se": 0.1}
+    paths = []
+    for name, source in (("old.json", "sharegpt (sglang_hsd.assets)"),
+                         ("new.json", "sharegpt (200 prompts)")):
+        meta = {"model": "m", "num_prompts": 4, "output_len": 8, "max_concurrency": 2,
+                "prompt_source": source, "sglang_version": "0.5.23", "temperatures": [1.0],
+                "configs": ["stock-tree"], "shapes": [[5, 4, 8]]}
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps({"meta": meta, "results": [row],
+                                         "run": {"commit": "c", "command": "x"}}))
+    records, _ = combine(paths)
+    assert len(records) == 2

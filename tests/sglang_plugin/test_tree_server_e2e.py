@@ -153,14 +153,15 @@ def test_tree_server_first_tokens_follow_the_target_law(tiny_models, flags):
 
 
 def test_tree_server_mixed_load_with_aborts(tiny_models):
-    from benchmarks.bench_sglang_load import _hsd_state, _safe, make_jobs, run_job, wait_idle
+    from benchmarks.bench_sglang_load import _safe, make_jobs, run_job, wait_idle
+    from benchmarks.serving_harness import read_server_info
 
     vocab = 512
     jobs = make_jobs(32, seed=0, vocab=vocab)
     for job in jobs:  # short requests: the point is concurrency, aborts and KV bookkeeping
         job["sampling_params"]["max_new_tokens"] = min(job["sampling_params"]["max_new_tokens"], 16)
     with _tree_server(tiny_models, 3, 8, log="tree_load.log") as url:
-        free_at_start = _hsd_state(url)["kv_available_size"]
+        free_at_start = read_server_info(url).hsd["kv_available_size"]
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             results = list(pool.map(lambda job: _safe(run_job, url, job, vocab), jobs))
         free_after = wait_idle(url, free_at_start)

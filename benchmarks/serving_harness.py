@@ -1,0 +1,475 @@
+"""The serving benchmarks' shared plumbing: models, CPU servers, SGLang's client, result rows.
+
+The serving scripts (``bench_sglang_serving``, ``bench_serving_standalone``, ``bench_sglang_load``,
+``bench_sglang_tree``, ``profile_server``) differ in their configuration tables, options and
+report tables; everything else lives here, once:
+
+* models: :func:`setup_models` (a target with an EAGLE-3 head and exit heads: the tiny random pair
+  built here, or a cached model with the heads ``eagle_heads`` trained) and :func:`resolve_models`
+  (a target and a separate draft language model);
+* servers: :func:`cpu_server` starts one CPU server (the command from
+  ``sglang_hsd.sglang_plugin.cpu.cpu_server``), waits for it and kills its process group;
+  :func:`measure_rows` runs a list of rows against one server and books each;
+* prompts: :func:`write_prompt_file` writes a prompt set in the ShareGPT format SGLang's client reads;
+* the client: :func:`run_client` runs ``sglang.benchmark.serving`` unchanged through
+  ``serving_client.PER_REQUEST_CLIENT``, so every request's accept length is kept;
+* ``/server_info``: :func:`read_server_info` (SGLang's accept length, the ``hsd`` entry);
+* results: :class:`ResultBook` keeps the rows, rewrites the JSON / Markdown (and plot) after every
+  row with ``"complete": false`` until the end, and resumes an unfinished run of the same command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.common import RunRecord, write_results
+from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
+from sglang_hsd.assets.archives import resolve_cache_dir
+from sglang_hsd.sglang_plugin.cpu.cpu_server import running_server, server_env
+
+# Fields of the client's result line that go into the result rows.
+KEPT_METRICS = (
+    "completed", "duration", "total_output_tokens", "request_throughput", "output_throughput",
+    "mean_e2e_latency_ms", "median_tpot_ms", "median_itl_ms", "accept_length",
+)
+# Bulky record fields left out of the progress lines printed after each row.
+_NOT_PRINTED = ("client_summary", "server_log_tail", "per_request_accept_length")
+
+
+# -- models ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """Target, EAGLE-3 head and exit heads of one benchmark run.
+
+    Fields:
+        name: ``tiny`` (built here, random) or a model from the sglang-hsd cache.
+        target, head: folders. exit_heads: folder or None (logit lens). exit_layer: L.
+        dataset: client ``--dataset-name`` (random token ids for the tiny model, ShareGPT text
+            for a real one).
+    """
+
+    name: str
+    target: Path
+    head: Path
+    exit_heads: Path | None
+    exit_layer: int
+    dataset: str
+
+
+def setup_models(model: str, workdir: Path, exit_layer: int | None = None,
+                 exit_heads: str | None = None) -> ModelSetup:
+    """``tiny``: a random Llama and a random EAGLE-3 head over half its vocabulary, built in
+    ``workdir`` (exit layer 2, logit lens); otherwise the cached ``model`` with its trained heads
+    (exit layer 16; ``exit_heads``: a folder, 'none', or None for the trained exit heads)."""
+    if model == "tiny":
+        from eagle_heads.eagle3 import build_random_eagle3_head
+        from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_llama
+
+        config = build_tiny_llama(str(workdir / "target"))
+        build_random_eagle3_head(str(workdir / "eagle3"), config,
+                                 draft_vocab_size=config.vocab_size // 2)
+        return ModelSetup("tiny", workdir / "target", workdir / "eagle3", None, exit_layer or 2,
+                          "random")
+    cache = resolve_cache_dir()
+    target, heads = cache / "models" / model, cache / "heads" / model
+    missing = [p for p in (target, heads / "eagle3") if not p.is_dir()]
+    if missing:
+        raise SystemExit(f"missing {missing}: run `sglang-hsd fetch {model}` and train its "
+                         "heads with eagle_heads first")
+    exits = Path(exit_heads) if exit_heads else heads / "exit"
+    if exit_heads == "none" or not exits.is_dir():
+        exits = None
+    return ModelSetup(model, target, heads / "eagle3", exits, exit_layer or 16, "sharegpt")
+
+
+def resolve_models(target: str, draft: str, workdir: Path, tiny: bool) -> tuple[Path, Path]:
+    """Folders of a target and its draft language model: cached model names or folders, or
+    (``tiny``) a random pair with one vocabulary built in ``workdir``."""
+    if tiny:
+        from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_draft_pair
+
+        built = build_tiny_draft_pair(str(workdir / "tiny"))
+        return Path(built[0]), Path(built[1])
+    cache = resolve_cache_dir()
+    paths = [Path(m) if Path(m).is_dir() else cache / "models" / m for m in (target, draft)]
+    missing = [str(p) for p in paths if not p.is_dir()]
+    if missing:
+        raise SystemExit(f"missing {missing}: run `sglang-hsd fetch {target}` and "
+                         f"`sglang-hsd fetch {draft}`")
+    return paths[0], paths[1]
+
+
+# -- prompts -----------------------------------------------------------------------------------
+
+def write_prompt_file(path: Path, prompt_set: str, count: int, tiny: bool = False,
+                      fallback: bool = False) -> str:
+    """Write the first ``count`` prompts of ``prompt_set`` (``runtime.loading.prompt_set_texts``)
+    as ShareGPT-format JSON (a human and a gpt turn per record), the format of SGLang's client's
+    ``sharegpt`` dataset and the text source of its ``random`` one. Returns the prompts' source.
+
+    ``tiny``: the tiny models' built-in corpus instead (random models: any text will do, no
+    download). ``fallback``: use that corpus when the prompt set cannot be loaded (offline and not
+    cached), for clients that only need token ids."""
+    texts, source = None, "tiny corpus"
+    if not tiny:
+        from sglang_hsd.runtime.loading import prompt_set_texts
+
+        try:
+            texts, source = prompt_set_texts(prompt_set, count), prompt_set
+        except Exception as err:
+            if not fallback:
+                raise
+            source = f"tiny corpus ({prompt_set} unavailable: {type(err).__name__})"
+    if texts is None:
+        from sglang_hsd.sglang_plugin.cpu.tiny_models import _CORPUS
+
+        texts = [s.strip() for s in _CORPUS.split(".") if s.strip()]
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": t},
+                                                {"from": "gpt", "value": "ok"}]}
+               for i, t in enumerate(t for t in texts[:count] if t.strip())]
+    path.write_text(json.dumps(records))
+    return f"{source} ({len(records)} prompts)"
+
+
+def prompt_file_texts(path: Path) -> list[str]:
+    """The prompts of a file of :func:`write_prompt_file`."""
+    return [r["conversations"][0]["value"] for r in json.loads(Path(path).read_text())]
+
+
+# -- servers -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One CPU server of a configuration.
+
+    Fields:
+        tag: names its log, ``server_<tag>.log`` in the work folder.
+        command: the launch command (``cpu_server.cpu_server_command`` and relatives).
+        fields: what every record of this server carries (config name, note, shown command...);
+            a server that fails gets one record of these fields plus ``error``.
+        timeout: seconds to wait for ``/health``.
+        env: the server's environment (None: ``cpu_server.server_env()``).
+    """
+
+    tag: str
+    command: list[str]
+    fields: dict
+    timeout: float = 600.0
+    env: dict | None = None
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running server: its base URL and the seconds it took to become healthy."""
+
+    url: str
+    startup_s: float
+
+
+def shown_command(cmd: list[str], workdir: Path) -> str:
+    """A server command as result files show it: without the interpreter, with ``~`` and ``$WORK``
+    for the home and work folders."""
+    return " ".join(cmd[1:]).replace(str(workdir), "$WORK").replace(str(Path.home()), "~")
+
+
+@contextlib.contextmanager
+def cpu_server(spec: ServerSpec, workdir: Path) -> Iterator[Server]:
+    """Start ``spec``'s server with its output in ``workdir/server_<tag>.log``, wait until it is
+    healthy, yield it, kill its whole process group on exit."""
+    started = time.monotonic()
+    env = spec.env if spec.env is not None else server_env()
+    with running_server(spec.command, env, str(workdir / f"server_{spec.tag}.log"),
+                        timeout=spec.timeout) as url:
+        yield Server(url, round(time.monotonic() - started, 1))
+
+
+class ClientError(RuntimeError):
+    """SGLang's client failed (a failed row, not a failed server)."""
+
+
+def measure_rows(spec: ServerSpec, rows: Sequence[dict],
+                 measure: Callable[[Server, dict], dict], book: ResultBook, workdir: Path) -> None:
+    """Book ``{**spec.fields, **row, **measure(server, row)}`` for each row of ``rows`` not yet in
+    ``book``, all against one server of ``spec``, started only when some row is left.
+
+    A row whose client fails (``ClientError``) is booked with ``error``; a server that does not
+    start or fails otherwise ends the configuration with one record of ``spec.fields`` plus
+    ``error`` and its log's tail."""
+    pending = [row for row in rows if not book.measured({**spec.fields, **row})]
+    if not pending:
+        return
+    log = workdir / f"server_{spec.tag}.log"
+    try:
+        with cpu_server(spec, workdir) as server:
+            for row in pending:
+                print(f"[bench] {spec.tag} {json.dumps(row)} ...", flush=True)
+                record = {**spec.fields, **row}
+                try:
+                    record.update(measure(server, row))
+                except ClientError as err:
+                    record["error"] = str(err)
+                book.add(record)
+    except Exception as err:  # the server did not start or died: one failed record
+        book.add({**spec.fields, "error": f"{type(err).__name__}: {err}",
+                  "server_log_tail": log_tail(log)})
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log ("" when it cannot be read)."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# -- the client --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """One run of SGLang's serving client (``sglang.benchmark.serving --backend sglang``).
+
+    Fields:
+        model: the target folder (``--model`` and ``--tokenizer``).
+        dataset_path: a file of :func:`write_prompt_file`.
+        dataset_name: ``sharegpt`` (the file's prompts) or ``random`` (random token ids, drawn
+            from the file's text, ``input_len`` of them scaled by ``random_range_ratio``).
+        context_len: ``sharegpt``: prompts longer than this minus ``output_len`` are skipped.
+        extra_request_body: more sampling parameters of every request (``ignore_eos``, ``top_p``).
+    """
+
+    model: Path
+    dataset_path: Path
+    num_prompts: int
+    output_len: int
+    temperature: float
+    max_concurrency: int
+    dataset_name: str = "sharegpt"
+    input_len: int = 32
+    random_range_ratio: float = 1.0
+    context_len: int = 2048
+    extra_request_body: dict | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """What one client run returned: its result line (``metrics``), the accept length of every
+    successful request that reported one (``accept_lengths``, empty without speculation) and the
+    client's log."""
+
+    metrics: dict
+    accept_lengths: list[float]
+    log: Path
+
+    def kept(self) -> dict:
+        """The result line's :data:`KEPT_METRICS`."""
+        return {k: self.metrics.get(k) for k in KEPT_METRICS}
+
+    def accept_length_stats(self) -> dict:
+        """Per-request accept length: ``accept_length_mean`` and ``accept_length_se``."""
+        mean, se = mean_se(self.accept_lengths)
+        return {"accept_length_mean": mean, "accept_length_se": se}
+
+    def summary(self) -> str:
+        """The client's printed result table (from its '====' line to the end)."""
+        text = self.log.read_text(errors="replace")
+        start = text.find("============ Serving Benchmark Result")
+        return text[start:].strip() if start >= 0 else log_tail(self.log, 40)
+
+
+def client_arguments(spec: ClientSpec, url: str, output_file: Path) -> list[str]:
+    """The client's own command-line arguments for ``spec`` against ``url``."""
+    if spec.dataset_name == "random":
+        data = ["--random-input-len", str(spec.input_len), "--random-output-len",
+                str(spec.output_len), "--random-range-ratio", f"{spec.random_range_ratio:g}"]
+    else:
+        data = ["--sharegpt-output-len", str(spec.output_len), "--sharegpt-context-len",
+                str(spec.context_len)]
+    body = (["--extra-request-body", json.dumps(spec.extra_request_body)]
+            if spec.extra_request_body else [])
+    return ["--backend", "sglang", "--base-url", url, "--model", str(spec.model),
+            "--tokenizer", str(spec.model), "--dataset-name", spec.dataset_name, *data,
+            "--dataset-path", str(spec.dataset_path), "--num-prompts", str(spec.num_prompts),
+            "--max-concurrency", str(spec.max_concurrency), "--temperature", str(spec.temperature),
+            *body, "--seed", str(spec.seed), "--disable-tqdm", "--output-file", str(output_file)]
+
+
+def run_client(url: str, spec: ClientSpec, workdir: Path, tag: str,
+               timeout: float) -> ClientResult:
+    """Run the client once (``workdir/client_<tag>.{log,jsonl}``, per-request rows in
+    ``client_<tag>.per_request.json``). Raises ``ClientError`` when it fails."""
+    output_file, log = workdir / f"client_{tag}.jsonl", workdir / f"client_{tag}.log"
+    per_request = workdir / f"client_{tag}.per_request.json"
+    output_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-c", PER_REQUEST_CLIENT, *client_arguments(spec, url, output_file)]
+    with open(log, "w") as handle:
+        proc = subprocess.run(cmd, env={**server_env(), PER_REQUEST_ENV: str(per_request)},
+                              stdout=handle, stderr=subprocess.STDOUT, timeout=timeout)
+    if proc.returncode != 0 or not output_file.is_file():
+        raise ClientError(f"client exited {proc.returncode}; see {log}")
+    metrics = json.loads(output_file.read_text().strip().splitlines()[-1])
+    return ClientResult(metrics, read_per_request(per_request), log)
+
+
+# -- /server_info ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the benchmarks read from ``/server_info``'s first ``internal_states`` entry.
+
+    Fields:
+        accept_length: SGLang's ``avg_spec_accept_length`` (its average over the last decode-log
+            interval; None without speculation or before one).
+        hsd: the HSD worker's ``hsd`` entry (KV pool sizes, ``levels``, ``adaptive``; empty for
+            other servers).
+    """
+
+    accept_length: float | None
+    hsd: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, info: dict) -> ServerInfo:
+        state = (info.get("internal_states") or [{}])[0] or {}
+        return cls(state.get("avg_spec_accept_length"), state.get("hsd") or {})
+
+    @property
+    def mean_chosen_budget(self) -> float | None:
+        """The adaptive draft budget's mean over the server's rounds (``hsd.adaptive.mean_steps``);
+        None when the server does not report one (fixed budget, or a server without it)."""
+        adaptive = self.hsd.get("adaptive")
+        value = adaptive.get("mean_steps") if isinstance(adaptive, dict) else None
+        return float(value) if isinstance(value, (int, float)) else None
+
+
+def read_server_info(url: str, timeout: float = 30.0) -> ServerInfo:
+    """GET ``url/server_info``."""
+    with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:
+        return ServerInfo.parse(json.loads(resp.read()))
+
+
+# -- result rows -------------------------------------------------------------------------------
+
+def row_key(row: dict) -> tuple:
+    """A serving row's identity: (config, prompt set, temperature, concurrency)."""
+    return (row.get("config"), row.get("prompt_set"), row.get("temperature"),
+            row.get("concurrency"))
+
+
+def throughput_ratios(rows: Sequence[dict], baseline: str,
+                      key: Callable[[dict], tuple] = row_key) -> list[float | None]:
+    """Each row's output tok/s over that of the ``baseline`` configuration's row with the same key
+    but for the configuration (None where either is missing or failed)."""
+    base = {key(r)[1:]: r.get("output_throughput") for r in rows
+            if r.get("config") == baseline and "error" not in r}
+    out = []
+    for r in rows:
+        reference, value = base.get(key(r)[1:]), r.get("output_throughput")
+        out.append(value / reference if reference and value is not None and "error" not in r
+                   else None)
+    return out
+
+
+def fmt(value, digits: int = 2) -> str:
+    """A table cell: ``n/a`` for None or NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def mean_se_cell(mean: float | None, se: float | None, digits: int = 2) -> str:
+    """``mean ± se`` (just the mean without a standard error; ``n/a`` without a mean)."""
+    if mean is None or mean != mean:
+        return "n/a"
+    return f"{mean:.{digits}f} ± {se:.{digits}f}" if se is not None and se == se else f"{mean:.{digits}f}"
+
+
+PARTIAL_NOTE = ("\n**Partial run**: the rows above are those measured so far; the run was stopped "
+                "(or is still going) before every configuration ran.\n")
+
+
+class ResultBook:
+    """The rows of one run and their result files ``<stem>.{json,md}`` (and ``<stem>.png``).
+
+    Every :meth:`add` rewrites the files with ``meta["complete"] = False`` (a stopped run keeps
+    what it measured); :meth:`finish` writes them with True. A run whose JSON file holds an
+    unfinished run of the same command resumes it: its successful rows are kept (in
+    ``meta["resumed"]``: how many, and that run's start and commit) and :meth:`measured` says
+    they need not run again; its failed rows run again.
+
+    Args:
+        stem: result files' path without suffix.
+        run: this run's record (``common.start_run``).
+        meta: the results' ``meta`` (``complete`` is added).
+        render: (rows, meta) -> the Markdown table.
+        key: a row's identity (default :func:`row_key`).
+        annotate: rows -> rows as written (derived fields such as ratios), applied on every write.
+        plot: (rows, meta, png path, run) -> None, called on every write (None: no plot).
+        resume: False: start afresh whatever the JSON file holds.
+    """
+
+    def __init__(self, stem: Path, run: RunRecord, meta: dict,
+                 render: Callable[[list[dict], dict], str],
+                 key: Callable[[dict], tuple] = row_key,
+                 annotate: Callable[[list[dict]], list[dict]] | None = None,
+                 plot: Callable[[list[dict], dict, Path, RunRecord], None] | None = None,
+                 resume: bool = True):
+        self.stem, self.run, self.meta, self.render = Path(stem), run, dict(meta), render
+        self.key, self.annotate, self.plot = key, annotate, plot
+        self.rows: list[dict] = self._resumed_rows() if resume else []
+
+    def _resumed_rows(self) -> list[dict]:
+        path = self.stem.with_name(self.stem.name + ".json")
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return []
+        previous = saved.get("run") or {}
+        if saved.get("meta", {}).get("complete", True) or previous.get("command") != self.run.command:
+            return []
+        rows = [r for r in saved.get("results", []) if "error" not in r]
+        self.meta["resumed"] = {"rows": len(rows), "started": previous.get("started"),
+                                "commit": previous.get("commit")}
+        print(f"[bench] resuming {path}: {len(rows)} rows measured on {previous.get('started')}",
+              flush=True)
+        return rows
+
+    def measured(self, row: dict) -> bool:
+        """Whether a successful row with ``row``'s key is in the book."""
+        key = self.key(row)
+        return any(self.key(r) == key and "error" not in r for r in self.rows)
+
+    def add(self, record: dict) -> None:
+        """Book one row and rewrite the files (incomplete)."""
+        self.rows.append(record)
+        print(json.dumps({k: v for k, v in record.items() if k not in _NOT_PRINTED}), flush=True)
+        self.save(complete=False)
+
+    def save(self, complete: bool) -> str:
+        """Write the files; returns the Markdown table."""
+        rows = self.annotate(list(self.rows)) if self.annotate else list(self.rows)
+        meta = {**self.meta, "complete": complete}
+        table = self.render(rows, meta)
+        if not complete:
+            table += PARTIAL_NOTE
+        write_results(self.stem, {"meta": meta, "results": rows}, table, self.run)
+        if self.plot is not None and rows:
+            self.plot(rows, meta, self.stem.with_name(self.stem.name + ".png"), self.run)
+        return table
+
+    def finish(self) -> str:
+        """Write the files as complete; returns the Markdown table."""
+        return self.save(complete=True)
+
+    def failed(self) -> bool:
+        """Whether any row failed."""
+        return any("error" in r for r in self.rows)
