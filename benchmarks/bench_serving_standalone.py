@@ -91,14 +91,14 @@ CONFIGS = {c.name: c for c in (
     DraftModelConfig("none-bf16", "no speculative decoding, bfloat16 weights and SGLang's own "
                      "F.linear whatever --dtype / --cpu-linear say (plain decoding without this "
                      "package's kernels)", algorithm=None, plain_bf16=True),
-    DraftModelConfig("hsd", "HSD, draft LM, sampled drafts with q, verify_chain(method='hsd')",
-                     server_args=("--hsd-verify-method", "hsd")),
+    DraftModelConfig("hsd", "HSD, draft LM, sampled drafts with q, verify_chain(method='hsd'), fixed K = --num-steps (--hsd-adaptive off)",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "off")),
     DraftModelConfig("hsd-adaptive", "hsd with the draft budget chosen per round "
                      "(--hsd-adaptive on)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on")),
     DraftModelConfig("tokenwise", "HSD, draft LM, sampled drafts with q, "
                      "verify_chain(method='tokenwise')",
-                     server_args=("--hsd-verify-method", "tokenwise")),
+                     server_args=("--hsd-verify-method", "tokenwise", "--hsd-adaptive", "off")),
     DraftModelConfig("hsd-tree", "HSD, draft LM, sampled tree (depth --num-steps, --tree-topk "
                      "children per node, --tree-tokens nodes), verify_tree(method='hsd'); "
                      "all-greedy batches keep SGLang's top-k tree", tree=True),
