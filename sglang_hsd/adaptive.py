@@ -165,7 +165,8 @@ class BudgetController:
 
     Use: ``length = choose(rates, batch)`` before a round; ``observe_round(batch, length,
     seconds)`` after it; ``AcceptanceEstimate.observe`` per request with its drafted / accepted
-    counts and ``observe_rates`` with the rates of the requests that drafted.
+    counts and ``observe_rates`` with the rates of the requests that drafted. ``decide`` is
+    ``choose`` without recording the choice (what the length would be, e.g. for an oracle).
     """
 
     def __init__(self, config: AdaptiveConfig) -> None:
@@ -199,7 +200,15 @@ class BudgetController:
 
     def choose(self, rates: Sequence[float], batch: int) -> int:
         """The draft length of the next round for a batch whose requests have acceptance
-        ``rates`` (one per request, ``len(rates) == batch``)."""
+        ``rates`` (one per request, ``len(rates) == batch``); the choice is recorded."""
+        length = self.decide(rates, batch)
+        bucket = batch_bucket(batch)
+        self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
+        self.request_rounds_by_length[length] = self.request_rounds_by_length.get(length, 0) + batch
+        return length
+
+    def decide(self, rates: Sequence[float], batch: int) -> int:
+        """The length ``choose`` would return now, recording nothing (no state changes)."""
         if len(rates) != batch:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
@@ -214,8 +223,6 @@ class BudgetController:
                 if speed > best_speed:
                     best, best_speed = candidate, speed
             length = best
-        self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
-        self.request_rounds_by_length[length] = self.request_rounds_by_length.get(length, 0) + batch
         return length
 
     def observe_round(self, batch: int, length: int, seconds: float) -> None:

@@ -10,7 +10,9 @@ first L emitted tokens over as many rounds as it takes can be compared with the 
 (``target_prefix_distribution``): a lossless rule gives TV ~1e-16.
 
 The draft enumeration is a parameter (``drafts``) so that tests can put a wrong stopping rule
-through the same round and prefix laws.
+through the same round and prefix laws. ``counted_round_law`` keeps each outcome's drafted and
+accepted counts, which is what a controller choosing the next round's length observes
+(``adaptive_rounds_exact.py`` runs ``BudgetController`` on it over several rounds).
 """
 
 from __future__ import annotations
@@ -76,15 +78,46 @@ def adaptive_round_law(
 
 @lru_cache(maxsize=None)
 def _round_law_cached(world, method, rule, prefix, cap, drafts) -> dict[tuple[tuple[int, ...], int], float]:
-    law = OUTCOME_LAWS[method]
     out: dict[tuple[tuple[int, ...], int], float] = {}
+    for (block, drafted, accepted), prob in counted_round_law(world, method, rule, prefix, cap, drafts).items():
+        caps = rule.next_caps(torch.tensor([cap]), torch.tensor([drafted]), torch.tensor([accepted]))
+        key = (block, int(caps[0]))
+        out[key] = out.get(key, 0.0) + prob
+    return out
+
+
+def draft_outcome_law(
+    world, method: str, prefix: tuple[int, ...], draft: tuple[int, ...]
+) -> dict[tuple[int, int], float]:
+    """The verifier's exact outcome law for one fixed ``draft`` after ``prefix``: {(accepted, next
+    token): probability} (``OUTCOME_LAWS[method]`` on the q and p rows of the draft's positions)."""
+    contexts = [prefix + draft[:t] for t in range(len(draft) + 1)]
+    q_rows = np.stack([world.q(c) for c in contexts[:-1]])
+    p_rows = np.stack([world.p(c) for c in contexts])
+    return OUTCOME_LAWS[method](p_rows, q_rows, draft)
+
+
+def counted_round_law(
+    world,
+    method: str,
+    rule: DraftLengthRule,
+    prefix: tuple[int, ...],
+    cap: int,
+    drafts: DraftEnumerator = stopped_drafts,
+) -> dict[tuple[tuple[int, ...], int, int], float]:
+    """Exact law of one round from (``prefix``, ``cap``) with the counts a controller observes:
+    {(emitted block, drafted, accepted): probability}. Cached per (world, method, rule, prefix, cap, drafts)."""
+    if method not in OUTCOME_LAWS:
+        raise ValueError(f"method must be one of {sorted(OUTCOME_LAWS)}, got {method!r}")
+    return _counted_round_law_cached(world, method, rule, tuple(prefix), cap, drafts)
+
+
+@lru_cache(maxsize=None)
+def _counted_round_law_cached(world, method, rule, prefix, cap, drafts) -> dict[tuple[tuple[int, ...], int, int], float]:
+    out: dict[tuple[tuple[int, ...], int, int], float] = {}
     for draft, draft_prob in drafts(world, rule, prefix, cap):
-        contexts = [prefix + draft[:t] for t in range(len(draft) + 1)]
-        q_rows = np.stack([world.q(c) for c in contexts[:-1]])
-        p_rows = np.stack([world.p(c) for c in contexts])
-        for (n, token), prob in law(p_rows, q_rows, draft).items():
-            caps = rule.next_caps(torch.tensor([cap]), torch.tensor([len(draft)]), torch.tensor([n]))
-            key = (draft[:n] + (token,), int(caps[0]))
+        for (n, token), prob in draft_outcome_law(world, method, prefix, draft).items():
+            key = (draft[:n] + (token,), len(draft), n)
             out[key] = out.get(key, 0.0) + draft_prob * prob
     return out
 
