@@ -110,9 +110,7 @@ def validate_hsd_server_args(args) -> None:
             "--speculative-use-block-verification: HSD replaces SGLang's chain sampler; choose "
             "the verifier with --hsd-verify-method {hsd,tokenwise} instead"
         )
-    problems += request_seed_problems(args)
-    problems += draft_precision_problems(args)
-    problems += adaptive_problems(args)
+    problems += hsd_flag_problems(args)
     if getattr(args, "speculative_adaptive", False):
         problems.append("--speculative-adaptive: not supported with HSD; remove it")
     if getattr(args, "enable_multi_layer_eagle", False):
@@ -239,6 +237,11 @@ def draft_model_problems(args) -> list[str]:
         problems.append("--enable-dp-attention with --hsd-draft-kind model: SGLang's standalone "
                         "draft worker does not support DP attention; remove it")
     return problems
+
+
+def hsd_flag_problems(args) -> list[str]:
+    """What the ``--hsd-*`` flags read from the environment cannot honour with ``args``."""
+    return request_seed_problems(args) + draft_precision_problems(args) + adaptive_problems(args)
 
 
 def request_seed_problems(args) -> list[str]:
