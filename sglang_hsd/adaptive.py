@@ -9,13 +9,13 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
   a < L tokens is a successes and one failure, a = L is L successes), shrunk towards the server-wide
   rate for requests with few rounds, older rounds discounted;
 * the measured seconds of a round at this batch size (:class:`RoundCosts`: per power-of-two batch
-  bucket and length, exponentially averaged; lengths not measured are interpolated linearly
-  between measured ones, since each draft step adds about one small forward);
+  bucket and length, the median of the last few rounds; lengths not measured are interpolated
+  linearly between measured ones, since each draft step adds about one small forward);
 
 as ``argmax_L sum_i E_i(L) / cost(B, L)`` with ``E(L) = 1 + r + ... + r^L`` the expected tokens of
 a chain whose tokens are accepted with probability r each (the bonus token included). Before it can
 compare, the controller runs each *anchor* length (0, the shortest and the longest positive one)
-once per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
+twice per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
 drifts (a machine getting busier) is re-measured; those exploration rounds are chosen by a fixed
 schedule. At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the
 choice falls to 0: speculation backs off to off.
@@ -45,7 +45,7 @@ class AdaptiveConfig:
         prior_rate: per-token acceptance assumed before any round was observed, in (0, 1).
         prior_rounds: weight, in rounds, of the server-wide rate in a request's estimate (> 0).
         memory: factor by which a request's earlier rounds are discounted each round, in (0, 1].
-        cost_memory: weight of the earlier measurements in a round cost's average, in [0, 1).
+        cost_window: a round cost's estimate is the median of this many recent rounds (>= 2).
         refresh_rounds: an anchor length not run at a batch bucket for this many rounds there is
             run again (>= 1).
     """
@@ -54,7 +54,7 @@ class AdaptiveConfig:
     prior_rate: float = 0.6
     prior_rounds: float = 2.0
     memory: float = 0.9
-    cost_memory: float = 0.7
+    cost_window: int = 5
     refresh_rounds: int = 64
 
     def __post_init__(self) -> None:
@@ -67,8 +67,8 @@ class AdaptiveConfig:
             raise ValueError(f"prior_rounds must be > 0, got {self.prior_rounds}")
         if not 0.0 < self.memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {self.memory}")
-        if not 0.0 <= self.cost_memory < 1.0:
-            raise ValueError(f"cost_memory must be in [0, 1), got {self.cost_memory}")
+        if self.cost_window < 2:
+            raise ValueError(f"cost_window must be >= 2, got {self.cost_window}")
         if self.refresh_rounds < 1:
             raise ValueError(f"refresh_rounds must be >= 1, got {self.refresh_rounds}")
 
@@ -126,22 +126,48 @@ def batch_bucket(batch: int) -> int:
 
 @dataclass
 class RoundCosts:
-    """Measured seconds of a decode round per (batch bucket, draft length)."""
+    """Measured seconds of a decode round per (batch bucket, draft length).
 
-    memory: float
-    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    A key's estimate is the median of its last ``window`` measurements once it has ``min_samples``:
+    the first round after a switch or a prefill can cost several times a steady one (a lazy
+    initialisation, a cold cache), and one such outlier must not decide for the next 64 rounds.
+    """
+
+    window: int = 5
+    min_samples: int = 2
+    samples: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     last_run: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def observe(self, bucket: int, length: int, seconds: float, round_index: int) -> None:
         key = (bucket, length)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else self.memory * old + (1 - self.memory) * seconds
+        recent = self.samples.setdefault(key, [])
+        recent.append(seconds)
+        del recent[:-self.window]
         self.last_run[key] = round_index
+
+    def measured(self, bucket: int, length: int) -> float | None:
+        """The median of the key's recent measurements, None with fewer than ``min_samples``."""
+        recent = self.samples.get((bucket, length), [])
+        if len(recent) < self.min_samples:
+            return None
+        ordered = sorted(recent)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+    @property
+    def seconds(self) -> dict[tuple[int, int], float]:
+        """Every key with an estimate -> its median seconds."""
+        out = {}
+        for bucket, length in self.samples:
+            value = self.measured(bucket, length)
+            if value is not None:
+                out[(bucket, length)] = value
+        return out
 
     def estimate(self, bucket: int, length: int) -> float | None:
         """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
         nearest measured positive lengths (extrapolated from the two nearest), else None."""
-        measured = self.seconds.get((bucket, length))
+        measured = self.measured(bucket, length)
         if measured is not None:
             return measured
         if length == 0:
@@ -171,7 +197,7 @@ class BudgetController:
 
     def __init__(self, config: AdaptiveConfig) -> None:
         self.config = config
-        self.costs = RoundCosts(config.cost_memory)
+        self.costs = RoundCosts(window=config.cost_window)
         self.server_rate = config.prior_rate
         self.rounds = 0
         self.bucket_rounds: dict[int, int] = {}
@@ -194,7 +220,8 @@ class BudgetController:
         seen = self.bucket_rounds.get(bucket, 0)
         for length in self.config.anchors:
             last = self.costs.last_run.get((bucket, length))
-            if last is None or seen - last >= self.config.refresh_rounds:
+            if (last is None or self.costs.measured(bucket, length) is None
+                    or seen - last >= self.config.refresh_rounds):
                 return length
         return None
 

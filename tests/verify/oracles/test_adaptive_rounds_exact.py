@@ -36,9 +36,10 @@ LENGTH = 6
 # Small memories and a short refresh so that L moves within a few rounds: anchors (0, 1, 3) are
 # re-run every 6 rounds, and one round's outcome moves the request's rate across the thresholds
 # of the speed comparison (about 0.3 / 0.63 / 0.76 for costs 1 + 0.3 L).
-CONFIG = AdaptiveConfig((0, 1, 2, 3), prior_rate=0.7, prior_rounds=1.0, memory=0.8, cost_memory=0.5,
+CONFIG = AdaptiveConfig((0, 1, 2, 3), prior_rate=0.7, prior_rounds=1.0, memory=0.8, cost_window=2,
                         refresh_rounds=6)
-WARM = (0, 1, 3)  # the controller has measured the anchors before the request arrives
+WARM = (0, 0, 1, 1, 3, 3)  # the controller has measured the anchors before the request arrives
+HALF_WARM = (0, 1, 3)  # one measurement each: the request's own first rounds finish the exploration
 RULES = {"no-stop": DraftLengthRule(),
          "stop": DraftLengthRule(DraftLengthKind.ADAPTIVE, threshold=0.45, min_length=1, max_length=3, grow=1)}
 
@@ -52,7 +53,7 @@ def _law(world, method, rule, policy=budget_round, warmup=WARM, length=LENGTH):
 @pytest.mark.exact
 @pytest.mark.parametrize("method", ["hsd", "tokenwise"])
 @pytest.mark.parametrize("rule", sorted(RULES))
-@pytest.mark.parametrize("seed,draft,warmup", [(0, "mixture", WARM), (1, "mixture", WARM), (2, "independent", ())])
+@pytest.mark.parametrize("seed,draft,warmup", [(0, "mixture", WARM), (1, "mixture", WARM), (2, "independent", HALF_WARM)])
 def test_controlled_rounds_are_lossless(method, rule, seed, draft, warmup):
     world = prompted_world(PROMPT, LENGTH, CONFIG.candidates[-1], seed=seed, draft=draft)
     law, tv = _law(world, method, rule, warmup=warmup)
@@ -119,7 +120,8 @@ def test_batched_controlled_rounds_match_target(method, rule):
     result, p_value = _simulate(method, rule)
     assert p_value > P_VALUE_FLOOR
     lengths = result.request_rounds_by_length
-    assert set(lengths) == {0, 1, 2, 3} and min(lengths.values()) > 100  # every length in use
+    # every length in use, three of them often
+    assert set(lengths) == {0, 1, 2, 3} and sorted(lengths.values())[1] > 100
 
 
 @pytest.mark.statistical
