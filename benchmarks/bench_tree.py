@@ -203,9 +203,12 @@ def world_exact(world: TabularWorld, topk: int, depth: int) -> dict[str, float]:
 
 
 def world_budgeted(world: TabularWorld, topk: int, depth: int, num_draft_tokens: int) -> dict[str, float]:
-    """Exact expected accepted drafts at node budget N: level-synchronous default vs SGLang's stock."""
+    """Exact expected accepted drafts at node budget N: level-synchronous default (sampled children,
+    and argmax-first children: ``--hsd-tree-draft argmax-first``) vs SGLang's stock."""
     shape = Shape(depth, topk, num_draft_tokens)
     return {"level_hsd": float(expand_round_law(world, DEFAULT_LEVEL_RULE, shape).expected_accepted),
+            "level_argmax_first": float(expand_round_law(world, DEFAULT_LEVEL_RULE, shape, children="argmax-first")
+                                        .expected_accepted),
             "level_stock": float(expand_round_law(world, "stock", shape).expected_accepted)}
 
 
@@ -317,6 +320,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "world_hsd_below_stock": sum(r["world_hsd"] < r["world_stock"] - TIE for r in sel),
             "world_hsd_below_rrs": sum(r["world_hsd"] < r["world_rrs"] - TIE for r in sel),
             "world_level_hsd": mean("world_level_hsd"), "world_level_stock": mean("world_level_stock"),
+            "world_level_argmax_first": mean("world_level_argmax_first"),
             "world_level_below_stock": sum(r["world_level_hsd"] < r["world_level_stock"] - TIE for r in sel),
         })
     return out
@@ -354,11 +358,11 @@ def format_tables(meta: dict, rows: list[dict], summary: list[dict]) -> str:
                      f"{s['world_hsd_below_rrs']} |")
     lines += ["", f"## Recorded tiny worlds at node budget N = {meta['num_draft_tokens']} (exact, depth <= "
               f"{meta['depth']})", "", f"| topk | T | worlds | stock (pruned top-k) + target-only | {DEFAULT_LEVEL_RULE} + hsd | "
-              "difference | worlds below stock |", "|---" * 7 + "|"]
+              "difference | worlds below stock | argmax-first children + hsd |", "|---" * 8 + "|"]
     for s in summary:
         lines.append(f"| {s['topk']} | {s['temperature']} | {s['contexts']} | {s['world_level_stock']:.3f} | "
                      f"{s['world_level_hsd']:.3f} | {s['world_level_hsd'] - s['world_level_stock']:+.3f} | "
-                     f"{s['world_level_below_stock']} |")
+                     f"{s['world_level_below_stock']} | {s['world_level_argmax_first']:.3f} |")
     lines += ["", "## Per context", "",
               "| topk | T | context | set | prompt | pos | stock | rrs | hsd | hsd - stock | hsd - rrs | world stock | "
               "world rrs | world hsd |", "|---" * 14 + "|"]

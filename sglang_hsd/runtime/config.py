@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
 from sglang_hsd.tree_draft import TreeShape
-from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES
+from sglang_hsd.tree_draft import CHILD_SAMPLERS, DEFAULT_CHILD_SAMPLER, DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES
 
 # The tree rule each chain method becomes when the drafter draws a tree (the target level's method).
 TREE_METHOD_OF = {"hsd": "hsd", "tokenwise": "rrs", "greedy": "greedy"}
@@ -43,6 +43,9 @@ class HierarchyConfig:
             no window, and a target method in ``TREE_METHOD_OF``; the drafter's buffer is unused.
         tree_rule: which drafted nodes are forwarded and kept (a lossless key of
             ``tree_draft.LEVEL_RULES``, the server's ``--hsd-tree-rule``).
+        tree_children: how a node's children are drawn (a lossless key of
+            ``tree_draft.CHILD_SAMPLERS``: ``gumbel_topk``, or ``argmax_first`` as the server's
+            ``--hsd-tree-draft argmax-first``); the verifier is told the sampler's draft mode.
     """
 
     levels: tuple[LevelSpec, ...] = field(default_factory=lambda: (LevelSpec(LevelKind.TARGET),))
@@ -51,6 +54,7 @@ class HierarchyConfig:
     draft_length: DraftLengthRule = field(default_factory=DraftLengthRule)
     tree: TreeShape | None = None
     tree_rule: str = DEFAULT_LEVEL_RULE
+    tree_children: str = DEFAULT_CHILD_SAMPLER
 
     def __post_init__(self) -> None:
         if not isinstance(self.draft_length, DraftLengthRule):
@@ -98,6 +102,9 @@ class HierarchyConfig:
             raise ValueError(f"tree: the target's method must be one of {sorted(TREE_METHOD_OF)}, got {method!r}")
         if self.tree_rule not in LOSSLESS_LEVEL_RULES:
             raise ValueError(f"tree_rule must be one of {list(LOSSLESS_LEVEL_RULES)}, got {self.tree_rule!r}")
+        if self.tree_children not in CHILD_SAMPLERS or not CHILD_SAMPLERS[self.tree_children].lossless:
+            lossless = [name for name, sampler in CHILD_SAMPLERS.items() if sampler.lossless]
+            raise ValueError(f"tree_children must be one of {lossless}, got {self.tree_children!r}")
         cfg, capacity = self.tree, LEVEL_RULES[self.tree_rule].capacity(self.tree)
         if cfg.budget > min(cfg.pool, capacity):
             raise ValueError(
@@ -127,6 +134,7 @@ def parse_levels(
     draft_length: DraftLengthRule | None = None,
     tree: TreeShape | None = None,
     tree_rule: str = DEFAULT_LEVEL_RULE,
+    tree_children: str = DEFAULT_CHILD_SAMPLER,
 ) -> HierarchyConfig:
     """A ``HierarchyConfig`` for ``"exit:4,exit:12,target"`` (or ``"model:/path,target"``,
     ``"eagle3:/dir,exit:16,target"``, or ``"target"``); the grammar is ``parse_level_specs``'s.
@@ -136,7 +144,8 @@ def parse_levels(
         methods: one per verifying level (every level but the drafter), or a single method for all.
         window: ``HierarchyConfig.window``.
         draft_length: ``HierarchyConfig.draft_length`` (default ``fixed``).
-        tree, tree_rule: ``HierarchyConfig.tree`` / ``tree_rule``.
+        tree, tree_rule, tree_children: ``HierarchyConfig.tree`` / ``tree_rule`` / ``tree_children``.
     """
     return HierarchyConfig(parse_level_specs(spec, buffers, methods), window=window,
-                           draft_length=draft_length or DraftLengthRule(), tree=tree, tree_rule=tree_rule)
+                           draft_length=draft_length or DraftLengthRule(), tree=tree, tree_rule=tree_rule,
+                           tree_children=tree_children)

@@ -98,7 +98,7 @@ class TreeRounds:
         self.run = run
         config = run.gen.config
         self.shape, self.rule, self.method = config.tree, config.tree_rule, config.tree_method
-        self.plan = DraftPlan.build(config.tree, config.tree_rule, run.tokens.device)
+        self.plan = DraftPlan.build(config.tree, config.tree_rule, run.tokens.device, config.tree_children)
         self.target: LayerGroup = run.level_group[-1]
         # The target's groups from the embeddings up (the last one is the target level's).
         self.target_chain: list[LayerGroup] = []
@@ -131,7 +131,7 @@ class TreeRounds:
         # its num_kept nodes, which validation accepts as such.
         res = verify_tree(candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs, p,
                           method=self.method, generator=run.generator, validate=run.gen.validate,
-                          max_depth=self.shape.depth, num_kept=tree.num_kept)
+                          max_depth=self.shape.depth, num_kept=tree.num_kept, draft_mode=self.plan.sampler.draft_mode)
         self.drafter.keep_accepted(idx, tree, res)
         self._commit(idx, root_pos, res, outputs)
         stats = run.stats[-1]

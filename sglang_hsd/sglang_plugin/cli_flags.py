@@ -49,7 +49,9 @@ HSD_FLAGS = (
      "(topk > 1) hsd|rrs with --hsd-tree-draft sampled (default hsd), target-only with topk"),
     ("--hsd-tree-draft", TREE_DRAFT_ENV, {"choices": tuple(TREE_DRAFTS)},
      "how trees (--speculative-eagle-topk > 1) are drafted: sampled (children drawn without "
-     "replacement from the drafter's q; default) or topk (SGLang's deterministic top-k)"),
+     "replacement from the drafter's q; default), argmax-first (each node's first child is q's "
+     "argmax, the others drawn without replacement from q without it) or topk (SGLang's "
+     "deterministic top-k)"),
     ("--hsd-tree-rule", TREE_RULE_ENV, {"choices": LOSSLESS_LEVEL_RULES},
      "expansion rule of sampled trees (which drafted nodes are forwarded and kept, decided from "
      "earlier draws only): spine_wide (default; deep, for drafters that accept several tokens), "

@@ -33,10 +33,15 @@ DEFAULT_TOPK = 1
 TREE_DRAFT_ENV = "SGLANG_HSD_TREE_DRAFT"
 # --hsd-tree-draft -> (tree verify methods it may be paired with, default method). "sampled":
 # children drawn without replacement from the drafter's real q (lossless with a verifier that
-# reads q); "topk": SGLang's stock deterministic top-k drafting, whose lossless verifier treats
-# the nodes as one-hot (SGLang's own tree sampler).
-TREE_DRAFTS = {"sampled": (("hsd", "rrs"), "hsd"), "topk": (("target-only",), "target-only")}
+# reads q); "argmax-first": a node's first child is q's argmax (the stock tree's top-1 child), the
+# later ones drawn without replacement from q without it, verified with each child's own proposal
+# (one-hot for the first); "topk": SGLang's stock deterministic top-k drafting, whose lossless
+# verifier treats the nodes as one-hot (SGLang's own tree sampler).
+TREE_DRAFTS = {"sampled": (("hsd", "rrs"), "hsd"), "argmax-first": (("hsd", "rrs"), "hsd"),
+               "topk": (("target-only",), "target-only")}
 DEFAULT_TREE_DRAFT = "sampled"
+# The tree drafts the level-synchronous drafter runs -> its child sampler (``tree_draft.CHILD_SAMPLERS``).
+TREE_DRAFT_SAMPLERS = {"sampled": "gumbel_topk", "argmax-first": "argmax_first"}
 DRAFT_TEMPERATURE_SCALE_ENV = "SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"
 TREE_RULE_ENV = "SGLANG_HSD_TREE_RULE"
 # what --hsd-verify-method accepts at all: the chain rules and the tree rules above
@@ -72,6 +77,16 @@ class PluginConfig:
     def is_tree(self) -> bool:
         return self.topk > 1
 
+    @property
+    def sampled_tree(self) -> bool:
+        """Trees drafted by the level-synchronous drafter (``--hsd-tree-draft`` sampled or argmax-first)."""
+        return self.is_tree and self.tree_draft in TREE_DRAFT_SAMPLERS
+
+    @property
+    def child_sampler(self) -> str:
+        """The drafter's child sampler for ``tree_draft`` (a key of ``tree_draft.CHILD_SAMPLERS``)."""
+        return TREE_DRAFT_SAMPLERS.get(self.tree_draft, TREE_DRAFT_SAMPLERS[DEFAULT_TREE_DRAFT])
+
     @classmethod
     def from_env(cls, topk: int = 1) -> "PluginConfig":
         """Read ``--hsd-verify-method`` / ``--hsd-tree-draft`` for a server with ``topk`` beams.
@@ -86,14 +101,14 @@ class PluginConfig:
         if rule and rule not in LOSSLESS_LEVEL_RULES:
             raise ValueError(f"--hsd-tree-rule ({TREE_RULE_ENV}) must be one of "
                              f"{LOSSLESS_LEVEL_RULES} (the lossless rules), got {rule!r}")
-        sampled_tree = topk > 1 and (draft or DEFAULT_TREE_DRAFT) == "sampled"
+        sampled_tree = topk > 1 and (draft or DEFAULT_TREE_DRAFT) in TREE_DRAFT_SAMPLERS
         for flag, env, given in (("--hsd-tree-rule", TREE_RULE_ENV, rule or None),
                                  ("--hsd-draft-temperature-scale", DRAFT_TEMPERATURE_SCALE_ENV,
                                   f"{scale:g}" if scale != 1.0 else None)):
             if given is not None and not sampled_tree:
                 raise ValueError(
                     f"{flag} ({env}) {given} applies to sampled trees only (--speculative-eagle-"
-                    f"topk > 1, --hsd-tree-draft sampled); got --speculative-eagle-topk {topk}"
+                    f"topk > 1, --hsd-tree-draft sampled or argmax-first); got --speculative-eagle-topk {topk}"
                     + (f", --hsd-tree-draft {draft}" if draft else ""))
         if topk <= 1:
             if draft:

@@ -190,7 +190,7 @@ def _sampled_tree_problems(args) -> list[str]:
         config = PluginConfig.from_env(args.speculative_eagle_topk)
     except ValueError:
         return []  # reported by validate_hsd_server_args
-    if config.tree_draft != "sampled":
+    if not config.sampled_tree:
         return []
     problems = []
     try:

@@ -42,6 +42,7 @@ import torch
 
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
 from sglang_hsd.sglang_plugin.request_sampling import target_probs_with_min_p
+from sglang_hsd.tree_draft import CHILD_SAMPLERS
 from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
 from sglang_hsd.verify.chain.types import ChainVerifyResult
 from sglang_hsd.verify.common import assemble_emitted, inverse_cdf_sample
@@ -296,7 +297,7 @@ def make_hsd_tree_sampling(original, state: VerifyHookState):
             tree.draft_probs if tree is not None else None, target_probs, method=method,
             uniforms=TreeUniforms(accept=uniform_samples.float(),
                                   sample=uniform_samples_for_final_sampling.float()),
-            validate=state.config.validate, draft_mode="without-replacement",
+            validate=state.config.validate, draft_mode=CHILD_SAMPLERS[state.config.child_sampler].draft_mode,
             max_depth=accept_index.shape[1] - 1, num_kept=tree.num_kept if tree is not None else None)
         write_tree_result(predicts, accept_index, accept_token_num, retrive_index, result)
 

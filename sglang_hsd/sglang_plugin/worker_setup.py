@@ -38,11 +38,11 @@ def adopt_draft_worker(worker, sglang_cls: type, hsd_cls: type):
 
 
 def setup_sampled_trees(draft, config: PluginConfig) -> None:
-    """With ``--hsd-tree-draft sampled`` trees (topk > 1), give the HSD draft worker ``draft``
+    """With ``--hsd-tree-draft sampled`` or ``argmax-first`` trees (topk > 1), give the HSD draft worker ``draft``
     (a ``draft_worker.SampledTreeDraft``) the configuration its tree loop reads and the
     ``RootQHook`` that records each draft extend's next-root q; nothing for chains or top-k trees.
     """
-    if draft is None or not (config.is_tree and config.tree_draft == "sampled"):
+    if draft is None or not config.sampled_tree:
         return
     from sglang.srt.speculative import eagle_worker_v2
 
@@ -51,7 +51,7 @@ def setup_sampled_trees(draft, config: PluginConfig) -> None:
 
     draft.hsd_config = config
     shape = TreeShape(draft.speculative_num_steps, draft.topk, draft.speculative_num_draft_tokens)
-    draft.hsd_tree_plan = DraftPlan.build(shape, config.tree_rule, draft.device)
+    draft.hsd_tree_plan = DraftPlan.build(shape, config.tree_rule, draft.device, config.child_sampler)
     draft.hsd_root_q = RootQHook(config.draft_temperature_scale)
     draft.hsd_root_q.install(eagle_worker_v2)
 

@@ -8,6 +8,11 @@ fewer than k tokens of positive probability (e.g. a request's top-k below the tr
   draw of k tokens without replacement from q (``noise.py`` states the law), which is what
   traversal verification (``verify_tree(method="hsd")``, ``draft_mode="without-replacement"``)
   divides by. One top-k over the vocabulary, no loop, no host synchronisation.
+* ``argmax_first`` (lossless): the first child is q's argmax (deterministic, as the stock tree's
+  top-1 child), the later k - 1 the largest log q + g with the argmax left out: a draw without
+  replacement from q without its argmax, renormalised. Verified with ``draft_mode="argmax-first"``
+  (``verify/tree/reference.py``): each child is tested against its own proposal, one-hot for the
+  first child, q without the earlier siblings for the others.
 * ``with_replacement`` (``lossless=False``, the documented negative): each child an independent
   Gumbel argmax, duplicates possible; verified as if drawn without replacement it is biased
   (``tests/tree_draft/test_exact.py::test_with_replacement_sampler_is_lossy``).
@@ -21,6 +26,7 @@ one-hot q would leave a single child per node.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,6 +46,8 @@ class ChildSampler:
         noise_draws: k -> S, the Gumbel vectors a node needs.
         draw: see ``DrawChildren``.
         lossless: with the lossless rules and verifiers the round keeps the target's law.
+        draft_mode: the ``verify_tree`` draft mode that describes the children's law (what the
+            server and the runtime pass; ``with_replacement`` deliberately mismatches it).
     """
 
     name: str
@@ -47,12 +55,20 @@ class ChildSampler:
     noise_draws: Callable[[int], int]
     draw: DrawChildren
     lossless: bool = True
+    draft_mode: str = "without-replacement"
 
 
 def gumbel_topk(log_q: torch.Tensor, noise: torch.Tensor, deterministic: torch.Tensor, k: int):
     keys = torch.where(deterministic.unsqueeze(-1), log_q, log_q + noise[:, 0])
     values, tokens = torch.topk(keys, k, dim=-1)
     return tokens, torch.isfinite(values)
+
+
+def argmax_first(log_q: torch.Tensor, noise: torch.Tensor, deterministic: torch.Tensor, k: int):
+    keys = torch.where(deterministic.unsqueeze(-1), log_q, log_q + noise[:, 0])
+    keys = keys.scatter(1, log_q.argmax(-1, keepdim=True), math.inf)  # q's argmax first, always
+    values, tokens = torch.topk(keys, k, dim=-1)
+    return tokens, values > -math.inf
 
 
 def with_replacement(log_q: torch.Tensor, noise: torch.Tensor, deterministic: torch.Tensor, k: int):
@@ -68,6 +84,8 @@ CHILD_SAMPLERS: dict[str, ChildSampler] = {
     for sampler in (
         ChildSampler("gumbel_topk", "the k largest log q + Gumbel: k draws without replacement",
                      lambda k: 1, gumbel_topk),
+        ChildSampler("argmax_first", "q's argmax, then k - 1 Gumbel top-k draws without it (without replacement)",
+                     lambda k: 1, argmax_first, draft_mode="argmax-first"),
         ChildSampler("with_replacement", "k independent Gumbel argmaxes, duplicates possible (lossy)",
                      lambda k: k, with_replacement, lossless=False),
     )

@@ -56,12 +56,15 @@ def draft_round(head: TinyHead, plan: DraftPlan, root_hidden: torch.Tensor, root
 
 
 def verify_round(tree: tuple[torch.Tensor, ...], target_probs: torch.Tensor, accept: torch.Tensor,
-                 sample: torch.Tensor, depth: int, backend: str = "auto") -> tuple[torch.Tensor, ...]:
+                 sample: torch.Tensor, depth: int, backend: str = "auto",
+                 draft_mode: str = "without-replacement") -> tuple[torch.Tensor, ...]:
     """``verify_tree(method="hsd")`` of ``draft_round``'s tree against ``target_probs`` float [B, N, V]
-    with uniforms ``accept`` [B, N] and ``sample`` [B]. Returns (accept_index, num_accepted, tokens)."""
+    with uniforms ``accept`` [B, N] and ``sample`` [B] (``draft_mode``: the child sampler's).
+    Returns (accept_index, num_accepted, tokens)."""
     _, _, candidates, draft_probs, next_token, next_sibling, _, _ = tree
     result = verify_tree(candidates, next_token, next_sibling, draft_probs, target_probs, method="hsd",
-                         uniforms=TreeUniforms(accept, sample), validate=False, max_depth=depth, backend=backend)
+                         uniforms=TreeUniforms(accept, sample), validate=False, max_depth=depth, backend=backend,
+                         draft_mode=draft_mode)
     return result.accept_index, result.num_accepted, result.tokens
 
 
@@ -72,7 +75,8 @@ def whole_round(head: TinyHead, plan: DraftPlan, backend: str = "auto"):
 
     def run(root_hidden, root_q, deterministic, seed, position, target, accept, sample):
         tree = draft_round(head, plan, root_hidden, root_q, deterministic, seed, position)
-        return tree, verify_round(tree, close_target(tree[3], target), accept, sample, plan.shape.depth, backend)
+        return tree, verify_round(tree, close_target(tree[3], target), accept, sample, plan.shape.depth, backend,
+                                  plan.sampler.draft_mode)
 
     return run
 

@@ -215,3 +215,24 @@ def test_cli_draft_temperature_scale_flag(plugin_loaded, clean_env):
     assert float(os.environ["SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"]) == 0.25
     with pytest.raises(SystemExit):  # argparse: not a number
         parser.parse_args(["--model-path", "x", "--hsd-draft-temperature-scale", "sharp"])
+
+
+def test_argmax_first_tree_draft(plugin_loaded, clean_env):
+    """--hsd-tree-draft argmax-first: the level drafter with argmax-first children, verified by hsd
+    (default) or rrs told the matching draft mode; the default stays sampled (Gumbel top-k)."""
+    from sglang_hsd.tree_draft import CHILD_SAMPLERS
+
+    default = PluginConfig.from_env(topk=2)
+    assert default.tree_draft == "sampled" and default.child_sampler == "gumbel_topk" and default.sampled_tree
+    clean_env.setenv("SGLANG_HSD_TREE_DRAFT", "argmax-first")
+    config = PluginConfig.from_env(topk=2)
+    assert (config.verify_method, config.child_sampler, config.sampled_tree) == ("hsd", "argmax_first", True)
+    assert CHILD_SAMPLERS[config.child_sampler].draft_mode == "argmax-first"
+    clean_env.setenv("SGLANG_HSD_TREE_RULE", "beam")
+    assert PluginConfig.from_env(topk=2).tree_rule == "beam"
+    _validate(speculative_num_draft_tokens=8)
+    clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", "target-only")
+    with pytest.raises(ValueError, match="verified losslessly by"):
+        PluginConfig.from_env(topk=2)
+    clean_env.setenv("SGLANG_HSD_VERIFY_METHOD", "rrs")
+    assert PluginConfig.from_env(topk=2).verify_method == "rrs"

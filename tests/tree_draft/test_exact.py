@@ -14,7 +14,7 @@ from sglang_hsd.verify.oracles import exact
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law, perturbed_world
 from sglang_hsd.verify.oracles.level_exact import level_prefix_tv, level_round_law
 from sglang_hsd.tree_draft import CHILD_SAMPLERS, DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES, TreeShape
-from sglang_hsd.verify.oracles.level_exact import SAMPLER_REPLACEMENT
+from sglang_hsd.verify.oracles.level_exact import SAMPLER_LAWS
 
 pytestmark = pytest.mark.exact
 
@@ -34,7 +34,7 @@ CASES = [  # (D, k, N), emitted tokens compared, draft context
 def test_registry():
     assert LEVEL_RULES[DEFAULT_LEVEL_RULE].lossless and not LEVEL_RULES["pruned"].lossless
     assert set(SEQUENTIAL) == set(LEVEL_RULES)
-    assert set(SAMPLER_REPLACEMENT) == set(CHILD_SAMPLERS)  # the oracle knows every sampler's law
+    assert set(SAMPLER_LAWS) == set(CHILD_SAMPLERS)  # the oracle knows every sampler's law
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 4), (3, 2, 6)])

@@ -1,7 +1,9 @@
 """Exact law of a server round with a budgeted draft tree (``tree/expand.py``'s rules), float64.
 
 One round from a prefix: enumerate every way the rule can draft its tree (each child drawn
-without replacement from q(.|node), or q's top token for the stock rule), with its probability;
+without replacement from q(.|node), or q's top token for the stock rule; with
+``children="argmax-first"`` a node's first child is q's argmax and the later ones are drawn
+without replacement, as ``tree_draft.CHILD_SAMPLERS["argmax_first"]``), with its probability;
 on each concrete tree apply the verifier's exact outcome law (``tree_exact`` with
 ``drafting="fixed"``); sum. Chaining rounds gives the law of the first L emitted tokens, to be
 compared with the target's.
@@ -94,9 +96,16 @@ ORACLE_RULES = {
 }
 
 
-def draft_outcomes(world: TabularWorld, prefix: tuple, rule: str, shape: Shape) -> list[tuple[float, list]]:
-    """Every tree the rule can draft from ``prefix``: [(probability, nodes in drafting order)]."""
+CHILDREN = {"sampled": ("without-replacement", "fixed"), "argmax-first": ("argmax-first", "fixed-argmax-first")}
+
+
+def draft_outcomes(world: TabularWorld, prefix: tuple, rule: str, shape: Shape,
+                   children: str = "sampled") -> list[tuple[float, list]]:
+    """Every tree the rule can draft from ``prefix``: [(probability, nodes in drafting order)].
+
+    ``children``: a key of ``CHILDREN``, how a sampled rule draws a node's children."""
     spec = ORACLE_RULES[rule]
+    drafting = CHILDREN[children][0] if spec.sampled else "top-k"
     steps = shape.topk + (shape.depth - 1) * shape.topk**2 if spec.prune else shape.num_draft_tokens - 1
     out: list[tuple[float, list]] = []
 
@@ -116,7 +125,7 @@ def draft_outcomes(world: TabularWorld, prefix: tuple, rule: str, shape: Shape) 
         node = nodes[parent]
         q_row = world.q(prefix + node.path)
         taken = tuple(n.token for n in nodes if n.parent == parent)
-        for token, draw in _sibling_draws(q_row, taken, "without-replacement" if spec.sampled else "top-k"):
+        for token, draw in _sibling_draws(q_row, taken, drafting):
             child = _Node(parent, token, node.depth + 1, node.score * float(q_row[token]), node.path + (token,))
             grown_kids = kids[:parent] + [kids[parent] + 1] + kids[parent + 1 :]
             grow(nodes + [child], grown_kids + [0], caps + [cap(child.path)], prob * draw)
@@ -138,14 +147,15 @@ def nested_shape(nodes: list, node: int = 0) -> tuple:
     return tuple((nodes[c].token, nested_shape(nodes, c)) for c in range(len(nodes)) if nodes[c].parent == node)
 
 
-def expand_round_law(world: TabularWorld, rule: str, shape: Shape, prefix: tuple = ()) -> RoundLaw:
-    """Exact law of one round: drafting outcomes of ``rule`` x the paired verifier's outcome law."""
+def expand_round_law(world: TabularWorld, rule: str, shape: Shape, prefix: tuple = (), children: str = "sampled") -> RoundLaw:
+    """Exact law of one round: drafting outcomes of ``rule`` x the paired verifier's outcome law
+    (``children`` as in ``draft_outcomes``; the verifier reads the matching drafting)."""
     method = ORACLE_RULES[rule].method
     outcomes_fn = traversal_outcomes if method == "hsd" else target_only_outcomes
     emitted: dict[tuple[int, ...], float] = {}
     expected = 0.0
-    for tree_prob, nodes in draft_outcomes(world, tuple(prefix), rule, shape):
-        law = outcomes_fn(world, tuple(prefix), None, None, "fixed", shape=nested_shape(nodes))
+    for tree_prob, nodes in draft_outcomes(world, tuple(prefix), rule, shape, children):
+        law = outcomes_fn(world, tuple(prefix), None, None, CHILDREN[children][1], shape=nested_shape(nodes))
         for (path, nxt), prob in law.items():
             emitted[path + (nxt,)] = emitted.get(path + (nxt,), 0.0) + tree_prob * prob
             expected += tree_prob * prob * len(path)

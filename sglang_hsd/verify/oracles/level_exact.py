@@ -4,13 +4,15 @@ Not a re-derivation: the batched ``LevelDrafter`` itself is run on every draftin
 children come from a child sampler fed by noise; here the noise is chosen (``TableNoise``) so that
 the sampler draws one given ordered sequence, and each sequence is weighted by the sampler's law:
 Plackett-Luce for ``gumbel_topk`` (the law of Gumbel top-k, which ``tests/tree_draft/
-test_statistical.py`` checks the keyed noise samples), i.i.d. for ``with_replacement``. Outcomes
+test_statistical.py`` checks the keyed noise samples), q's argmax then Plackett-Luce on the rest
+for ``argmax_first``, i.i.d. for ``with_replacement``. Outcomes
 are enumerated level by level: a run of the drafter shows the q rows of the level's forwarded
 nodes, and every batch row splits into one row per ordered draw sequence of a node, the row's
 probability multiplied by the sequence's. Deterministic rows and padding beams do not split. A
 last run gives every outcome's tree (the pool layout's verify-layout links and q rows); equal
 trees are merged and each gets the verifier's exact law (``tree_exact``, ``drafting="fixed"``,
-with the tree's own q rows), which ``tests/verify/tree/test_exact.py`` ties to ``verify_tree``.
+with the tree's own q rows; ``"fixed-argmax-first"`` for argmax-first samplers), which
+``tests/verify/tree/test_exact.py`` ties to ``verify_tree``.
 
 The draft model is the world's q read at a context: ``"path"`` (the node's path, what a draft model
 with exact KV gives) or ``"slot"`` (the tokens fed to the same beam slot at earlier forwards, as
@@ -30,12 +32,15 @@ from sglang_hsd.verify.oracles.exact import RoundLaw, TabularWorld, prefix_offse
 from sglang_hsd.verify.oracles.tree_exact import chain_rounds
 from sglang_hsd.verify.oracles.tree_exact import rrs_outcomes, traversal_outcomes
 from sglang_hsd.tree_draft import (
-    DEFAULT_CHILD_SAMPLER, DraftPlan, LevelDrafter, LevelTree, TableNoise, TreeShape, forward_slice,
+    CHILD_SAMPLERS, DEFAULT_CHILD_SAMPLER, DraftPlan, LevelDrafter, LevelTree, TableNoise, TreeShape, forward_slice,
 )
 
 CONTEXTS = ("path", "slot")
-# The law of each child sampler (``tree_draft.CHILD_SAMPLERS``): draws with replacement or not.
-SAMPLER_REPLACEMENT = {"gumbel_topk": False, "with_replacement": True}
+# The law of each child sampler (``tree_draft.CHILD_SAMPLERS``, ``_ordered_draws``).
+SAMPLER_LAWS = {"gumbel_topk": "without-replacement", "with_replacement": "with-replacement",
+                "argmax_first": "argmax-first"}
+# verify_tree's draft mode -> the ``tree_exact`` drafting of one given tree verified that way.
+FIXED_DRAFTING = {"without-replacement": "fixed", "argmax-first": "fixed-argmax-first"}
 QFn = Callable[[torch.Tensor], torch.Tensor]  # paths int64 [B, M, L] (column 0: root) -> q float [B, M, V]
 
 
@@ -87,12 +92,12 @@ def _run(world, prefix, plan: DraftPlan, noise: torch.Tensor, deterministic, con
     return drafter, tree
 
 
-def _ordered_draws(q: torch.Tensor, k: int, replacement: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ordered_draws(q: torch.Tensor, k: int, law: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every ordered sequence of k draws from each row of ``q`` (float64 [R, V]) and its probability.
 
     Without replacement (the law of Gumbel top-k, ``tree_draft/noise.py``): P(t_1..t_m) =
-    prod_j q(t_j) / (remaining mass before draw j), m = min(k, #positive q); with replacement:
-    prod_j q(t_j) / sum q. Returns (source row int64 [R'], tokens int64 [R', k] (-1 past the
+    prod_j q(t_j) / (remaining mass before draw j), m = min(k, #positive q); argmax-first: t_1 =
+    argmax q with probability 1, then the same; with replacement: prod_j q(t_j) / sum q. Returns (source row int64 [R'], tokens int64 [R', k] (-1 past the
     support), probability float64 [R'])."""
     source = torch.arange(q.shape[0])
     tokens = torch.full((q.shape[0], k), -1, dtype=torch.long)
@@ -103,12 +108,14 @@ def _ordered_draws(q: torch.Tensor, k: int, replacement: bool) -> tuple[torch.Te
         total = remaining.sum(-1, keepdim=True)
         splits = total.squeeze(-1) > 0
         share = torch.where(total > 0, remaining / total.clamp_min(1e-300), 0.0)
+        if j == 0 and law == "argmax-first":  # the drafter's argmax (first maximum, as torch's)
+            share = torch.zeros_like(share).scatter(1, remaining.argmax(-1, keepdim=True), 1.0)
         choice = torch.where(splits.unsqueeze(-1), share > 0, vocab == 0)  # [R, V]
         row, token = choice.nonzero(as_tuple=True)
         source, tokens, remaining = source[row], tokens[row].clone(), remaining[row].clone()
         tokens[:, j] = torch.where(splits[row], token, -1)
         probs = probs[row] * torch.where(splits[row], share[row, token], 1.0)
-        if not replacement:
+        if law != "with-replacement":
             at = torch.arange(row.shape[0])
             remaining[at, token] = torch.where(splits[row], 0.0, remaining[at, token])
     return source, tokens, probs
@@ -137,9 +144,9 @@ def _split_forward(state, plan: DraftPlan, noise, probs, source, f: int):
     k, sampler = plan.shape.topk, plan.sampler
     q = state.fwd_q[source, f].double()
     may_split = state.fwd_active[source, f] & ~state.deterministic[source]
-    if sampler.name not in SAMPLER_REPLACEMENT:
-        raise ValueError(f"no exact law for child sampler {sampler.name!r}; add it to SAMPLER_REPLACEMENT")
-    outcome_source, tokens, outcome_probs = _ordered_draws(q, k, SAMPLER_REPLACEMENT[sampler.name])
+    if sampler.name not in SAMPLER_LAWS:
+        raise ValueError(f"no exact law for child sampler {sampler.name!r}; add it to SAMPLER_LAWS")
+    outcome_source, tokens, outcome_probs = _ordered_draws(q, k, SAMPLER_LAWS[sampler.name])
     keep = may_split[outcome_source] | (torch.arange(outcome_source.shape[0]) == _first_outcome(outcome_source))
     outcome_source, tokens = outcome_source[keep], tokens[keep]
     split = may_split[outcome_source]
@@ -223,29 +230,34 @@ VERIFIERS = {"hsd": traversal_outcomes, "rrs": rrs_outcomes}
 
 
 def level_round_law(world, rule: str, cfg: TreeShape, prefix=(), method="hsd", deterministic=False, context="path",
-                    drafts: list | None = None, reported_q=None, sampler: str = DEFAULT_CHILD_SAMPLER) -> RoundLaw:
+                    drafts: list | None = None, reported_q=None, sampler: str = DEFAULT_CHILD_SAMPLER,
+                    verify_mode: str | None = None) -> RoundLaw:
     """Exact law of one round: ``draft_law`` x the verifier's exact law on each tree (bonus included).
 
     ``drafts``: ``draft_law``'s output for this prefix, when already computed. ``reported_q``: a
     world whose q the verifier reads instead of the rows the children were drawn from (a wrong
-    variant: a drafter that reports another q than it sampled)."""
+    variant: a drafter that reports another q than it sampled). ``verify_mode``: the
+    ``verify_tree`` draft mode the verifier assumes (a key of ``FIXED_DRAFTING``; None: the
+    sampler's own ``draft_mode``; another one is a wrong pairing)."""
     if drafts is None:
         drafts = draft_law(world, tuple(prefix), rule, cfg, deterministic, context, sampler)
+    drafting = FIXED_DRAFTING[verify_mode or CHILD_SAMPLERS[sampler].draft_mode]
     emitted: dict = {}
     expected = 0.0
     for tree_prob, tree in drafts:
         tree_world, shape = _verify_view(world, tuple(prefix), tree, reported_q)
-        for (path, nxt), prob in VERIFIERS[method](tree_world, tuple(prefix), None, None, "fixed", shape=shape).items():
+        for (path, nxt), prob in VERIFIERS[method](tree_world, tuple(prefix), None, None, drafting, shape=shape).items():
             emitted[path + (nxt,)] = emitted.get(path + (nxt,), 0.0) + tree_prob * prob
             expected += tree_prob * prob * len(path)
     return RoundLaw(emitted, expected)
 
 
 def level_prefix_tv(world, rule, cfg: TreeShape, length: int, methods=("hsd",), deterministic=False,
-                    context="path", reported_q=None, sampler: str = DEFAULT_CHILD_SAMPLER) -> dict[str, float]:
+                    context="path", reported_q=None, sampler: str = DEFAULT_CHILD_SAMPLER,
+                    verify_mode: str | None = None) -> dict[str, float]:
     """{method: TV between the emitted and the target law of the first ``length`` tokens} (chained
     rounds; the drafting law of each prefix is enumerated once for all ``methods``; ``reported_q``
-    as in ``level_round_law``)."""
+    and ``verify_mode`` as in ``level_round_law``)."""
     drafts: dict = {}
 
     def round_law(method):
@@ -253,7 +265,7 @@ def level_prefix_tv(world, rule, cfg: TreeShape, length: int, methods=("hsd",), 
             if prefix not in drafts:
                 drafts[prefix] = draft_law(world, prefix, rule, cfg, deterministic, context, sampler)
             return level_round_law(world, rule, cfg, prefix, method, drafts=drafts[prefix],
-                                   reported_q=reported_q).emitted
+                                   reported_q=reported_q, sampler=sampler, verify_mode=verify_mode).emitted
         return law
 
     target = target_prefix_distribution(world, length)

@@ -124,13 +124,15 @@ def simulate_tree(
     drafting: str = "without-replacement",
     dtype: torch.dtype = torch.float32,
     draft_fn=None,
+    draft_mode: str | None = None,
 ) -> SimulationResult:
     """Tree version of ``simulate_chain``: each round drafts a full tree (``sample_tree`` or, for
     ``drafting="top-k"``, ``topk_tree``) and verifies it with one ``verify_tree`` call.
 
     ``draft_fn(q_fn, root_tokens, generator) -> DraftTree`` replaces the full-tree drafter (e.g.
     budgeted trees from ``tree/expand.py``, whose unused columns are unreachable, hence
-    ``validate=False``); ``depth`` must bound its trees' depth."""
+    ``validate=False``); ``depth`` must bound its trees' depth. ``draft_mode``: what
+    ``verify_tree`` is told (None: the one ``drafting`` names)."""
     vocab = world.vocab_size
     p_table = torch.as_tensor(world.target, dtype=dtype)
     q_table = torch.as_tensor(world.draft, dtype=dtype)
@@ -163,7 +165,7 @@ def simulate_tree(
         result = verify_tree(
             tree.candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs, target_probs,
             method=method, generator=generator, validate=False,
-            draft_mode="iid" if drafting == "iid" else "without-replacement",
+            draft_mode=draft_mode or ("iid" if drafting == "iid" else "without-replacement"),
         )
         if first_round is None:
             first_round = result.num_accepted.clone()

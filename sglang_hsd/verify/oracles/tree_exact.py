@@ -17,9 +17,12 @@ is the tuple of its children's shapes); the round-level helpers use full topk/de
 
 Drafting modes: ``"without-replacement"`` (children sequentially, earlier siblings removed from q
 and renormalised), ``"iid"`` (children i.i.d. from q), ``"top-k"`` (SGLang's deterministic top-k;
-the tree has probability one), ``"fixed"`` (one concrete tree drafted without replacement, given
-as ``shape``: a node is the tuple of its children as (token, child's node) pairs in drafting order;
-the law returned is the verifier's law given that tree, ``oracles/expand_exact.py`` weighs trees).
+the tree has probability one), ``"argmax-first"`` (the first child is q's argmax, the later ones
+without replacement from q without it; ``hsd`` and ``rrs`` test the first child against a one-hot
+proposal), ``"fixed"`` (one concrete tree drafted without replacement, given as ``shape``: a node
+is the tuple of its children as (token, child's node) pairs in drafting order; the law returned is
+the verifier's law given that tree, ``oracles/expand_exact.py`` weighs trees) and
+``"fixed-argmax-first"`` (the same for a tree drafted argmax-first).
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ import numpy as np
 
 from sglang_hsd.verify.oracles.exact import RoundLaw, TabularWorld, target_prefix_distribution, total_variation
 
-DRAFTINGS = ("without-replacement", "iid", "top-k")
+DRAFTINGS = ("without-replacement", "iid", "top-k", "argmax-first")
+FIXED = ("fixed", "fixed-argmax-first")
+# Draftings whose first child is deterministic (q's argmax): it is verified against a one-hot proposal.
+ARGMAX_FIRST = ("argmax-first", "fixed-argmax-first")
 Outcomes = dict  # {(accepted path tokens, next token): probability}
 
 # fold rule hook: (ms, rejected token, drafting) -> new Ms. Tests plug in wrong rules here.
@@ -39,7 +45,7 @@ QUpdate = Callable[[np.ndarray, int, str], np.ndarray]
 
 def matching_q_update(ms: np.ndarray, token: int, drafting: str) -> np.ndarray:
     """The paired rule: remove the rejected token for without-replacement trees, keep q otherwise."""
-    if drafting not in ("without-replacement", "fixed"):
+    if drafting not in ("without-replacement", *ARGMAX_FIRST, *FIXED):
         return ms
     kept = ms.copy()
     kept[token] = 0.0
@@ -54,6 +60,8 @@ def _sibling_draws(q_row: np.ndarray, taken: tuple[int, ...], drafting: str) -> 
         return [(order[len(taken)], 1.0)]
     if drafting == "iid":
         return [(v, float(q_row[v])) for v in range(len(q_row)) if q_row[v] > 0]
+    if drafting == "argmax-first" and not taken:
+        return [(int(np.argmax(q_row)), 1.0)]
     rest = np.array(q_row, dtype=np.float64)
     rest[list(taken)] = 0.0
     total = rest.sum()
@@ -62,10 +70,17 @@ def _sibling_draws(q_row: np.ndarray, taken: tuple[int, ...], drafting: str) -> 
 
 def _children(q_row: np.ndarray, taken: tuple[int, ...], drafting: str, shape: tuple) -> list[tuple[int, float, tuple]]:
     """(token, probability, child's shape) of the next child; ``"fixed"`` shapes carry their tokens."""
-    if drafting == "fixed":
+    if drafting in FIXED:
         token, child_shape = shape[len(taken)]
         return [(token, 1.0, child_shape)]
     return [(token, prob, shape[len(taken)]) for token, prob in _sibling_draws(q_row, taken, drafting)]
+
+
+def _proposal(ms: np.ndarray, token: int, first: bool, drafting: str) -> np.ndarray:
+    """The row a child was drafted from: one-hot for the first child of an argmax-first tree, Ms otherwise."""
+    if first and drafting in ARGMAX_FIRST:
+        return np.eye(len(ms))[token]
+    return ms
 
 
 def _add(into: Outcomes, outcomes: Outcomes, scale: float, token: int | None = None) -> None:
@@ -104,12 +119,13 @@ class _Traversal:
             return _leaf(weight, mb), 1.0 - weight
         outcomes, rejected = {}, 0.0
         for token, draw_prob, child_shape in _children(q_row, taken, self.drafting, shape):
-            child_w = min(1.0, weight * mb[token] / ms[token]) if ms[token] > 0 else 0.0
+            proposal = _proposal(ms, token, not taken, self.drafting)
+            child_w = min(1.0, weight * mb[token] / proposal[token]) if proposal[token] > 0 else 0.0
             sub, sub_rejected = self.subtree(ctx + (token,), child_w, child_shape, False)
             _add(outcomes, sub, draw_prob, token)
             if sub_rejected <= 0:
                 continue
-            residual = np.maximum(weight * mb - ms, 0.0)
+            residual = np.maximum(weight * mb - proposal, 0.0)
             mass = residual.sum()
             denom = mass + 1.0 - weight
             new_w = 1.0 if is_root else (mass / denom if denom > 0 else 0.0)
@@ -167,17 +183,19 @@ def _top_down(world, ctx, shape, drafting, child_accept, start, memo=None) -> Ou
 
 
 def rrs_outcomes(world, prefix, topk, depth, drafting, q_update: QUpdate = matching_q_update, shape=None) -> Outcomes:
-    """Recursive rejection sampling: accept child x with min(1, Mb(x)/Ms(x)); fold on rejection."""
+    """Recursive rejection sampling: accept child x with min(1, Mb(x)/S(x)), S its proposal (Ms, or
+    one-hot for an argmax-first tree's first child); fold on rejection."""
 
     def child_accept(state, token):
-        mb, ms = state
-        accept = min(1.0, mb[token] / ms[token]) if ms[token] > 0 else 0.0
-        residual = np.maximum(mb - ms, 0.0)
+        mb, ms, first = state
+        proposal = _proposal(ms, token, first, drafting)
+        accept = min(1.0, mb[token] / proposal[token]) if proposal[token] > 0 else 0.0
+        residual = np.maximum(mb - proposal, 0.0)
         mass = residual.sum()
-        return accept, (residual / mass if mass > 0 else residual, q_update(ms, token, drafting))
+        return accept, (residual / mass if mass > 0 else residual, q_update(ms, token, drafting), False)
 
     shape = full_shape(topk, depth) if shape is None else shape
-    return _top_down(world, tuple(prefix), shape, drafting, child_accept, lambda p, q: (p, q))
+    return _top_down(world, tuple(prefix), shape, drafting, child_accept, lambda p, q: (p, q, True))
 
 
 def target_only_outcomes(world, prefix, topk, depth, drafting, shape=None) -> Outcomes:

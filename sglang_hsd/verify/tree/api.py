@@ -11,7 +11,7 @@ from sglang_hsd.verify.tree.methods import TREE_METHODS
 from sglang_hsd.verify.tree.types import TreeBatch, TreeUniforms, TreeVerifyResult
 from sglang_hsd.verify.tree.validation import validate_tree_inputs
 
-DRAFT_MODES = ("without-replacement", "iid")
+DRAFT_MODES = ("without-replacement", "iid", "argmax-first")
 
 
 def verify_tree(
@@ -44,7 +44,9 @@ def verify_tree(
         backend: ``"auto"`` (Triton on CUDA when the method has a kernel), ``"torch"``, ``"triton"``.
         draft_mode: how children were drafted: ``"without-replacement"`` (sequentially, earlier
             siblings removed from q and renormalised; also K independent paths merged into a
-            prefix tree) or ``"iid"`` (children i.i.d. from q, duplicates kept as siblings).
+            prefix tree), ``"iid"`` (children i.i.d. from q, duplicates kept as siblings) or
+            ``"argmax-first"`` (a node's first child is q's argmax, its later siblings drawn
+            without replacement from q without it: ``tree_draft.CHILD_SAMPLERS["argmax_first"]``).
         max_depth: depth D of the deepest node; computed (one host sync) when ``None``.
         num_kept: int64 [B], optional: request b's tree is nodes 0..num_kept[b] and later columns
             are filler (no links, unreachable), as ``LevelTree`` leaves when q's support runs
@@ -62,7 +64,7 @@ def verify_tree(
         validate_tree_inputs(
             candidates, retrive_next_token, retrive_next_sibling, draft_probs, target_probs,
             reads_q=rule.reads_q,
-            distinct_siblings=rule.distinct_siblings and (draft_mode == "without-replacement" or not rule.reads_q),
+            distinct_siblings=rule.distinct_siblings and (draft_mode != "iid" or not rule.reads_q),
             uniforms=uniforms, num_kept=num_kept,
         )
     batch, num_nodes = candidates.shape
@@ -74,7 +76,7 @@ def verify_tree(
         max_depth = int(depths.max())
     tree = TreeBatch(
         candidates.long(), retrive_next_token.long(), retrive_next_sibling.long(), parents,
-        draft_probs, target_probs, remove_rejected=(draft_mode == "without-replacement"),
+        draft_probs, target_probs, remove_rejected=(draft_mode != "iid"), argmax_first=(draft_mode == "argmax-first"),
     )
     if use_triton(backend, method, TREE_METHODS, "tree", target_probs):
         from sglang_hsd.verify.tree import triton as kernels

@@ -14,6 +14,22 @@ leaf into its parent P:
 When P's last child is gone, P is a leaf and is tested next; the root always accepts. On a chain
 this is block verification, i.e. chain ``hsd`` (same coins, same tokens).
 
+``draft_mode="argmax-first"`` (``tree_draft.CHILD_SAMPLERS["argmax_first"]``): a node's first
+child c_1 is q's argmax, a deterministic function of the node's path, and its later siblings are
+drawn without replacement from q without c_1. Each child is tested against the proposal it was
+drawn from: one-hot e_{c_1} for the first child (entering: w = min(1, w_P Mb_P(c_1)); a fold uses
+r = max(0, w_P Mb_P - e_{c_1}), i.e. w_P Mb_P with c_1 zeroed) and, as without replacement, Ms_P
+(q without the earlier siblings, renormalised) for the others; a fold of c_1 leaves
+Ms_P = q without c_1, the later siblings' proposal. In ``rrs`` the first child is accepted with
+probability Mb(c_1) and a rejection leaves Mb without c_1, renormalised. Why lossless: recursive
+rejection is exact for any sequence of proposals in which candidate j's proposal is a function
+of the path and of candidates 1 .. j - 1 (each test maps the residual r to
+min(r, s) + the rejection mass times the new residual = r); a one-hot proposal is one such
+(accept c_1 with r(c_1), otherwise r without c_1: their mixture is r). The same holds for the
+folds of traversal verification; ``tests/tree_draft/test_exact.py`` enumerates the whole round
+(TV < 1e-12 for both methods) and finds the pairing that tests c_1 against q, as if it had been
+sampled, biased.
+
 Why lossless: the exact-enumeration tests (``tests/verify/tree/test_exact.py``) compute the law of
 the first 3 emitted tokens over repeated rounds for topk 2-3, depth 2-3, V 3-4 and context-
 dependent p, q and find TV < 1e-12 to the target; the q update must match the drafting mode (the
@@ -71,6 +87,17 @@ def _remove_token(ms: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, kept / total.clamp_min(torch.finfo(kept.dtype).tiny), kept)
 
 
+def _proposal(tree: TreeBatch, ms: torch.Tensor, node: torch.Tensor, parent: torch.Tensor,
+              token: torch.Tensor) -> torch.Tensor:
+    """The row child ``node`` [B] of ``parent`` [B] (token int64 [B, 1]) was drafted from: ``ms``
+    (float [B, V], q without the earlier siblings), or one-hot at the token for the first child
+    of an argmax-first tree."""
+    if not tree.argmax_first:
+        return ms
+    first = (tree.first_child.gather(1, parent.unsqueeze(-1)).squeeze(-1) == node) & (node > 0)
+    return torch.where(first.unsqueeze(-1), torch.zeros_like(ms).scatter(1, token, 1.0), ms)
+
+
 def _compute_dtype(tree: TreeBatch) -> torch.dtype:
     return torch.promote_types(tree.target_probs.dtype, torch.float32)
 
@@ -103,8 +130,9 @@ def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tenso
         flat_parent, flat_node = row_base + parent, row_base + node
         mb_parent, ms_parent = mb_flat.index_select(0, flat_parent), ms_flat.index_select(0, flat_parent)  # [B, V]
         w_parent, w_node = weight_flat.index_select(0, flat_parent), weight_flat.index_select(0, flat_node)
+        proposal = _proposal(tree, ms_parent, node, parent, token)  # the row the node was drawn from
         # Enter: the node's weight from its parent's current state.
-        ms_tok = ms_parent.gather(1, token).squeeze(-1)
+        ms_tok = proposal.gather(1, token).squeeze(-1)
         ratio = mb_parent.gather(1, token).squeeze(-1) / ms_tok.clamp_min(tiny)
         entered = torch.where(ms_tok > 0, torch.clamp(w_parent * ratio, max=1.0), 0.0)
         entering = phase == enter
@@ -114,7 +142,7 @@ def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tenso
         accept = testing & ((node == 0) | (coins.gather(1, node.unsqueeze(-1)).squeeze(-1) < w_node))
         reject = testing & ~accept
         # Fold a rejected leaf into its parent (old Ms in the residual, then drop the token).
-        residual = (w_parent.unsqueeze(-1) * mb_parent - ms_parent).clamp_min(0)
+        residual = (w_parent.unsqueeze(-1) * mb_parent - proposal).clamp_min(0)
         mass = residual.sum(-1)
         denom = mass + 1.0 - w_parent
         folded_w = torch.where(parent == 0, 1.0, torch.where(denom > tiny, mass / denom.clamp_min(tiny), 0.0))
@@ -151,9 +179,10 @@ def rrs_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tenso
         active = child >= 0
         c = child.clamp_min(0)
         token = tree.candidates[rows, c].unsqueeze(-1)
-        accept = active & (uniforms.accept[rows, c] * ms.gather(1, token).squeeze(-1) < mb.gather(1, token).squeeze(-1))
+        proposal = _proposal(tree, ms, c, node, token)
+        accept = active & (uniforms.accept[rows, c] * proposal.gather(1, token).squeeze(-1) < mb.gather(1, token).squeeze(-1))
         reject = active & ~accept
-        residual = (mb - ms).clamp_min(0)
+        residual = (mb - proposal).clamp_min(0)
         mass = residual.sum(-1, keepdim=True)
         rejected_mb = torch.where(mass > tiny, residual / mass.clamp_min(tiny), residual)
         rejected_ms = _remove_token(ms, token.squeeze(-1)) if tree.remove_rejected else ms

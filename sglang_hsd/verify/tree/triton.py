@@ -4,7 +4,8 @@ One program per request runs the state machine of ``reference.hsd_final_node`` (
 the CPU path): 2N steps, each entering one node (its weight from the parent's current Mb/Ms) or
 testing one leaf of the current tree with the pre-drawn coin ``uniforms.accept[b, node]``; a
 rejected leaf is folded into its parent in two passes over the vocabulary (residual mass, then
-the new Mb row and, without replacement, the Ms row without the leaf's token). Every step is
+the new Mb row and, without replacement, the Ms row without the leaf's token; in argmax-first
+trees a node's first child is entered and folded against a one-hot proposal). Every step is
 computed with masks rather than branches, so the program has no data-dependent control flow.
 
 Mb and Ms live in float32 work copies of the probability rows, so after the kernel the accepted
@@ -36,6 +37,7 @@ def _hsd_tree_kernel(
     final_ptr,  # int64 [B] output
     num_nodes, vocab,
     REMOVE_REJECTED: tl.constexpr,
+    ARGMAX_FIRST: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -56,9 +58,11 @@ def _hsd_tree_kernel(
         w_parent = tl.load(weight_ptr + base + parent)
         entering = phase == 0
         testing = phase == 1
+        # Argmax-first trees: the parent's first child was drafted from a one-hot proposal.
+        one_hot = ARGMAX_FIRST & (node != 0) & (tl.load(first_ptr + base + parent) == node)
         # Enter: w = min(1, w_parent * Mb_parent(token) / Ms_parent(token)).
         mb_tok = tl.load(mb_ptr + parent_row + token)
-        ms_tok = tl.load(ms_ptr + parent_row + token)
+        ms_tok = tl.where(one_hot, 1.0, tl.load(ms_ptr + parent_row + token))
         entered = tl.where(ms_tok > 0, tl.minimum(w_parent * mb_tok / tl.maximum(ms_tok, TINY), 1.0), 0.0)
         w_node = tl.where(entering, entered, tl.load(weight_ptr + base + node))
         tl.store(weight_ptr + base + node, w_node)
@@ -73,7 +77,8 @@ def _hsd_tree_kernel(
             in_vocab = (v0 + offs) < vocab
             mb = tl.load(mb_ptr + parent_row + v0 + offs, mask=in_vocab, other=0.0)
             ms = tl.load(ms_ptr + parent_row + v0 + offs, mask=in_vocab, other=0.0)
-            mass += tl.sum(tl.maximum(w_parent * mb - ms, 0.0), axis=0)
+            proposal = tl.where(one_hot, tl.where((v0 + offs) == token, 1.0, 0.0), ms)
+            mass += tl.sum(tl.maximum(w_parent * mb - proposal, 0.0), axis=0)
             ms_total += tl.sum(tl.where((v0 + offs) == token, 0.0, ms), axis=0)
         denom = mass + 1.0 - w_parent
         folded_w = tl.where(parent == 0, 1.0, tl.where(denom > TINY, mass / tl.maximum(denom, TINY), 0.0))
@@ -82,7 +87,8 @@ def _hsd_tree_kernel(
             in_vocab = (v0 + offs) < vocab
             mb = tl.load(mb_ptr + parent_row + v0 + offs, mask=in_vocab, other=0.0)
             ms = tl.load(ms_ptr + parent_row + v0 + offs, mask=in_vocab, other=0.0)
-            residual = tl.maximum(w_parent * mb - ms, 0.0)
+            proposal = tl.where(one_hot, tl.where((v0 + offs) == token, 1.0, 0.0), ms)
+            residual = tl.maximum(w_parent * mb - proposal, 0.0)
             new_mb = tl.where(mass > TINY, residual / tl.maximum(mass, TINY), residual)
             tl.store(mb_ptr + parent_row + v0 + offs, new_mb, mask=in_vocab & reject)
             if REMOVE_REJECTED:
@@ -115,7 +121,7 @@ def hsd_final_node_triton(tree, uniforms) -> tuple[torch.Tensor, torch.Tensor]:
     _hsd_tree_kernel[(batch,)](
         tree.candidates.contiguous(), tree.first_child.contiguous(), tree.next_sibling.contiguous(),
         tree.parents.contiguous(), mb, ms, weight, uniforms.accept.float().contiguous(), final,
-        num_nodes, vocab, REMOVE_REJECTED=tree.remove_rejected, BLOCK_V=block_v,
+        num_nodes, vocab, REMOVE_REJECTED=tree.remove_rejected, ARGMAX_FIRST=tree.argmax_first, BLOCK_V=block_v,
     )
     rows = torch.arange(batch, device=mb.device)
     weights = mb[rows, final]

@@ -54,6 +54,9 @@ class TreeBatch:
         draft_probs: float [B, N, V] or ``None`` (methods that do not read q).
         target_probs: float [B, N, V].
         remove_rejected: without-replacement drafting: drop a rejected child's token from q.
+        argmax_first: ``draft_mode="argmax-first"``: a node's first child is deterministic (q's
+            argmax) and is tested against a one-hot proposal; its later siblings as without
+            replacement (implies ``remove_rejected``).
     """
 
     candidates: torch.Tensor
@@ -63,3 +66,4 @@ class TreeBatch:
     draft_probs: torch.Tensor | None
     target_probs: torch.Tensor
     remove_rejected: bool
+    argmax_first: bool = False

@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 from sglang_hsd.verify import TREE_METHODS, TreeUniforms, verify_tree  # noqa: E402
 from sglang_hsd.verify.oracles.full_tree_draft import sample_tree  # noqa: E402
 from sglang_hsd.verify.common import use_triton  # noqa: E402
+from sglang_hsd.tree_draft import DraftPlan, KeyedNoise, LevelDrafter, TreeShape  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
@@ -146,3 +147,32 @@ def test_root_only_tree_emits_one_target_token():
     for backend in ("torch", "triton"):
         res = verify_tree(*args, method="hsd", backend=backend)
         assert res.tokens.tolist() == [[1]] and res.num_accepted.tolist() == [0]
+
+
+def _argmax_first_batch(seed, batch, shape, vocab):
+    """A batch of argmax-first trees from the keyed drafter (q per beam from a random table)."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = TreeShape(*shape)
+    table = torch.softmax(2.0 * torch.randn(batch * cfg.topk, cfg.depth, vocab, generator=gen), -1)
+    root_q = torch.softmax(2.0 * torch.randn(batch, vocab, generator=gen), -1)
+    drafter = LevelDrafter(DraftPlan.build(cfg, "spine_wide", sampler="argmax_first"), root_q,
+                           torch.zeros(batch, dtype=torch.bool), KeyedNoise.fresh(torch.zeros(batch, dtype=torch.long), gen))
+    step, level = drafter.first(), 0
+    while step is not None:
+        step, level = drafter.step(table[:, level]), level + 1
+    tree = drafter.finish()
+    noise = torch.softmax(torch.randn(*tree.draft_probs.shape, generator=gen), -1)
+    target = torch.where(tree.draft_probs.sum(-1, keepdim=True) > 0, 0.6 * tree.draft_probs + 0.4 * noise, noise)
+    return tree, target, TreeUniforms.draw(batch, cfg.num_draft_tokens, generator=gen)
+
+
+@pytest.mark.parametrize("seed,shape,vocab", [(0, (3, 2, 6), 8), (1, (2, 3, 7), 16)])
+def test_kernel_matches_reference_on_argmax_first_trees(seed, shape, vocab):
+    """``draft_mode="argmax-first"``: first children entered and folded against a one-hot proposal."""
+    tree, target, uniforms = _argmax_first_batch(seed, 24, shape, vocab)
+    args = (tree.candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs, target)
+    reference = verify_tree(*args, method="hsd", uniforms=uniforms, backend="torch", draft_mode="argmax-first")
+    kernel = verify_tree(*args, method="hsd", uniforms=uniforms, backend="triton", draft_mode="argmax-first")
+    assert torch.equal(kernel.tokens, reference.tokens)
+    sampled = verify_tree(*args, method="hsd", uniforms=uniforms, backend="torch")
+    assert not torch.equal(sampled.tokens, reference.tokens)  # the mode changes the outcome
