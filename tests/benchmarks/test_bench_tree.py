@@ -57,10 +57,10 @@ def test_stock_expectation_matches_target_only_sampling():
 
 
 def test_budgeted_rules_on_a_world():
-    """The level-synchronous default and SGLang's stock tree at one node budget, exactly."""
+    """The level-synchronous default, the argmax-first rule and SGLang's stock tree at one node budget, exactly."""
     world = exact.random_world(3, 2, seed=1)
     values = bench_tree.world_budgeted(world, 2, 2, 4)
-    assert set(values) == {"level_hsd", "level_stock"}
+    assert set(values) == {"level_hsd", "level_stock", "level_argmax_first"}
     assert all(0.0 <= v <= 2.0 for v in values.values())
     with pytest.raises(ValueError, match="num-draft-tokens"):
         bench_tree.parse_args(["--num-draft-tokens", "12", "--depth", "2", "--topk", "2"])
@@ -172,7 +172,7 @@ def test_results_files_hold_tables_and_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_tree, "RESULTS_DIR", tmp_path)
     row = {"stock": 1.0, "rrs": 1.2, "hsd": 1.3, "rrs_se": 0.1, "hsd_se": 0.1, "hsd_minus_rrs_se": 0.05,
            "world_stock": 1.1, "world_rrs": 1.2, "world_hsd": 1.25, "lumped_mass": 0.0,
-           "world_level_hsd": 1.5, "world_level_stock": 1.0}
+           "world_level_hsd": 1.5, "world_level_stock": 1.0, "world_level_argmax_first": 1.2}
     rows = [{"context": c, "set": "mtbench", "prompt": 0, "position": 8 * c, "topk": 2, "temperature": 1.0, **row}
             for c in range(2)]
     meta = {"target": "t", "drafter": "exit:16", "world_vocab": 5, "depth": 3, "num_draft_tokens": 8,
