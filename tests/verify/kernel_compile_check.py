@@ -21,14 +21,15 @@ CHAIN = {"draft_ptr": "*i64", "q_ptr": "*fp32", "p_ptr": "*fp32", "accept_u_ptr"
          "IS_HSD": "constexpr", "BLOCK_V": "constexpr"}
 HSD_TREE = {"cand_ptr": "*i64", "first_ptr": "*i64", "sibling_ptr": "*i64", "parent_ptr": "*i64", "mb_ptr": "*fp32",
             "ms_ptr": "*fp32", "weight_ptr": "*fp32", "accept_u_ptr": "*fp32", "final_ptr": "*i64", "num_nodes": "i32",
-            "vocab": "i32", "REMOVE_REJECTED": "constexpr", "BLOCK_V": "constexpr"}
+            "vocab": "i32", "REMOVE_REJECTED": "constexpr", "ARGMAX_FIRST": "constexpr", "BLOCK_V": "constexpr"}
 TARGET_ONLY_TREE = {"cand_ptr": "*i64", "first_ptr": "*i64", "sibling_ptr": "*i64", "target_ptr": "*fp32",
                     "accept_u_ptr": "*fp32", "final_ptr": "*i64", "num_nodes": "i32", "vocab": "i32"}
 VARIANTS = [  # (kernel, signature, constexpr values)
     (_chain_verify_kernel, CHAIN, {"IS_HSD": True, "BLOCK_V": 1024}),
     (_chain_verify_kernel, CHAIN, {"IS_HSD": False, "BLOCK_V": 1024}),
-    (_hsd_tree_kernel, HSD_TREE, {"REMOVE_REJECTED": True, "BLOCK_V": 1024}),
-    (_hsd_tree_kernel, HSD_TREE, {"REMOVE_REJECTED": False, "BLOCK_V": 1024}),
+    (_hsd_tree_kernel, HSD_TREE, {"REMOVE_REJECTED": True, "ARGMAX_FIRST": False, "BLOCK_V": 1024}),
+    (_hsd_tree_kernel, HSD_TREE, {"REMOVE_REJECTED": False, "ARGMAX_FIRST": False, "BLOCK_V": 1024}),
+    (_hsd_tree_kernel, HSD_TREE, {"REMOVE_REJECTED": True, "ARGMAX_FIRST": True, "BLOCK_V": 1024}),
     (_target_only_tree_kernel, TARGET_ONLY_TREE, {}),
 ]
 

@@ -40,15 +40,13 @@ import torch
 from sglang_hsd.runtime.kernel_setup import (AUTO_PRECISION, DRAFTER_PRECISION_OPTIONS, DRAFTER_PRECISIONS,
                                              fastest_precision_for_shapes)
 from sglang_hsd.runtime.layers import PackedRows
+from sglang_hsd.sglang_plugin.cpu.linear_path import COPY_ATTR, float32_linear_layers
 from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, WeightCopy, build_weight_copy
 
 logger = logging.getLogger(__name__)
 
 DRAFT_PRECISION_ENV = "SGLANG_HSD_DRAFT_PRECISION"
 DRAFT_PRECISION_FLAG = "--hsd-draft-precision"
-# Attribute of a draft layer holding its ``LayerCopy`` (set at worker start, read by the patched
-# linear apply / LM head of ``linear_path``).
-COPY_ATTR = "hsd_weight_copy"
 
 
 class DraftPrecisionError(ValueError):
@@ -124,25 +122,6 @@ class DraftCopyReport:
                 "measured_ms": {k: round(v, 3) for k, v in self.measured_ms.items()}}
 
 
-def draft_linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The unquantized linear layers and the LM head of an SGLang model whose weight is a 2-D
-    CPU float32 tensor (the layers a copy can stand in for)."""
-    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
-
-    lm_head = getattr(model, "lm_head", None)
-    layers = []
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        is_linear = isinstance(method, UnquantizedLinearMethod)
-        is_lm_head = module is lm_head and isinstance(method, UnquantizedEmbeddingMethod)
-        weight = getattr(module, "weight", None)
-        if not (is_linear or is_lm_head) or not isinstance(weight, torch.Tensor):
-            continue
-        if weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2:
-            layers.append(module)
-    return layers
-
-
 def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Module,
                         config: DraftPrecisionConfig) -> DraftCopyReport:
     """Give ``draft_model``'s float32 linear layers and LM head the configured copy (in place).
@@ -151,7 +130,7 @@ def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Mod
     ``DraftPrecisionError`` for an explicit copy when the draft has no float32 layer.
     """
     shared = {p.untyped_storage().data_ptr() for p in target_model.parameters()}
-    layers = draft_linear_layers(draft_model)
+    layers = float32_linear_layers(draft_model)
     own = [m for m in layers if m.weight.untyped_storage().data_ptr() not in shared]
     report = DraftCopyReport(precision="fp32", requested=config.precision,
                              skipped_shared=len(layers) - len(own))

@@ -40,6 +40,9 @@ CPU_LINEAR_FLAG = "--hsd-cpu-linear"
 CPU_LINEAR_PATHS = (PATH_MKL, PATH_PACKED)
 # Attribute holding a layer's packed weight (set after loading, read by the patched apply).
 PACKED_ATTR = "hsd_packed_weight"
+# Attribute of a draft model's layer holding its weight copy (a ``draft_copies.LayerCopy``, set at
+# worker start); the patched apply and lm_head take it first.
+COPY_ATTR = "hsd_weight_copy"
 # SGLang's WeightUpdater methods that change loaded weights (each returns ``(success, message)``).
 WEIGHT_UPDATES = ("update_weights_from_disk", "update_weights_from_tensor",
                   "update_weights_from_ipc", "load_weights_from_distributed")
@@ -85,17 +88,15 @@ def check_model_dtype(dtype: torch.dtype, device: str) -> None:
                              f"float32): oneDNN's packed kernel is float32, got {dtype}")
 
 
-def pack_model(model: torch.nn.Module) -> int:
-    """Give every unquantized float32 linear layer of ``model`` and its lm_head a packed weight.
-
-    Returns the number of layers packed. Layers whose quantization method is not SGLang's
-    unquantized one, or whose weight is not CPU float32, keep SGLang's path.
-    """
+def float32_linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The unquantized linear layers and the lm_head of an SGLang model whose weight is a 2-D CPU
+    float32 tensor: the layers a packed weight or a weight copy can stand in for. Layers of
+    another quantization method, or with another weight, keep SGLang's path."""
     from sglang.srt.layers.quantization.unquant import (
         UnquantizedEmbeddingMethod, UnquantizedLinearMethod)
 
-    packed = 0
     lm_head = getattr(model, "lm_head", None)
+    layers = []
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         is_linear = isinstance(method, UnquantizedLinearMethod)
@@ -103,11 +104,17 @@ def pack_model(model: torch.nn.Module) -> int:
         weight = getattr(module, "weight", None)
         if not (is_linear or is_lm_head) or not isinstance(weight, torch.Tensor):
             continue
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-            continue
-        setattr(module, PACKED_ATTR, pack_linear_weight(weight))
-        packed += 1
-    return packed
+        if weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2:
+            layers.append(module)
+    return layers
+
+
+def pack_model(model: torch.nn.Module) -> int:
+    """Give every layer of ``float32_linear_layers(model)`` a packed weight; returns how many."""
+    layers = float32_linear_layers(model)
+    for module in layers:
+        setattr(module, PACKED_ATTR, pack_linear_weight(module.weight))
+    return len(layers)
 
 
 def _packed_rows(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -120,7 +127,7 @@ def install_cpu_linear_path(config: CpuLinearConfig) -> None:
     """Patch SGLang (imported here) for ``config``. Idempotent.
 
     Always (on CPU): the unquantized linear apply and the LM head take a layer's draft weight
-    copy (``draft_copies.COPY_ATTR``, only ever set on a draft model's own layers), else its
+    copy (``COPY_ATTR``, only ever set on a draft model's own layers), else its
     packed weight, else SGLang's own kernel. With ``onednn-packed``: every model is packed after
     loading and weight updates are refused.
     """
@@ -132,8 +139,6 @@ def install_cpu_linear_path(config: CpuLinearConfig) -> None:
 def _install_layer_kernels() -> None:
     from sglang.srt.layers.logits_processor import LogitsProcessor
     from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
-
-    from sglang_hsd.sglang_plugin.cpu.draft_copies import COPY_ATTR
 
     if getattr(UnquantizedLinearMethod.__dict__["apply"], "__sglang_hsd_original__", None) is not None:
         return
