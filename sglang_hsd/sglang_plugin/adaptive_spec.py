@@ -98,7 +98,7 @@ class AdaptiveRounds:
         self._last_end: float | None = None
         self._last_forward = 0.0
         self.overhead = 0.0  # seconds between a decode round's end and the next one's start (EMA)
-        self._last_logged: tuple[int, int] | None = None
+        self._logged_length: int | None = None  # the last length logged (logged on change)
 
     def begin(self, reqs) -> int:
         """Choose the length for a decode batch of ``reqs`` (SGLang ``Req`` s); returns it."""
@@ -113,11 +113,10 @@ class AdaptiveRounds:
             if req.customized_info is None:
                 req.customized_info = {}
             req.customized_info.setdefault(BUDGET_KEY, []).append(self.length)
-        key = (len(reqs), self.length)
-        if self._last_logged is None or key[1] != self._last_logged[1]:
+        if self.length != self._logged_length:
             logger.info("sglang-hsd adaptive: batch %d -> draft length %d (server accept rate %.2f)",
                         len(reqs), self.length, self.controller.server_rate)
-            self._last_logged = key
+            self._logged_length = self.length
         self._reqs, self._round_length = list(reqs), self.length
         self._started = time.perf_counter()
         return self.length

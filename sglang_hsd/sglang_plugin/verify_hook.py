@@ -194,7 +194,8 @@ def empty_chain_result(target_probs: torch.Tensor, sample: torch.Tensor) -> Chai
     CDF with ``sample`` [bs] (the same draw a chain's bonus token makes), nothing accepted."""
     token = inverse_cdf_sample(target_probs, sample)
     num_accepted = torch.zeros_like(token)
-    return ChainVerifyResult(num_accepted, assemble_emitted(token[:, None][:, :0], num_accepted, token))
+    no_drafts = token.new_empty((token.shape[0], 0))
+    return ChainVerifyResult(num_accepted, assemble_emitted(no_drafts, num_accepted, token))
 
 
 def _verify_exit_chain(state: VerifyHookState, target_probs, uniforms: ChainUniforms):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+import torch
 from sglang.srt.speculative import eagle_worker_common
 
 from sglang_hsd.sglang_plugin.adaptive_spec import AdaptiveSetting, install_adaptive
@@ -53,8 +54,6 @@ class HSDVerify:
         is drawn from the target's p)."""
         verify_input = super()._build_trivial_verify_input(batch)
         if getattr(verify_input, "draft_probs", None) is None and not batch.forward_mode.is_idle():
-            import torch
-
             vocab = self.target_worker.model_config.vocab_size
             verify_input.draft_probs = torch.zeros(batch.seq_lens.shape[0], 1, vocab,
                                                    dtype=torch.float32, device=self.device)
