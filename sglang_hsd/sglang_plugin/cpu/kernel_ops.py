@@ -40,23 +40,49 @@ def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
 
 
 def _attend(q, keys, values, sm_scale, logit_cap, causal_offset=None, visible=None):
-    """softmax(q k^T * scale) v for one request. q [Tq, Hq, D], keys/values [Tk, Hkv, D*].
+    """softmax(q k^T * scale) v for one request. q [Tq, Hq, D], keys/values [Tk, Hkv, D*];
+    returns float32 [Tq, Hq, Dv]. Query head h reads key/value head h // (Hq / Hkv).
 
     ``causal_offset``: query i sees keys j <= causal_offset + i (None: sees all).
-    ``visible``: bool [Tq, Tk], which keys each query sees (None: all)."""
+    ``visible``: bool [Tq, Tk], which keys each query sees (None: all).
+
+    Runs torch's fused attention (``scaled_dot_product_attention`` with grouped-query heads):
+    the KV is read in place, never repeated per query head, which is what makes a verify or
+    draft step over a long context cost what plain decoding's attention costs. A logit cap
+    (not expressible there) takes the explicit path."""
+    mask = visible
+    if causal_offset is not None:
+        seen = (torch.arange(keys.shape[0]).unsqueeze(0)
+                <= causal_offset + torch.arange(q.shape[0]).unsqueeze(1))
+        mask = seen if mask is None else mask & seen
+    if logit_cap and logit_cap > 0:
+        return _attend_capped(q, keys, values, sm_scale, logit_cap, mask)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(0, 1).unsqueeze(0), keys.float().transpose(0, 1).unsqueeze(0),
+        values.float().transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=sm_scale,
+        enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def _attend_capped(q, keys, values, sm_scale, logit_cap, mask):
+    """``_attend`` with scores capped as ``logit_cap * tanh(s / logit_cap)``; ``mask`` bool
+    [Tq, Tk] or None."""
     group = q.shape[1] // keys.shape[1]
     k = keys.float().repeat_interleave(group, dim=1)
     v = values.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * sm_scale
-    if logit_cap and logit_cap > 0:
-        scores = logit_cap * torch.tanh(scores / logit_cap)
-    if causal_offset is not None:
-        qi = torch.arange(q.shape[0]).unsqueeze(1)
-        kj = torch.arange(keys.shape[0]).unsqueeze(0)
-        scores = scores.masked_fill((kj > causal_offset + qi).unsqueeze(0), float("-inf"))
-    if visible is not None:
-        scores = scores.masked_fill(~visible.unsqueeze(0), float("-inf"))
+    scores = logit_cap * torch.tanh(scores / logit_cap)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.unsqueeze(0), float("-inf"))
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+
+
+def _dequantized(rows, scale):
+    """Cache rows in float32 times the cache's scale (a number or tensor; 1 / None: none)."""
+    rows = rows.float()
+    if scale is None or (isinstance(scale, (int, float)) and scale == 1):
+        return rows
+    return rows * scale
 
 
 def _check_plain_attention(is_cross, window, sinks, what):
@@ -82,8 +108,8 @@ def decode_attention_cpu(q, k_buffer, v_buffer, k_scale, v_scale, o, k_new, v_ne
         v_buffer[loc.long()] = v_new.to(v_buffer.dtype).view(-1, *v_buffer.shape[1:])
     for b in range(q.shape[0]):
         slots = req_to_token[req_pool_indices[b], : int(seq_lens[b])].long()
-        keys = k_buffer[slots].float() * k_scale
-        values = v_buffer[slots].float() * v_scale
+        keys = _dequantized(k_buffer[slots], k_scale)
+        values = _dequantized(v_buffer[slots], v_scale)
         o[b] = _attend(q[b : b + 1], keys, values, sm_scale, logit_cap)[0].to(o.dtype)
 
 
@@ -109,8 +135,9 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         start, length = int(extend_start_loc[b]), int(extend_seq_lens[b])
         prefix = int(seq_lens[b]) - length
         slots = req_to_token[req_pool_indices[b], :prefix].long()
-        keys = torch.cat([k_buffer[slots].float() * k_scale, k_extend[start : start + length].float()])
-        values = torch.cat([v_buffer[slots].float() * v_scale,
+        keys = torch.cat([_dequantized(k_buffer[slots], k_scale),
+                          k_extend[start : start + length].float()])
+        values = torch.cat([_dequantized(v_buffer[slots], v_scale),
                             v_extend[start : start + length].float()])
         visible = None
         if masked:
