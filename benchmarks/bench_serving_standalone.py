@@ -21,6 +21,7 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
 * ``hsd``         ``--speculative-algorithm HSD --hsd-verify-method hsd``: drafts sampled from the
                   draft model's q, sequence-level verification, fixed draft length;
 * ``hsd-adaptive`` ``hsd`` with ``--hsd-adaptive on`` (the draft budget chosen per round);
+* ``hsd-adaptive-k8`` the same configured with 8 draft steps (lengths 0..8 to choose from);
 * ``tokenwise``   the same with ``--hsd-verify-method tokenwise`` (the standard per-token rule);
 * ``hsd-tree``    HSD with a sampled tree drafted by the draft model (``--speculative-eagle-topk``
                   = ``--tree-topk``, ``--speculative-num-draft-tokens`` = ``--tree-tokens``);
@@ -76,6 +77,8 @@ class DraftModelConfig:
         server_args: its own server arguments, after the shared ones.
         tree: draft a tree of ``--tree-topk`` children per node and ``--tree-tokens`` nodes.
         plain_bf16: bfloat16 with SGLang's own F.linear, whatever ``--dtype`` / ``--cpu-linear``.
+        num_steps: its own ``--speculative-num-steps`` (None: ``--num-steps``); an adaptive
+            server chooses each round's length up to it.
     """
 
     name: str
@@ -84,6 +87,7 @@ class DraftModelConfig:
     server_args: tuple[str, ...] = ()
     tree: bool = False
     plain_bf16: bool = False
+    num_steps: int | None = None
 
 
 CONFIGS = {c.name: c for c in (
@@ -96,6 +100,10 @@ CONFIGS = {c.name: c for c in (
     DraftModelConfig("hsd-adaptive", "hsd with the draft budget chosen per round "
                      "(--hsd-adaptive on)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on")),
+    DraftModelConfig("hsd-adaptive-k8", "hsd-adaptive configured with 8 draft steps (each "
+                     "round's length chosen in 0..8)",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
+                     num_steps=8),
     DraftModelConfig("tokenwise", "HSD, draft LM, sampled drafts with q, "
                      "verify_chain(method='tokenwise')",
                      server_args=("--hsd-verify-method", "tokenwise", "--hsd-adaptive", "off")),
@@ -141,7 +149,7 @@ def server_command(config: DraftModelConfig, target: Path, draft: Path, options:
     if config.algorithm is None:
         return cpu_server_command(str(target), port, extra=shared)
     return draft_model_server_command(
-        str(target), port, str(draft), algorithm=config.algorithm, num_steps=options.num_steps,
+        str(target), port, str(draft), algorithm=config.algorithm, num_steps=config.num_steps or options.num_steps,
         extra=shared, topk=options.tree_topk if config.tree else 1,
         num_draft_tokens=options.tree_tokens if config.tree else None)
 

@@ -71,6 +71,9 @@ def test_server_commands_one_table_entry_per_configuration():
 
     assert flags("hsd")[-4:] == ["--hsd-verify-method", "hsd", "--hsd-adaptive", "off"]
     assert flags("hsd-adaptive")[-4:] == ["--hsd-verify-method", "hsd", "--hsd-adaptive", "on"]
+    for name, steps in (("hsd-adaptive", "4"), ("hsd-adaptive-k8", "8")):  # its own num_steps
+        cmd = flags(name)
+        assert cmd[cmd.index("--speculative-num-steps") + 1] == steps
     assert flags("none") == ["--max-running-requests", "16", "--dtype", "float32",
                              "--hsd-cpu-linear", "onednn-packed", "--mem-fraction-static", "0.9"]
     assert flags("none-bf16") == ["--max-running-requests", "16", "--dtype", "bfloat16"]
