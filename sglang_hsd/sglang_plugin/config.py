@@ -8,7 +8,7 @@ Setting the variable directly works too (e.g. for ``sglang.Engine`` in Python).
 
 The server runs only lossless verifiers: chain rules (``sglang_hsd.verify.LOSSLESS_CHAIN_METHODS``)
 for topk = 1, tree rules paired with ``--hsd-tree-draft`` (``TREE_DRAFTS``) for topk > 1.
-A ``--hsd-plan`` file is read by ``sglang_hsd.hierarchy.plan_file``; the flags are described in
+A ``--hsd-plan`` file is read by ``sglang_hsd.runtime.plan_file``; the flags are described in
 docs/sglang_plugin.md.
 """
 
@@ -268,7 +268,7 @@ def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
     only the levels between drafter and target matter. The server runs one intermediate level.
     """
     from sglang_hsd.levels import LevelKind
-    from sglang_hsd.hierarchy.plan_file import PlanFile
+    from sglang_hsd.runtime.plan_file import PlanFile
 
     if not os.path.isfile(path):
         raise ExitLevelConfigError(f"--hsd-plan {path}: no such file")
