@@ -23,7 +23,7 @@ from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_pa
                                start_run, write_results)
 from sglang_hsd.hierarchy.latency import hierarchy_latency
 from sglang_hsd.hierarchy.measure import _median_seconds, measure_acceptance, measure_costs
-from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
+from sglang_hsd.runtime.plan_file import PlannedHierarchy
 from sglang_hsd.hierarchy.planner import consecutive_alphas, plan_hierarchy
 from sglang_hsd.runtime.config import parse_levels
 from sglang_hsd.runtime.engine import SpeculativeGenerator

@@ -142,3 +142,16 @@ def parse_draft_length(text: str, name: str = "--draft-length") -> DraftLengthRu
     except ValueError:
         raise ValueError(f"{name}: threshold must be a number and max_length an integer, got {text!r}") from None
     return DraftLengthRule(DraftLengthKind.ADAPTIVE, threshold=threshold, max_length=max_length)
+
+
+def format_draft_length(rule: DraftLengthRule) -> str:
+    """The ``--draft-length`` spelling of ``rule``: ``"fixed"`` or ``"adaptive:<threshold>:<max_length>"``,
+    so that ``parse_draft_length(format_draft_length(rule)) == rule``.
+
+    Raises ``ValueError`` for a rule the grammar cannot spell (``min_length`` or ``grow`` off their
+    defaults, or a fixed rule carrying adaptive settings): writing it would silently change it.
+    """
+    text = f"adaptive:{rule.threshold}:{rule.max_length}" if rule.adaptive else DraftLengthKind.FIXED.value
+    if parse_draft_length(text) != rule:
+        raise ValueError(f"{rule} has no --draft-length spelling (only kind, threshold and max_length have one)")
+    return text

@@ -12,7 +12,7 @@ target has a buffer (the drafter's draft length N_d, an intermediate level's N_i
 above the drafter a chain verify method, a name in ``sglang_hsd.verify.CHAIN_METHODS``.
 
 ``sglang-hsd generate`` (``--levels``, ``--buffers``, ``--methods``), the plan file of
-``sglang-hsd plan`` (``hierarchy/plan_file.py``) and the SGLang plugin's ``--hsd-plan`` all read levels
+``sglang-hsd plan`` (``runtime/plan_file.py``) and the SGLang plugin's ``--hsd-plan`` all read levels
 through ``parse_level_specs``; the runtime's ``HierarchyConfig`` adds the checks that span levels.
 docs/hierarchy.md describes levels, buffers and windowed rounds.
 """

@@ -109,7 +109,7 @@ def run_round_plan(args: argparse.Namespace) -> int:
     import json
 
     from sglang_hsd.assets.chat import encode_prompts
-    from sglang_hsd.hierarchy.plan_file import PlanFile
+    from sglang_hsd.runtime.plan_file import PlanFile
     from sglang_hsd.hierarchy.round_costs import DrafterSpec
     from sglang_hsd.hierarchy.round_planner import plan_rounds
     from sglang_hsd.levels import LevelKind
@@ -139,9 +139,11 @@ def run_round_plan(args: argparse.Namespace) -> int:
         **result.as_dict(),
     }
     args.out.write_text(json.dumps(data, indent=2))
+    knobs = chosen.knobs.to_json()
     print(f"\nchosen: --levels {chosen.level_names} --buffers {chosen.buffer_text or '-'} --draft-length "
-          f"{chosen.draft_length or 'fixed'} --tree {chosen.tree or 'none'} --threads {chosen.threads} "
-          f"--drafter-precision {chosen.drafter_precision or 'fp32'} ({chosen.kernel_path}); predicted {chosen.predicted_speedup:.2f}x the best plain decoding")
+          f"{knobs.get('draft_length', 'fixed')} --tree {knobs.get('tree', 'none')} --threads {knobs['threads']} "
+          f"--drafter-precision {knobs.get('drafter_precision', 'fp32')} ({knobs['kernel_path']}); "
+          f"predicted {chosen.predicted_speedup:.2f}x the best plain decoding")
     print(f"wrote {args.out}")
     return 0
 
@@ -153,7 +155,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     from sglang_hsd.assets.chat import encode_prompts
     from sglang_hsd.hierarchy.measure import measure_acceptance, measure_costs
-    from sglang_hsd.hierarchy.plan_file import PlanFile, PlanMeasurement, PlannedHierarchy
+    from sglang_hsd.runtime.plan_file import PlanFile, PlanMeasurement, PlannedHierarchy
     from sglang_hsd.hierarchy.planner import plan_hierarchy
     from sglang_hsd.runtime.loading import load_exit_heads_option, load_model, prompt_set_texts
     from sglang_hsd.sampling import SamplingParams

@@ -36,8 +36,8 @@ _INF = float("inf")
 
 @dataclass(frozen=True)
 class Plan:
-    """One hierarchy and its predicted behaviour (``plan_file.PlannedHierarchy.from_plan`` turns
-    it into the level grammar of a plan file).
+    """One hierarchy and its predicted behaviour (``runtime.plan_file.PlannedHierarchy.from_plan``
+    turns it into the level grammar of a plan file).
 
     Fields:
         levels: level ids, cheapest first, the target last.

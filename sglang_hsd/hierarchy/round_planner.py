@@ -26,9 +26,9 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from sglang_hsd.draft_length import DraftLengthKind, DraftLengthRule, parse_draft_length
+from sglang_hsd.draft_length import DraftLengthRule, format_draft_length, parse_draft_length
 from sglang_hsd.hierarchy.measure import target_continuation
-from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
+from sglang_hsd.runtime.plan_file import CHAINS, PlannedHierarchy, RunKnobs
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts, measure_round_costs
 from sglang_hsd.levels import LevelKind, LevelSpec
@@ -70,14 +70,17 @@ class RoundShape:
     @property
     def draft_length(self) -> str:
         """The ``--draft-length`` spelling: ``fixed`` or ``adaptive:threshold:max``."""
-        rule = self.adaptive
-        return f"adaptive:{rule.threshold}:{rule.max_length}" if rule is not None else DraftLengthKind.FIXED.value
+        return format_draft_length(self.draft_rule)
+
+    @property
+    def draft_rule(self) -> DraftLengthRule:
+        """The ``DraftLengthRule`` the runtime drafts with: ``adaptive``, else fixed."""
+        return self.adaptive if self.adaptive is not None else DraftLengthRule()
 
     @property
     def tree_text(self) -> str:
         """The ``--tree`` spelling: ``none`` or ``D:k:N``."""
-        cfg = self.tree
-        return "none" if cfg is None else f"{cfg.depth}:{cfg.topk}:{cfg.num_draft_tokens}"
+        return "none" if self.tree is None else str(self.tree)
 
     @property
     def buffer(self) -> int:
@@ -270,15 +273,15 @@ class RoundPlan:
         speed-up is against the best plain decoding setting."""
         best, shape, setting = self.best, self.best.shape, self.best.costs.setting
         levels: tuple[LevelSpec, ...] = (LevelSpec(LevelKind.TARGET),)
+        knobs = RunKnobs(threads=setting.threads, kernel_path=setting.kernel_path)
         if not shape.plain:
             levels = (dataclasses.replace(drafter, buffer=shape.buffer), *levels)
+            knobs = dataclasses.replace(knobs, draft_length=shape.draft_rule,
+                                        tree=shape.tree if shape.tree is not None else CHAINS,
+                                        drafter_precision=setting.drafter_precision)
         return PlannedHierarchy(
             levels, predicted_speedup=self.plain.seconds_per_token / best.seconds_per_token,
-            predicted_seconds_per_token=best.seconds_per_token,
-            draft_length=None if shape.plain else shape.draft_length,
-            tree=None if shape.plain else shape.tree_text,
-            threads=setting.threads, kernel_path=setting.kernel_path,
-            drafter_precision=None if shape.plain else setting.drafter_precision)
+            predicted_seconds_per_token=best.seconds_per_token, knobs=knobs)
 
     def as_dict(self) -> dict:
         """The measured costs and every candidate's prediction (JSON-ready)."""

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the imports run inside the functions, so that --help does not import torch
+    from sglang_hsd.draft_length import DraftLengthRule
+    from sglang_hsd.runtime.plan_file import PlannedHierarchy
+    from sglang_hsd.tree_draft import TreeShape
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_LEVELS = "exit:8,exit:16,target"
@@ -38,7 +45,7 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument("--buffers", help="comma list, one per level below the target: draft length N_d, then N_i")
     parser.add_argument("--plan", type=Path, help="take --levels and --buffers (and, when the plan has them, "
                         "--draft-length, --tree, --threads, --drafter-precision and the kernel path) from a `sglang-hsd plan` "
-                        "JSON file")
+                        "JSON file; what the plan sets wins over the options")
     parser.add_argument(
         "--draft-length", default="fixed",
         help="drafter's tokens per round: 'fixed' (the drafter's buffer N_d) or "
@@ -89,48 +96,83 @@ def _drafter_precision(levels: str, chosen: str | None) -> str:
     return "fp32"
 
 
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What ``generate`` runs, resolved from the options and a plan, before any model loads.
+
+    Fields:
+        levels: the level grammar (``--levels``); buffers: one per level below the target, or
+            None for the defaults (``--buffers``).
+        draft_length: a ``DraftLengthRule``; tree: a ``TreeShape`` or None for chains.
+        threads: torch intra-op threads (0: torch's default).
+        drafter_precision: a ``DRAFTER_PRECISION_OPTIONS`` name for ``build_generator``.
+        pack_linears: run the linear layers on the oneDNN packed path (a plan's ``kernel_path``).
+    """
+
+    levels: str
+    buffers: list[int] | None
+    draft_length: DraftLengthRule
+    tree: TreeShape | None
+    threads: int
+    drafter_precision: str
+    pack_linears: bool
+
+
+def generate_options(args: argparse.Namespace, plan: PlannedHierarchy | None) -> GenerateOptions:
+    """Resolve ``generate``'s options against a plan's hierarchy (``PlanFile.best``; None: no
+    ``--plan``). Bad input raises ``ValueError`` naming the option.
+
+    The plan's levels and buffers replace ``--levels`` and ``--buffers``; each knob the plan has
+    (``RunKnobs``, already parsed) replaces its option, whether given or left at its default;
+    options the plan leaves out are parsed here.
+    """
+    from sglang_hsd.draft_length import parse_draft_length
+    from sglang_hsd.levels import parse_buffers
+    from sglang_hsd.runtime.kernel_paths import PATH_PACKED
+    from sglang_hsd.runtime.plan_file import CHAINS, RunKnobs
+    from sglang_hsd.tree_draft import TreeShape
+
+    levels, buffers = args.levels, parse_buffers(args.buffers) if args.buffers else None
+    knobs = RunKnobs()
+    if plan is not None:
+        levels, buffers, knobs = plan.level_names, plan.buffers or None, plan.knobs
+    draft_length = knobs.draft_length if knobs.draft_length is not None else parse_draft_length(args.draft_length)
+    if knobs.tree is None:
+        tree = TreeShape.parse(args.tree)
+    else:
+        tree = None if knobs.tree is CHAINS else knobs.tree
+    return GenerateOptions(
+        levels, buffers, draft_length, tree,
+        threads=knobs.threads if knobs.threads is not None else args.threads,
+        drafter_precision=_drafter_precision(levels, knobs.drafter_precision or args.drafter_precision),
+        pack_linears=knobs.kernel_path == PATH_PACKED)
+
+
 def run_generate(args: argparse.Namespace) -> int:
     import torch
 
     from sglang_hsd.assets.chat import encode_prompts
-    from sglang_hsd.draft_length import parse_draft_length
-    from sglang_hsd.levels import parse_buffers
-    from sglang_hsd.tree_draft import TreeShape
     from sglang_hsd.runtime.loading import build_generator, load_model, prompt_set_texts
+    from sglang_hsd.runtime.plan_file import PlanFile
     from sglang_hsd.sampling import SamplingParams
 
-    buffers = parse_buffers(args.buffers) if args.buffers else None
-    pack_linears = False
-    if args.plan:
-        from sglang_hsd.hierarchy.plan_file import PlanFile
-        from sglang_hsd.runtime.kernel_paths import PATH_PACKED
-
-        best = PlanFile.read(args.plan).best
-        args.levels, buffers = best.level_names, best.buffers or None
-        # The round planner's knobs, when the plan has them, replace the options' defaults.
-        args.draft_length = best.draft_length or args.draft_length
-        args.tree = best.tree or args.tree
-        args.threads = best.threads or args.threads
-        args.drafter_precision = best.drafter_precision or args.drafter_precision
-        pack_linears = best.kernel_path == PATH_PACKED
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # Bad input (options or plan) fails here, before a model loads.
+    options = generate_options(args, PlanFile.read(args.plan).best if args.plan else None)
+    if options.threads:
+        torch.set_num_threads(options.threads)
     methods = args.methods.split(",")
-    draft_length = parse_draft_length(args.draft_length)  # bad input fails before loading a model
-    tree = TreeShape.parse(args.tree)
-    drafter_precision = _drafter_precision(args.levels, args.drafter_precision)
     target = load_model(args.model)
-    gen = build_generator(target, args.levels, buffers, methods, args.exit_heads, reuse_kv=not args.no_kv_reuse,
-                          draft_length=draft_length, tree=tree, pack_linears=pack_linears,
-                          drafter_precision=drafter_precision)
-    if drafter_precision == "auto":
+    gen = build_generator(target, options.levels, options.buffers, methods, args.exit_heads,
+                          reuse_kv=not args.no_kv_reuse, draft_length=options.draft_length, tree=options.tree,
+                          pack_linears=options.pack_linears, drafter_precision=options.drafter_precision)
+    if options.drafter_precision == "auto":
         print(f"drafter steps on {gen.drafter_precision} weights (measured fastest here)")
     texts = prompt_set_texts(args.prompt_set, args.num_prompts) if args.prompt_set else args.prompt or [DEFAULT_PROMPT]
     prompts = encode_prompts(target.tokenizer, texts)
     params = SamplingParams(args.temperature, args.top_k, args.top_p)
     eos = target.tokenizer.eos_token_id
-    runs = {args.levels: gen}
-    if args.compare and args.levels != "target":
+    runs = {options.levels: gen}
+    if args.compare and options.levels != "target":
         runs = {"target": build_generator(target, "target", None, None, "none"), **runs}
     report = {}
     for name, generator in runs.items():
@@ -141,7 +183,7 @@ def run_generate(args: argparse.Namespace) -> int:
             print(f"> {text}\n{target.tokenizer.decode(tokens, skip_special_tokens=True)}\n")
         print(result.summary())
     if len(report) > 1:
-        base, spec = report["target"], report[args.levels]
+        base, spec = report["target"], report[options.levels]
         print(f"\nspeed-up over autoregressive: {spec.tokens_per_second / base.tokens_per_second:.2f}x "
               f"(same prompts, same run)")
     if args.json:

@@ -74,7 +74,9 @@ HSD_FLAGS = (
      "(default 1: one exit sub-round per round)"),
     ("--hsd-plan", PLAN_ENV, {},
      "take the exit layer and its buffer from a `sglang-hsd plan` JSON (its one intermediate "
-     "exit level)"),
+     "exit level); nothing else is read from it, so a plan with runtime knobs (draft_length, "
+     "tree, threads, kernel_path, drafter_precision) is refused, naming the server's own flag "
+     "for each"),
     ("--hsd-draft-kind", DRAFT_KIND_ENV, {"choices": DRAFT_KINDS},
      "what --speculative-draft-model-path is: an EAGLE-3 head (eagle3), a separate language model "
      "of the target's family with its own KV cache (model), or detected from its config (auto, "

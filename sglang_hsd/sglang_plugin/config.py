@@ -8,7 +8,11 @@ Setting the variable directly works too (e.g. for ``sglang.Engine`` in Python).
 
 The server runs only lossless verifiers: chain rules (``sglang_hsd.verify.LOSSLESS_CHAIN_METHODS``)
 for topk = 1, tree rules paired with ``--hsd-tree-draft`` (``TREE_DRAFTS``) for topk > 1.
-A ``--hsd-plan`` file is read by ``sglang_hsd.hierarchy.plan_file``; the flags are described in
+A ``--hsd-plan`` file is read by ``sglang_hsd.runtime.plan_file``; the server takes its one
+intermediate exit level (layer and buffer) and nothing else. Its runtime knobs (``RunKnobs``:
+draft length, tree, threads, kernel path, drafter precision) are the runtime's; the server has
+its own flags for those jobs, so a plan carrying any knob is refused (``plan_knob_refusals``,
+naming the flag to set) rather than half applied. The flags are described in
 docs/sglang_plugin.md.
 """
 
@@ -17,10 +21,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sglang_hsd.levels import DEFAULT_CHAIN_METHOD
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
 from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
+
+if TYPE_CHECKING:  # imported where a plan is read: the knobs' module imports the runtime's kernels
+    from sglang_hsd.runtime.plan_file import RunKnobs
 
 VERIFY_METHOD_ENV = "SGLANG_HSD_VERIFY_METHOD"
 VALIDATE_ENV = "SGLANG_HSD_VALIDATE"
@@ -266,9 +274,10 @@ def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
 
     The plan's cheapest level is the drafter; in the server the EAGLE-3 head drafts instead, so
     only the levels between drafter and target matter. The server runs one intermediate level.
+    A plan with runtime knobs is refused (``plan_knob_refusals``).
     """
     from sglang_hsd.levels import LevelKind
-    from sglang_hsd.hierarchy.plan_file import PlanFile
+    from sglang_hsd.runtime.plan_file import PlanFile
 
     if not os.path.isfile(path):
         raise ExitLevelConfigError(f"--hsd-plan {path}: no such file")
@@ -276,6 +285,9 @@ def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
         best = PlanFile.read(path).best
     except ValueError as err:
         raise ExitLevelConfigError(f"--hsd-plan {err}") from None
+    refusals = plan_knob_refusals(path, best.knobs)
+    if refusals:
+        raise ExitLevelConfigError("\n".join(refusals))
     middle = best.levels[1:-1]
     if not middle:
         return None, None
@@ -285,3 +297,27 @@ def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
             f"{[level.name for level in middle]}; the server supports one intermediate exit level "
             "(exit:L between the drafter and the target)")
     return middle[0].layer, middle[0].buffer
+
+
+def plan_knob_refusals(path: str, knobs: RunKnobs) -> list[str]:
+    """One message per runtime knob the plan sets (``knobs``: its ``RunKnobs``), each naming the
+    server's own setting for that job; [] for a plan without knobs.
+
+    The server reads only the plan's exit level, so a knob it kept quiet about would be dropped
+    while the user believes it applies.
+    """
+    from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_FLAG
+    from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_FLAG
+
+    server_setting = {
+        # adaptive_spec.ADAPTIVE_FLAG, spelled out: adaptive_spec imports this module (through
+        # request_seeds)
+        "draft_length": "flags (--speculative-num-steps, --hsd-adaptive)",
+        "tree": "flags (--speculative-eagle-topk / --speculative-num-draft-tokens)",
+        "threads": "threads (SGLang binds them to cores with SGLANG_CPU_OMP_THREADS_BIND)",
+        "kernel_path": f"flag ({CPU_LINEAR_FLAG})",
+        "drafter_precision": f"flag ({DRAFT_PRECISION_FLAG})",
+    }
+    return [f"--hsd-plan {path}: knob {key!r} ({value}) is not applied by the server; set the server's "
+            f"own {server_setting[key]} and remove it from the plan"
+            for key, value in knobs.to_json().items()]

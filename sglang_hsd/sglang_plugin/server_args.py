@@ -20,6 +20,7 @@ from sglang_hsd.sglang_plugin.config import (
     ExitLevelConfig,
     ExitLevelConfigError,
     PluginConfig,
+    exit_level_from_plan,
 )
 from sglang_hsd.sglang_plugin.draft_kind import MODEL, check_same_vocabulary, resolve_draft_kind
 
@@ -130,10 +131,15 @@ def validate_hsd_server_args(args) -> None:
     if getattr(args, "disaggregation_mode", "null") not in ("null", None):
         problems.append("--disaggregation-mode: not supported with HSD; remove it")
     if problems:
-        raise HSDServerArgsError(
-            "--speculative-algorithm HSD cannot run with these options:\n  - "
-            + "\n  - ".join(problems)
-        )
+        raise _server_args_error(problems)
+
+
+def _server_args_error(problems: list[str]) -> HSDServerArgsError:
+    """One error listing ``problems``, a line each and each once: a plan's refusal spans lines
+    (one per knob), and the draft-model checks read the same plan (``draft_model_problems``)."""
+    lines = dict.fromkeys(line for problem in problems for line in problem.splitlines())
+    return HSDServerArgsError("--speculative-algorithm HSD cannot run with these options:\n  - "
+                              + "\n  - ".join(lines))
 
 
 def tree_problems(args) -> list[str]:
@@ -176,12 +182,10 @@ def _plan_has_exit_level() -> bool:
     plan = os.environ.get(PLAN_ENV, "").strip()
     if not plan:
         return False
-    from sglang_hsd.sglang_plugin.config import ExitLevelConfigError, exit_level_from_plan
-
     try:
         return exit_level_from_plan(plan)[0] is not None
     except ExitLevelConfigError:
-        return False  # ExitLevelConfig.from_env reports the bad plan itself
+        return False  # plan_problems reports the bad plan itself
 
 
 def _sampled_tree_problems(args) -> list[str]:
@@ -241,7 +245,20 @@ def draft_model_problems(args) -> list[str]:
 
 def hsd_flag_problems(args) -> list[str]:
     """What the ``--hsd-*`` flags read from the environment cannot honour with ``args``."""
-    return request_seed_problems(args) + draft_precision_problems(args) + adaptive_problems(args)
+    return request_seed_problems(args) + draft_precision_problems(args) + adaptive_problems(args) + plan_problems()
+
+
+def plan_problems() -> list[str]:
+    """What ``--hsd-plan`` cannot honour (a bad file, levels the server cannot run, runtime knobs
+    it does not apply: ``exit_level_from_plan``), one message per line."""
+    plan = os.environ.get(PLAN_ENV, "").strip()
+    if not plan:
+        return []
+    try:
+        exit_level_from_plan(plan)
+    except ExitLevelConfigError as err:
+        return str(err).splitlines()
+    return []
 
 
 def request_seed_problems(args) -> list[str]:

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("transformers")
 
 from sglang_hsd.hierarchy.measure import target_continuation, measure_acceptance, measure_costs  # noqa: E402
-from sglang_hsd.hierarchy.plan_file import PlanFile, PlannedHierarchy  # noqa: E402
+from sglang_hsd.runtime.plan_file import PlanFile, PlannedHierarchy  # noqa: E402
 from sglang_hsd.hierarchy.planner import Plan  # noqa: E402
 from sglang_hsd.runtime.model import CausalLM  # noqa: E402
 from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
@@ -125,5 +125,4 @@ def test_plan_then_generate_with_the_plan_on_a_tiny_model(tmp_path, monkeypatch,
     args = build_parser().parse_args(["generate", "--model", "tiny", "--plan", str(out), "--prompt", "hi",
                                       "--max-new-tokens", "4", "--exit-heads", "none"])
     assert args.func(args) == 0
-    assert args.levels == data["levels"]
-    assert f"=== {data['levels']} ===" in capsys.readouterr().out
+    assert f"=== {data['levels']} ===" in capsys.readouterr().out  # the plan's levels ran

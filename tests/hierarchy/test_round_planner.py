@@ -169,11 +169,11 @@ def test_a_cheaper_drafter_precision_is_chosen_and_plain_is_not_repeated():
     from sglang_hsd.levels import LevelKind, LevelSpec
 
     entry = RoundPlan({}, [fp32, bf16], ranked).planned_hierarchy(LevelSpec(LevelKind.MODEL, model_path="d"))
-    assert entry.drafter_precision == "bf16"
+    assert entry.knobs.drafter_precision == "bf16"
 
 
 def test_the_plan_file_entry_carries_the_chosen_knobs():
-    from sglang_hsd.hierarchy.plan_file import PlannedHierarchy
+    from sglang_hsd.runtime.plan_file import CHAINS, PlannedHierarchy, RunKnobs
     from sglang_hsd.hierarchy.round_planner import RoundPlan
     from sglang_hsd.levels import LevelKind, LevelSpec
 
@@ -182,13 +182,16 @@ def test_the_plan_file_entry_carries_the_chosen_knobs():
     entry = cheap.planned_hierarchy(drafter)
     best = cheap.best
     assert entry.level_names == "model:drafter-folder,target" and entry.buffers == [best.shape.buffer]
-    assert (entry.draft_length, entry.tree, entry.threads, entry.kernel_path) == (
+    assert entry.knobs == RunKnobs(best.shape.draft_rule, best.shape.tree or CHAINS, 1, "mkl", "fp32")
+    knobs = entry.to_json()
+    assert (knobs["draft_length"], knobs["tree"], knobs["threads"], knobs["kernel_path"]) == (
         best.shape.draft_length, best.shape.tree_text, 1, "mkl")
     assert entry.predicted_speedup > 1
     assert PlannedHierarchy.from_json(entry.to_json()) == entry
     costly = RoundPlan({}, [_costs(1.0)], rank_candidates(candidate_shapes(), [_costs(1.0)], {"fp32": [_record(0.3, 80)]}, 40))
     plain = costly.planned_hierarchy(drafter)
-    assert plain.autoregressive and plain.draft_length is None and plain.predicted_speedup == 1.0
+    assert plain.autoregressive and plain.knobs == RunKnobs(threads=1, kernel_path="mkl")
+    assert plain.predicted_speedup == 1.0
 
 
 def test_round_costs_time_each_drafter_precision_and_restore_the_models(target, drafter, monkeypatch):

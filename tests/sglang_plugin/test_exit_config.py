@@ -9,7 +9,10 @@ import json
 import pytest
 import torch
 
+from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG
 from sglang_hsd.sglang_plugin.cpu import cpu_sampling
+from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_FLAG
+from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_FLAG
 from sglang_hsd.sglang_plugin.config import (
     EXIT_BUFFER_ENV,
     EXIT_HEADS_ENV,
@@ -171,3 +174,55 @@ def test_cpu_renorm_matches_the_runtime_sampling_transform():
     expected = logits_to_probs(logits, params).double()
     torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-9)
     assert torch.equal((ours[0] > 0).nonzero(), logits[0].argmax().view(1, 1))
+
+
+def _plan_with(tmp_path, **knobs):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"levels": "exit:4,exit:12,target", "buffers": "2,4", **knobs}))
+    return str(path)
+
+
+@pytest.mark.parametrize("knob,value,setting", [
+    ("draft_length", "adaptive:0.4:16", f"flags (--speculative-num-steps, {ADAPTIVE_FLAG})"),
+    ("draft_length", "fixed", f"flags (--speculative-num-steps, {ADAPTIVE_FLAG})"),
+    ("tree", "4:2:8", "flags (--speculative-eagle-topk / --speculative-num-draft-tokens)"),
+    ("tree", "none", "flags (--speculative-eagle-topk / --speculative-num-draft-tokens)"),
+    ("threads", 2, "threads (SGLang binds them to cores with SGLANG_CPU_OMP_THREADS_BIND)"),
+    ("kernel_path", "onednn-packed", f"flag ({CPU_LINEAR_FLAG})"),
+    ("drafter_precision", "bf16", f"flag ({DRAFT_PRECISION_FLAG})"),
+])
+def test_a_plan_knob_the_server_does_not_apply_is_refused_naming_its_flag(clean_env, tmp_path, knob, value, setting):
+    plan = _plan_with(tmp_path, **{knob: value})
+    clean_env.setenv(PLAN_ENV, plan)
+    with pytest.raises(ExitLevelConfigError) as err:
+        ExitLevelConfig.from_env()
+    assert str(err.value) == (f"--hsd-plan {plan}: knob {knob!r} ({value}) is not applied by the server; set "
+                              f"the server's own {setting} and remove it from the plan")
+
+
+def test_every_knob_of_a_plan_is_refused_on_its_own_line(clean_env, tmp_path):
+    knobs = dict(draft_length="adaptive:0.4:16", tree="none", threads=2, kernel_path="mkl", drafter_precision="fp32")
+    clean_env.setenv(PLAN_ENV, _plan_with(tmp_path, **knobs))
+    with pytest.raises(ExitLevelConfigError) as err:
+        ExitLevelConfig.from_env()
+    lines = str(err.value).splitlines()
+    assert [line.split("knob ")[1].split(" ")[0] for line in lines] == [repr(knob) for knob in knobs]
+    clean_env.setenv(PLAN_ENV, _plan_with(tmp_path))  # the same plan without knobs is served
+    assert ExitLevelConfig.from_env().layer == 12
+
+
+def test_the_server_arguments_refuse_plan_knobs_before_models_load(clean_env, tmp_path):
+    from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError, validate_hsd_server_args
+    from tests.sglang_plugin.plugin_fixtures import args_namespace
+
+    for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV):
+        clean_env.setenv(name, "eagle3")  # the stand-in's draft path "/head" is an EAGLE-3 head
+    clean_env.setenv(PLAN_ENV, _plan_with(tmp_path))
+    validate_hsd_server_args(args_namespace())
+    clean_env.setenv(PLAN_ENV, _plan_with(tmp_path, tree="4:2:8", kernel_path="onednn-packed"))
+    with pytest.raises(HSDServerArgsError) as err:
+        validate_hsd_server_args(args_namespace())
+    assert "\n  - --hsd-plan " in str(err.value) and "knob 'tree' (4:2:8)" in str(err.value)
+    assert "\n  - --hsd-plan" in str(err.value).split("knob 'tree'")[1]  # the second knob: a line of its own
+    assert "knob 'kernel_path' (onednn-packed)" in str(err.value)

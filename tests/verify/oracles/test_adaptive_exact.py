@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hsd.draft_length import DraftLengthKind, DraftLengthRule, parse_draft_length
+from sglang_hsd.draft_length import DraftLengthKind, DraftLengthRule, format_draft_length, parse_draft_length
 from sglang_hsd.verify.oracles.adaptive_exact import (
     adaptive_prefix_distribution,
     adaptive_round_law,
@@ -131,3 +131,18 @@ def test_parse_draft_length():
     for bad in ("adaptive:x", "fixed:3", "long", "adaptive:0.3:4:5"):
         with pytest.raises(ValueError, match="--draft-length"):
             parse_draft_length(bad)
+
+
+@pytest.mark.parametrize("text", ["fixed", "adaptive:0.4:16", "adaptive:0.3:20", "adaptive:0.0:1", "adaptive:1.0:64"])
+def test_format_draft_length_round_trips(text):
+    assert format_draft_length(parse_draft_length(text)) == text
+    rule = parse_draft_length(text)
+    assert parse_draft_length(format_draft_length(rule)) == rule
+
+
+def test_format_draft_length_refuses_a_rule_without_a_spelling():
+    assert format_draft_length(parse_draft_length("adaptive")) == "adaptive:0.4:16"  # the defaults spelled out
+    for rule in (DraftLengthRule("adaptive", min_length=2), DraftLengthRule("adaptive", grow=0),
+                 DraftLengthRule(threshold=0.5)):
+        with pytest.raises(ValueError, match="no --draft-length spelling"):
+            format_draft_length(rule)

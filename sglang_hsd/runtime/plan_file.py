@@ -8,14 +8,23 @@ JSON layout, keys in this order (only ``levels`` and ``buffers`` are required, s
                                           ``sglang_hsd/levels.py``: "exit:4,exit:12,target", "3,5"
     draft_length, tree, threads, kernel_path, drafter_precision
                                           optional runtime knobs (the round planner's,
-                                          ``round_planner.py``): "adaptive:0.4:16", "4:2:8", 2,
-                                          "onednn-packed"; absent: the runtime's defaults
+                                          ``hierarchy/round_planner.py``): "adaptive:0.4:16", "4:2:8", 2,
+                                          "onednn-packed", "bf16"; absent: the runtime's defaults
     predicted_speedup, predicted_seconds_per_token,
     exact_model_speedup, exact_model_seconds_per_token
                                           the planner's predictions for it (docs/hierarchy.md)
     runner_up_single_draft                the same fields for the best one-drafter hierarchy
     model, temperature, top_k, top_p, candidates, alpha, costs, prefix_seconds,
     autoregressive_seconds_per_token      what the planner measured (``PlanMeasurement``)
+
+The knobs are parsed once, when the file is read, into a typed ``RunKnobs``; the runtime uses
+those values as they are and writing a plan spells them back in the same text.
+
+The module lives with the runtime because the runtime is what a plan describes; it imports
+nothing of ``sglang_hsd.hierarchy``. The planner's ``Plan`` and ``PlanResult`` appear in the
+annotations of the two construction helpers (``PlannedHierarchy.from_plan``,
+``PlanFile.from_planner``) only, through a type-only import: the helpers read their fields by
+name, so the planner is never imported with this module.
 
 Bad input raises ``ValueError`` naming the field (``runner_up_single_draft.buffers``, ...).
 """
@@ -25,10 +34,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from sglang_hsd.draft_length import parse_draft_length
+from sglang_hsd.draft_length import DraftLengthRule, format_draft_length, parse_draft_length
 from sglang_hsd.levels import (
     LevelKind,
     LevelSpec,
@@ -48,7 +58,116 @@ PREDICTION_FIELDS = (
     "predicted_speedup", "predicted_seconds_per_token", "exact_model_speedup", "exact_model_seconds_per_token",
 )
 RUNNER_UP_FIELD = "runner_up_single_draft"
-KNOB_FIELDS = {"draft_length": str, "tree": str, "threads": int, "kernel_path": str, "drafter_precision": str}
+# The kernel paths a plan may name: the two the runtime's linear layers run.
+KERNEL_PATHS = (PATH_MKL, PATH_PACKED)
+
+
+class NoTree(Enum):
+    """The ``tree`` knob ``"none"``: chains. A value of its own rather than None, because a plan
+    that says ``none`` overrides ``--tree`` while a plan without the knob leaves it as it is."""
+
+    CHAINS = "none"
+
+
+CHAINS = NoTree.CHAINS
+
+
+@dataclass(frozen=True)
+class RunKnobs:
+    """The runtime knobs a plan runs its hierarchy with, parsed; None: the runtime's default.
+
+    Fields:
+        draft_length: ``--draft-length``, a ``DraftLengthRule`` as ``parse_draft_length``
+            returns it (``fixed``: ``DraftLengthRule()``); only rules with a spelling
+            (``format_draft_length``) are accepted.
+        tree: ``--tree``, a ``TreeShape`` or ``CHAINS`` (``none``).
+        threads: ``--threads``, an int >= 1.
+        kernel_path: the linear layers' kernel path, ``PATH_MKL`` or ``PATH_PACKED``
+            (``pack_linears``).
+        drafter_precision: ``--drafter-precision``, a ``kernel_setup.DRAFTER_PRECISIONS`` name
+            (checked by ``parse_drafter_precision``). The name, not the weight-copy kind that
+            parser returns: that is None for fp32, which here would read as "no knob".
+    """
+
+    draft_length: DraftLengthRule | None = None
+    tree: TreeShape | NoTree | None = None
+    threads: int | None = None
+    kernel_path: str | None = None
+    drafter_precision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_length is not None:
+            if not isinstance(self.draft_length, DraftLengthRule):
+                raise ValueError(f"draft_length must be a DraftLengthRule, got {self.draft_length!r}")
+            format_draft_length(self.draft_length)  # a rule the file cannot spell would change when written
+        if self.tree is not None and not isinstance(self.tree, (TreeShape, NoTree)):
+            raise ValueError(f"tree must be a TreeShape or CHAINS, got {self.tree!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"threads must be >= 1, got {self.threads!r}")
+        if self.kernel_path is not None and self.kernel_path not in KERNEL_PATHS:
+            raise ValueError(f"kernel_path must be one of {list(KERNEL_PATHS)}, got {self.kernel_path!r}")
+        if self.drafter_precision is not None:
+            parse_drafter_precision(self.drafter_precision, name="drafter_precision")
+
+    def present(self) -> dict[str, Any]:
+        """The knobs the plan sets, by field name, in the file's order (typed values)."""
+        return {key: getattr(self, key) for key, *_ in _KNOBS if getattr(self, key) is not None}
+
+    def to_json(self) -> dict[str, Any]:
+        """The knobs present as the command line spells them:
+        ``{"draft_length": "adaptive:0.4:16", "tree": "none", "threads": 2, ...}``."""
+        spellers = {key: spell for key, _, _, spell in _KNOBS}
+        return {key: spellers[key](value) for key, value in self.present().items()}
+
+    @classmethod
+    def from_json(cls, data: dict, prefix: str = "") -> RunKnobs:
+        """Parse the knobs present in ``data``; ``prefix`` names the enclosing field in error
+        messages (``plan field <prefix>tree must be none or D:k:N ...``)."""
+        values = {}
+        for key, kind, parse, _ in _KNOBS:
+            raw = _field(data, key, kind, prefix, required=False)
+            if raw is not None:
+                values[key] = _parse_knob(parse, raw, f"plan field {prefix}{key}")
+        try:
+            return cls(**values)
+        except ValueError as err:  # the messages start with the field's name
+            raise ValueError(f"plan field {prefix}{err}") from None
+
+
+def _parse_knob(parse: Callable[[Any, str], Any], raw: Any, name: str) -> Any:
+    """``parse(raw, name)`` with ``name`` leading every error (the parsers' own messages start
+    with it; the values' checks, e.g. a threshold out of range, do not)."""
+    try:
+        return parse(raw, name)
+    except ValueError as err:
+        message = str(err)
+        raise ValueError(message if message.startswith(name) else f"{name}: {message}") from None
+
+
+def _parse_tree(text: str, name: str) -> TreeShape | NoTree:
+    """``--tree`` text -> a ``TreeShape``, or ``CHAINS`` for ``none``."""
+    shape = TreeShape.parse(text, name=name)
+    return CHAINS if shape is None else shape
+
+
+def _spell_tree(tree: TreeShape | NoTree) -> str:
+    return tree.value if isinstance(tree, NoTree) else str(tree)
+
+
+def _as_is(value: Any, name: str = "") -> Any:
+    """A knob whose JSON value is its typed value (checked by ``RunKnobs``)."""
+    return value
+
+
+# Each knob: (field, JSON type, text -> typed value naming the field, typed value -> JSON value).
+_KNOBS: tuple[tuple[str, type, Callable[[Any, str], Any], Callable[[Any], Any]], ...] = (
+    ("draft_length", str, parse_draft_length, format_draft_length),
+    ("tree", str, _parse_tree, _spell_tree),
+    ("threads", int, _as_is, _as_is),
+    ("kernel_path", str, _as_is, _as_is),
+    ("drafter_precision", str, _as_is, _as_is),
+)
 
 
 @dataclass(frozen=True)
@@ -62,9 +181,7 @@ class PlannedHierarchy:
             formula of docs/hierarchy.md) for this hierarchy; None when the file has none.
         exact_model_speedup / exact_model_seconds_per_token: the same hierarchy under the
             runtime's exact latency model (buffer overshoot); None when the file has none.
-        draft_length / tree / threads / kernel_path / drafter_precision: the runtime knobs to
-            run it with (``--draft-length``, ``--tree``, ``--threads``, the linears' kernel path,
-            ``--drafter-precision``); None: the runtime's defaults.
+        knobs: the runtime knobs to run it with (``RunKnobs``; empty: the runtime's defaults).
     """
 
     levels: tuple[LevelSpec, ...]
@@ -72,25 +189,11 @@ class PlannedHierarchy:
     predicted_seconds_per_token: float | None = None
     exact_model_speedup: float | None = None
     exact_model_seconds_per_token: float | None = None
-    draft_length: str | None = None
-    tree: str | None = None
-    threads: int | None = None
-    kernel_path: str | None = None
-    drafter_precision: str | None = None
+    knobs: RunKnobs = dataclasses.field(default_factory=RunKnobs)
 
     def __post_init__(self) -> None:
         if not self.levels or self.levels[-1].kind is not LevelKind.TARGET:
             raise ValueError(f"levels: the last level must be the target, got {format_level_names(self.levels)!r}")
-        if self.draft_length is not None:
-            parse_draft_length(self.draft_length, name="draft_length")
-        if self.tree is not None:
-            TreeShape.parse(self.tree, name="tree")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if self.kernel_path is not None and self.kernel_path not in (PATH_MKL, PATH_PACKED):
-            raise ValueError(f"kernel_path must be one of {[PATH_MKL, PATH_PACKED]}, got {self.kernel_path!r}")
-        if self.drafter_precision is not None:
-            parse_drafter_precision(self.drafter_precision, name="drafter_precision")
 
     @property
     def level_names(self) -> str:
@@ -129,9 +232,9 @@ class PlannedHierarchy:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """``{"levels": ..., "buffers": ..., <predictions present>}``."""
+        """``{"levels": ..., "buffers": ..., <knobs present>, <predictions present>}``."""
         out: dict[str, Any] = {"levels": self.level_names, "buffers": self.buffer_text}
-        out.update({key: getattr(self, key) for key in KNOB_FIELDS if getattr(self, key) is not None})
+        out.update(self.knobs.to_json())
         out.update({key: getattr(self, key) for key in PREDICTION_FIELDS if getattr(self, key) is not None})
         return out
 
@@ -156,9 +259,9 @@ class PlannedHierarchy:
             except ValueError as err:
                 raise ValueError(f"plan field {prefix}buffers: {err}") from None
         predictions = {key: _field(data, key, float, prefix, required=False) for key in PREDICTION_FIELDS}
-        knobs = {key: _field(data, key, kind, prefix, required=False) for key, kind in KNOB_FIELDS.items()}
+        knobs = RunKnobs.from_json(data, prefix)
         try:
-            return cls(levels, **predictions, **knobs)
+            return cls(levels, **predictions, knobs=knobs)
         except ValueError as err:
             raise ValueError(f"plan field {prefix}{err}") from None
 
