@@ -9,9 +9,11 @@ Kept per row: output tok/s and its ratio to the ``none`` (and ``none-bf16``) row
 prompt set, temperature and concurrency in the same run; request/s; median TPOT; the accept length
 the client reads from ``/server_info`` (SGLang's average over its last decode-log interval of 40
 steps: ``n/a`` for shorter runs) and, per request, SGLang's ``spec_accept_length`` (mean ±
-standard error over requests); the mean draft budget an adaptive server chose
-(``/server_info`` -> ``hsd.adaptive.mean_steps`` read after the row, as the server averages it;
-null in the JSON and ``n/a`` in the table when the server does not report it).
+standard error over requests); the mean draft length an adaptive server chose in the row's own
+decode rounds (``row_mean_length``: the change of ``/server_info`` -> ``hsd.adaptive``'s choice
+counts across the row, each batch round counted once) and over its whole life so far
+(``mean_chosen_budget``: ``hsd.adaptive.mean_steps`` after the row, per request-round); null in
+the JSON and ``n/a`` in the table when the server does not report them.
 
 Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-linear`` =
 ``--cpu-linear``, so speculation and its reference run the same kernels; ``none-bf16`` excepted):
@@ -61,7 +63,8 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run
 from benchmarks.serving_harness import (
     ClientSpec, ResultBook, Server, ServerSpec, fmt, mean_se_cell, measure_rows, read_server_info,
-    resolve_models, run_client, shown_command, throughput_ratios, write_prompt_file)
+    resolve_models, rounds_mean_length, run_client, shown_command, throughput_ratios,
+    write_prompt_file)
 from sglang_hsd.sglang_plugin.cpu.cpu_server import (
     cpu_linear_flags, cpu_server_command, draft_model_server_command, free_port)
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_PATHS
@@ -162,9 +165,12 @@ def measure_row(server: Server, row: dict, target: Path, datasets: dict[str, Pat
                       row["temperature"], row["concurrency"], context_len=4096,
                       extra_request_body={"ignore_eos": True})
     tag = f"{config}_{row['prompt_set']}_t{row['temperature']:g}_c{row['concurrency']}"
+    before = read_server_info(server.url)
     result = run_client(server.url, spec, workdir, tag, args.client_timeout)
+    after = read_server_info(server.url)
     return {**result.kept(), **result.accept_length_stats(),
-            "mean_chosen_budget": read_server_info(server.url).mean_chosen_budget,
+            "row_mean_length": rounds_mean_length(before, after),
+            "mean_chosen_budget": after.mean_chosen_budget,
             "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -228,13 +234,13 @@ def markdown_table(records: list[dict], meta: dict) -> str:
     """The results table (Markdown)."""
     lines = ["| config | prompts | T | concurrency | completed | output tok/s | vs none | "
              "vs none-bf16 | median TPOT ms | accept length (server) | accept length per request "
-             "| mean chosen budget |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean length (row) | mean chosen budget (server) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in add_ratios(records):
         if "error" in r:
             lines.append(f"| {r['config']} | {r.get('prompt_set', '')} | "
                          f"{r.get('temperature', '')} | {r.get('concurrency', '')} | failed: "
-                         f"{r['error']} | | | | | | | |")
+                         f"{r['error']} | | | | | | | | |")
             continue
         lines.append(f"| {r['config']} | {r['prompt_set']} | {r['temperature']:g} | "
                      f"{r['concurrency']} | {r['completed']}/{meta['num_prompts']} | "
@@ -242,7 +248,7 @@ def markdown_table(records: list[dict], meta: dict) -> str:
                      f"{_ratio_cell(r.get('ratio_to_none_bf16'))} | "
                      f"{fmt(r['median_tpot_ms'], 1)} | {fmt(r['accept_length'])} | "
                      f"{mean_se_cell(r.get('accept_length_mean'), r.get('accept_length_se'))} | "
-                     f"{fmt(r.get('mean_chosen_budget'))} |")
+                     f"{fmt(r.get('row_mean_length'))} | {fmt(r.get('mean_chosen_budget'))} |")
     notes = [f"- `{name}`: {CONFIGS[name].note}" for name in meta["configs"]]
     notes += [f"- `{name}` server arguments added: `{shlex.join(args)}`"
               for name, args in meta.get("extra_server_args", {}).items() if name in meta["configs"]]

@@ -351,6 +351,32 @@ class ServerInfo:
         return float(value) if isinstance(value, (int, float)) else None
 
 
+    @property
+    def choice_counts(self) -> dict[tuple[str, str], int]:
+        """Decode rounds per (batch bucket, length) so far (``hsd.adaptive.choices_by_batch_bucket``;
+        empty without it)."""
+        adaptive = self.hsd.get("adaptive")
+        table = adaptive.get("choices_by_batch_bucket") if isinstance(adaptive, dict) else None
+        if not isinstance(table, dict):
+            return {}
+        return {(str(bucket), str(length)): int(n)
+                for bucket, lengths in table.items() if isinstance(lengths, dict)
+                for length, n in lengths.items()}
+
+
+def rounds_mean_length(before: ServerInfo, after: ServerInfo) -> float | None:
+    """Mean draft length of the decode rounds an adaptive server ran between two ``/server_info``
+    reads (each batch round counted once, whatever its size); None when it reports no choices or
+    ran no decode round in between."""
+    start = before.choice_counts
+    rounds = total = 0
+    for key, n in after.choice_counts.items():
+        new = n - start.get(key, 0)
+        rounds += new
+        total += new * int(key[1])
+    return total / rounds if rounds > 0 else None
+
+
 def read_server_info(url: str, timeout: float = 30.0) -> ServerInfo:
     """GET ``url/server_info``."""
     with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:

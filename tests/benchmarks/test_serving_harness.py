@@ -14,8 +14,8 @@ import benchmarks.serving_harness as harness
 from benchmarks.common import start_run
 from benchmarks.serving_harness import (
     ClientError, ClientSpec, ResultBook, ServerInfo, ServerSpec, client_arguments, fmt,
-    mean_se_cell, measure_rows, prompt_file_texts, row_key, shown_command, throughput_ratios,
-    write_prompt_file)
+    mean_se_cell, measure_rows, prompt_file_texts, rounds_mean_length, row_key, shown_command,
+    throughput_ratios, write_prompt_file)
 
 
 def _render(rows, meta):
@@ -145,6 +145,18 @@ def test_server_info_reads_accept_length_hsd_and_a_budget_only_when_reported():
                   {"hsd": {"adaptive": {"mean_steps": "x"}}}):
         assert ServerInfo.parse({"internal_states": [state]}).mean_chosen_budget is None
     assert ServerInfo.parse({}) == ServerInfo(None, {})
+
+
+def test_row_mean_length_is_the_change_of_the_servers_choice_counts():
+    def info(choices):
+        return ServerInfo(None, {"adaptive": {"choices_by_batch_bucket": choices}})
+
+    before = info({"1": {"0": 2, "4": 10}})
+    after = info({"1": {"0": 2, "4": 13}, "16": {"0": 6, "1": 1}})
+    # the row ran 3 rounds of length 4 at batch 1 and 7 rounds (6 of 0, 1 of 1) at batch 16
+    assert rounds_mean_length(before, after) == (3 * 4 + 1) / 10
+    assert rounds_mean_length(after, after) is None  # no decode round in between
+    assert rounds_mean_length(ServerInfo(None, {}), ServerInfo(None, {})) is None  # not adaptive
 
 
 def test_prompt_files_in_sharegpt_format(tmp_path, monkeypatch):
