@@ -98,7 +98,10 @@ def test_serve_answers_chat_and_generate_then_stops_on_ctrl_c(pair):
            "--device", "cpu", "--log", str(root / "server.log"), "--", "--port", str(port),
            "--speculative-num-steps", "3"]
     with open(root / "serve.err", "w") as err:
-        serve = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
+        # A shell running the suite in the background (``make test &``) ignores SIGINT, and the
+        # ignored disposition is inherited: restore the default so serve sees the Ctrl-C.
+        serve = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in serve.stdout] + [lines.put(None)],
                      daemon=True).start()
