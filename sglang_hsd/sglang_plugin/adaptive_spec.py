@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 ADAPTIVE_ENV = "SGLANG_HSD_ADAPTIVE"
 ADAPTIVE_FLAG = "--hsd-adaptive"
 ADAPTIVE_CHOICES = ("on", "off")
+CYCLE_ENV = "SGLANG_HSD_DRAFT_LENGTHS_CYCLE"
+CYCLE_FLAG = "--hsd-draft-lengths-cycle"
 # meta_info key of a request's per-round draft lengths (a request-level customized-info key).
 BUDGET_KEY = "hsd_draft_budget"
 # Attribute of SGLang's Req holding its AcceptanceEstimate.
@@ -53,20 +55,48 @@ class AdaptiveSetting:
         enabled: the flag's value (True: on).
         explicit: whether the user set it (the default turns itself off where unsupported;
             an explicit ``on`` is refused there).
+        lengths_cycle: ``--hsd-draft-lengths-cycle``: each request's decode rounds take these
+            lengths in turn from its first round (a batch: its youngest request's turn) instead
+            of the controller's choice (measuring what each length costs, testing the switches
+            between them); None: the controller chooses. Each is fixed before the round's
+            drafts exist, so the output law is the target's.
     """
 
     enabled: bool = True
     explicit: bool = False
+    lengths_cycle: tuple[int, ...] | None = None
 
     @classmethod
     def from_env(cls) -> "AdaptiveSetting":
         text = os.environ.get(ADAPTIVE_ENV, "").strip().lower()
-        if not text:
-            return cls()
-        if text not in ADAPTIVE_CHOICES:
+        if text and text not in ADAPTIVE_CHOICES:
             raise ValueError(f"{ADAPTIVE_FLAG} ({ADAPTIVE_ENV}) must be one of {', '.join(ADAPTIVE_CHOICES)}, "
                              f"got {text!r}")
-        return cls(text == "on", explicit=True)
+        return cls(text != "off", explicit=bool(text), lengths_cycle=_parse_cycle(os.environ.get(CYCLE_ENV, "")))
+
+    def cycle_problem(self, num_steps: int) -> str | None:
+        """Why ``lengths_cycle`` cannot run with ``num_steps`` (``--speculative-num-steps``)."""
+        if self.lengths_cycle is None:
+            return None
+        if not self.enabled:
+            return f"{CYCLE_FLAG}: the lengths replace {ADAPTIVE_FLAG}'s choice; it is off"
+        bad = [length for length in self.lengths_cycle if not 0 <= length <= num_steps]
+        if bad:
+            return (f"{CYCLE_FLAG}: every length must be in 0..{num_steps} (--speculative-num-steps), "
+                    f"got {bad}")
+        return None
+
+
+def _parse_cycle(text: str) -> tuple[int, ...] | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{CYCLE_FLAG} ({CYCLE_ENV}) must be comma-separated draft lengths such as "
+                         f"0,0,3, got {text!r}") from None
+    return lengths
 
 
 def unsupported_reason(topk: int, exit_layer: bool, request_seeds: bool = False) -> str | None:
@@ -87,10 +117,13 @@ class AdaptiveRounds:
 
     Args:
         controller: the policy state.
+        lengths_cycle: lengths each request's rounds take in turn instead of the controller's
+            choice (``AdaptiveSetting.lengths_cycle``); None: the controller chooses.
     """
 
-    def __init__(self, controller: BudgetController) -> None:
+    def __init__(self, controller: BudgetController, lengths_cycle: tuple[int, ...] | None = None) -> None:
         self.controller = controller
+        self.lengths_cycle = lengths_cycle
         self.length = controller.config.candidates[-1]  # SGLang starts at the configured length
         self._reqs: list = []
         self._round_length = 0
@@ -107,8 +140,14 @@ class AdaptiveRounds:
             gap = started - self._last_end
             if gap <= _MAX_OVERHEAD_FORWARDS * max(self._last_forward, 1e-3):
                 self.overhead = gap if self.overhead == 0.0 else 0.8 * self.overhead + 0.2 * gap
-        rates = [self.controller.request_rate(_estimate(req)) for req in reqs]
-        self.length = self.controller.choose(rates, len(reqs))
+        if self.lengths_cycle is not None:
+            # Each request follows the cycle from its own first decode round (the batch from
+            # its youngest request), so a request's lengths do not depend on other traffic.
+            rounds_taken = min(len((req.customized_info or {}).get(BUDGET_KEY, ())) for req in reqs)
+            self.length = self.lengths_cycle[rounds_taken % len(self.lengths_cycle)]
+        else:
+            rates = [self.controller.request_rate(_estimate(req)) for req in reqs]
+            self.length = self.controller.choose(rates, len(reqs))
         for req in reqs:
             if req.customized_info is None:
                 req.customized_info = {}
@@ -150,7 +189,7 @@ class AdaptiveRounds:
 
     def as_dict(self) -> dict:
         state = self.controller.as_dict()
-        state.update(enabled=True, current_steps=self.length,
+        state.update(enabled=True, current_steps=self.length, lengths_cycle=self.lengths_cycle,
                      overhead_ms=round(1000 * self.overhead, 2))
         return state
 
@@ -208,10 +247,18 @@ def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bo
         return None  # a pipeline stage without the draft
     from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 
-    rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(worker.speculative_num_steps)))
+    problem = setting.cycle_problem(worker.speculative_num_steps)
+    if problem is not None:
+        raise ValueError(problem)
+    rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(worker.speculative_num_steps)),
+                            setting.lengths_cycle)
     worker.adaptive_controller = AdaptiveController(worker, HSDAdaptivePolicy(rounds))
-    logger.info("sglang-hsd: %s on: draft lengths %s chosen per round from measured costs and acceptance",
-                ADAPTIVE_FLAG, list(rounds.controller.config.candidates))
+    if setting.lengths_cycle is not None:
+        logger.info("sglang-hsd: %s: rounds take the lengths %s in turn", CYCLE_FLAG,
+                    list(setting.lengths_cycle))
+    else:
+        logger.info("sglang-hsd: %s on: draft lengths %s chosen per round from measured costs and "
+                    "acceptance", ADAPTIVE_FLAG, list(rounds.controller.config.candidates))
     return rounds
 
 

@@ -25,7 +25,9 @@ from sglang_hsd.sglang_plugin.config import (
     VERIFY_METHOD_ENV,
 )
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
-from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_CHOICES, ADAPTIVE_ENV, ADAPTIVE_FLAG
+from sglang_hsd.sglang_plugin.adaptive_spec import (
+    ADAPTIVE_CHOICES, ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG)
+from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_CHOICES, CATCH_UP_ENV, CATCH_UP_FLAG
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
@@ -97,6 +99,16 @@ HSD_FLAGS = (
      "requests' past acceptance and this server's measured round costs; logged, reported in "
      "/server_info and per request (meta_info hsd_draft_budget). off: every round drafts "
      "--speculative-num-steps. Trees and the exit level keep their shape"),
+    (CYCLE_FLAG, CYCLE_ENV, {},
+     "comma-separated draft lengths (each 0..--speculative-num-steps) that each request's "
+     "decode rounds take in turn from its first round (a batch follows its youngest request) "
+     "instead of the adaptive controller's choice: measures what each length costs and "
+     "tests the switches between them (fixed before any draft, so lossless)"),
+    (CATCH_UP_FLAG, CATCH_UP_ENV, {"choices": CATCH_UP_CHOICES},
+     "on (default with --hsd-draft-kind model on CPU under --hsd-adaptive): a round that drafts "
+     "nothing skips the draft model's extend, and the draft cache catches up in one batched "
+     "extend when drafting resumes; reported in /server_info (hsd.draft_catch_up). off: every "
+     "round extends the draft cache (SGLang's way)"),
     (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": DRAFTER_PRECISION_OPTIONS},
      "CPU: the weight copy a separate draft model's (--hsd-draft-kind model) few-row forwards "
      "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "

@@ -223,8 +223,12 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
     builds. Drafting, the draft KV cache and its rollback after verification are SGLang's: the
     draft writes its steps into slots the V2 worker allocated for the round (k per step for a
     tree) and re-runs the accepted tokens in its draft-extend pass, whose slots overwrite the
-    rejected ones.
+    rejected ones. With ``hsd_catch_up`` (``--hsd-draft-catch-up``) a round that drafts nothing
+    skips that pass, and the next drafting round first catches the cache up
+    (``draft_catch_up.py``).
     """
+
+    hsd_catch_up = None  # a draft_catch_up.DraftCatchUp, set by HSDStandaloneWorker
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
                           token_to_kv_pool_allocator=None):
@@ -232,7 +236,19 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
                                   token_to_kv_pool_allocator)
         self._hsd_record_vocab()
 
+    def _draft_extend_for_prefill(self, batch, *args, **kwargs):
+        if self.hsd_catch_up is not None and not batch.forward_mode.is_idle():
+            self.hsd_catch_up.forget(batch.reqs)
+        return super()._draft_extend_for_prefill(batch, *args, **kwargs)
+
+    def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
+        if self.hsd_catch_up is not None and self.hsd_catch_up.skip_extend(batch, batch_result):
+            return None
+        return super()._draft_extend_for_decode(batch, batch_result, *args, **kwargs)
+
     def draft_forward(self, forward_batch):
+        if self.hsd_catch_up is not None:
+            self.hsd_catch_up.run(self, forward_batch)
         tree = self._hsd_sampled_tree(forward_batch)
         if tree is not None:
             return tree

@@ -8,9 +8,11 @@ positions to those slots). The exit level runs forwards over parts of it:
   (its prefix is everything before the run), for some of the requests: layers [L, N) over the
   kept chain, and layers [0, L) over an exit sub-round's positions;
 * ``draft_decode_batch``: a DECODE batch of one token per request for the EAGLE-3 draft model
-  (the draft continuation of an exit sub-round).
+  (the draft continuation of an exit sub-round);
+* ``catch_up_extend_batch``: an EXTEND batch of a draft language model over each request's
+  missing draft positions (``draft_catch_up.py``), from the round's draft DECODE batch.
 
-Both are shallow copies of a batch SGLang built, with the per-request fields cut to the chosen
+All are shallow copies of a batch SGLang built, with the per-request fields cut to the chosen
 requests; the attention metadata is re-planned by ``ModelRunner.forward``.
 """
 
@@ -44,6 +46,40 @@ def _cut_requests(fb, requests: torch.Tensor) -> None:
     fb.forward_metadata_ready = False
 
 
+def _make_extend(fb, input_ids: torch.Tensor, positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                 prefix: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Turn ``fb`` (already cut to its A requests) into an EXTEND batch of ``lengths[i]`` rows
+    after a prefix of ``prefix[i]`` positions per request (both [A], ``seq_lens``' dtype); the
+    rows' ``input_ids``, ``positions`` and ``out_cache_loc`` are int64 [sum(lengths)]. No hidden
+    states are captured."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    fb.forward_mode = ForwardMode.EXTEND
+    fb.input_ids = input_ids
+    fb.positions = positions
+    fb.out_cache_loc = out_cache_loc
+    fb.seq_lens = prefix + lengths
+    fb.seq_lens_cpu = fb.seq_lens.cpu()
+    fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
+    fb.extend_seq_lens = lengths
+    fb.extend_prefix_lens = prefix
+    fb.extend_start_loc = torch.cumsum(lengths, 0) - lengths
+    fb.extend_seq_lens_cpu = lengths.tolist()
+    fb.extend_prefix_lens_cpu = prefix.tolist()
+    fb.extend_logprob_start_lens_cpu = lengths.tolist()
+    fb.extend_num_tokens = int(input_ids.numel())
+    fb.capture_hidden_mode = CaptureHiddenMode.NULL
+    # The template's count of real (unpadded) tokens: SGLang runs attention on that many rows
+    # only (``padded_extend_real_tokens``), so a count copied from a one-token-per-request
+    # decode batch would leave every later row of a request unattended.
+    count = fb.extend_num_tokens
+    fb.global_num_token_non_padded_cpu = count
+    for name in ("global_num_token_non_padded", "num_token_non_padded"):
+        if getattr(fb, name, None) is not None:
+            setattr(fb, name, torch.tensor(count, dtype=getattr(fb, name).dtype,
+                                           device=input_ids.device))
+
+
 def window_extend_batch(verify_batch, requests: torch.Tensor, start: torch.Tensor,
                         length: torch.Tensor, input_ids: torch.Tensor | None = None):
     """An EXTEND batch over window positions ``start .. start + length - 1`` of ``requests``.
@@ -58,32 +94,17 @@ def window_extend_batch(verify_batch, requests: torch.Tensor, start: torch.Tenso
         (forward batch over sum(length) tokens, int64 [sum(length)] window row of each token,
         i.e. b * W + j).
     """
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-
     width = verify_batch.input_ids.shape[0] // verify_batch.batch_size
     offsets = torch.arange(int(length.max()), device=start.device)
     kept = offsets.unsqueeze(0) < length.unsqueeze(1)
     rows = (requests.unsqueeze(1) * width + start.unsqueeze(1) + offsets)[kept]
     committed = verify_batch.seq_lens[requests]
     prefix = committed + start.to(committed.dtype)
-    lengths = length.to(committed.dtype)
     fb = copy.copy(verify_batch)
     _cut_requests(fb, requests)
-    fb.forward_mode = ForwardMode.EXTEND
-    fb.input_ids = (verify_batch.input_ids if input_ids is None else input_ids)[rows]
-    fb.positions = verify_batch.positions[rows]
-    fb.out_cache_loc = verify_batch.out_cache_loc[rows]
-    fb.seq_lens = prefix + lengths
-    fb.seq_lens_cpu = fb.seq_lens.cpu()
-    fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
-    fb.extend_seq_lens = lengths
-    fb.extend_prefix_lens = prefix
-    fb.extend_start_loc = torch.cumsum(lengths, 0) - lengths
-    fb.extend_seq_lens_cpu = lengths.tolist()
-    fb.extend_prefix_lens_cpu = prefix.tolist()
-    fb.extend_logprob_start_lens_cpu = lengths.tolist()
-    fb.extend_num_tokens = int(rows.numel())
-    fb.capture_hidden_mode = CaptureHiddenMode.NULL
+    ids = verify_batch.input_ids if input_ids is None else input_ids
+    _make_extend(fb, ids[rows], verify_batch.positions[rows], verify_batch.out_cache_loc[rows],
+                 prefix, length.to(committed.dtype))
     return fb, rows
 
 
@@ -113,4 +134,24 @@ def draft_decode_batch(draft_batch, requests: torch.Tensor, input_ids: torch.Ten
     fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
     spec_info.hidden_states = hidden_states
     fb.spec_info = spec_info
+    return fb
+
+
+def catch_up_extend_batch(draft_batch, requests: torch.Tensor, prefix: torch.Tensor,
+                          lengths: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                          out_cache_loc: torch.Tensor):
+    """An EXTEND batch of the draft model over positions ``prefix .. prefix + lengths - 1`` of
+    ``requests`` (its prefix is the draft KV before them); the logits of each request's last row
+    come back (SGLang's extend logits).
+
+    Args:
+        draft_batch: the round's draft DECODE ``ForwardBatch`` (B requests).
+        requests, prefix, lengths: int64 [A]; lengths >= 1.
+        input_ids, positions, out_cache_loc: int64 [sum(lengths)], request by request: the token
+            each row reads, its position and its KV slot.
+    """
+    fb = copy.copy(draft_batch)
+    _cut_requests(fb, requests)
+    dtype = draft_batch.seq_lens.dtype
+    _make_extend(fb, input_ids, positions, out_cache_loc, prefix.to(dtype), lengths.to(dtype))
     return fb

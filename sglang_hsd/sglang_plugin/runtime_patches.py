@@ -99,6 +99,8 @@ def hsd_internal_state(scheduler) -> dict:
         state["draft_kv_shares_allocator"] = draft_allocator is allocator
     adaptive = getattr(worker, "hsd_adaptive", None)
     state["adaptive"] = {"enabled": False} if adaptive is None else adaptive.as_dict()
+    catch_up = getattr(worker, "hsd_catch_up", None)
+    state["draft_catch_up"] = {"enabled": False} if catch_up is None else catch_up.as_dict()
     copies = getattr(worker, "hsd_draft_copies", None)
     if copies is not None:
         state["draft_copies"] = copies

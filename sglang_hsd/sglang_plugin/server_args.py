@@ -245,7 +245,34 @@ def draft_model_problems(args) -> list[str]:
 
 def hsd_flag_problems(args) -> list[str]:
     """What the ``--hsd-*`` flags read from the environment cannot honour with ``args``."""
-    return request_seed_problems(args) + draft_precision_problems(args) + adaptive_problems(args) + plan_problems()
+    return (request_seed_problems(args) + draft_precision_problems(args) + adaptive_problems(args)
+            + catch_up_problems(args) + plan_problems())
+
+
+def catch_up_problems(args) -> list[str]:
+    """What an explicit ``--hsd-draft-catch-up on`` cannot honour (the default turns itself off)."""
+    from sglang_hsd.sglang_plugin.adaptive_spec import AdaptiveSetting, unsupported_reason as adaptive_reason
+    from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_FLAG, CatchUpSetting, unsupported_reason
+
+    try:
+        setting = CatchUpSetting.from_env()
+    except ValueError as err:
+        return [str(err)]
+    if not (setting.enabled and setting.explicit):
+        return []
+    try:
+        adaptive = AdaptiveSetting.from_env().enabled
+    except ValueError:
+        return []  # reported by adaptive_problems
+    draft_model = (args.speculative_draft_model_path is not None
+                   and resolve_draft_kind(args.speculative_draft_model_path) == MODEL)
+    exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
+    adaptive_off = ("--hsd-adaptive off" if not adaptive
+                    else adaptive_reason(args.speculative_eagle_topk or 1, exit_layer))
+    reason = unsupported_reason(args.device or "cuda", draft_model, adaptive_off)
+    if reason is None:
+        return []
+    return [f"{CATCH_UP_FLAG} on with {reason}; pass {CATCH_UP_FLAG} off or drop the other option"]
 
 
 def plan_problems() -> list[str]:
@@ -303,14 +330,19 @@ def draft_precision_problems(args) -> list[str]:
 
 def adaptive_problems(args) -> list[str]:
     """What an explicit ``--hsd-adaptive on`` cannot honour (the default turns itself off)."""
-    from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG, AdaptiveSetting, unsupported_reason
+    from sglang_hsd.sglang_plugin.adaptive_spec import (
+        ADAPTIVE_FLAG, CYCLE_FLAG, AdaptiveSetting, unsupported_reason)
 
     try:
         setting = AdaptiveSetting.from_env()
     except ValueError as err:
         return [str(err)]
-    if not (setting.enabled and setting.explicit):
-        return []
+    problems = []
+    cycle = setting.cycle_problem(args.speculative_num_steps or DEFAULT_NUM_STEPS)
+    if cycle is not None:
+        problems.append(cycle)
+    if not (setting.enabled and (setting.explicit or setting.lengths_cycle is not None)):
+        return problems
     exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
     from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
 
@@ -320,6 +352,7 @@ def adaptive_problems(args) -> list[str]:
         seeds = False  # reported by request_seed_problems
     reason = unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, seeds)
     if reason is None:
-        return []
-    return [f"{ADAPTIVE_FLAG} on with {reason}: adaptive draft lengths are built for chains without an "
-            f"exit level; pass {ADAPTIVE_FLAG} off or drop the other option"]
+        return problems
+    flag = f"{ADAPTIVE_FLAG} on" if setting.explicit else CYCLE_FLAG
+    return problems + [f"{flag} with {reason}: adaptive draft lengths are built for chains without "
+                       f"an exit level; pass {ADAPTIVE_FLAG} off or drop the other option"]

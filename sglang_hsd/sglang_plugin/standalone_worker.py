@@ -31,6 +31,7 @@ from __future__ import annotations
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
 
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
+from sglang_hsd.sglang_plugin.draft_catch_up import CatchUpSetting, build_catch_up
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
 from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_adaptive, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (
@@ -54,7 +55,10 @@ class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.hsd_exit = build_exit_verifier(target_worker, plugin_config, exit_config)
         self.hsd_adaptive = build_adaptive(self, plugin_config)
+        self.hsd_catch_up = build_catch_up(self, CatchUpSetting.from_env(),
+                                           adaptive=self.hsd_adaptive is not None)
         draft = adopt_draft_worker(self, StandaloneDraftWorker, HSDStandaloneDraftWorker)
+        draft.hsd_catch_up = self.hsd_catch_up
         setup_sampled_trees(draft, plugin_config)
         # Only the drafter's numbers change (the verifier reads the q the copy produced).
         self.hsd_draft_copies = setup_draft_copies(self)

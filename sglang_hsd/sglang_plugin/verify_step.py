@@ -34,18 +34,25 @@ class HSDVerify:
     def forward_batch_generation(self, batch, *args, **kwargs):
         """SGLang's round; with ``--hsd-adaptive`` (``hsd_adaptive``, an
         ``adaptive_spec.AdaptiveRounds``) a decode round's draft length is chosen first (SGLang's
-        adaptive controller then activates it) and the round is timed."""
+        adaptive controller then activates it) and the round is timed; with ``hsd_catch_up`` (a
+        ``draft_catch_up.DraftCatchUp``) a round of length 0 skips the draft extend and a later
+        one catches the draft cache up."""
         rounds = getattr(self, "hsd_adaptive", None)
         if rounds is None:
             return super().forward_batch_generation(batch, *args, **kwargs)
         if not batch.forward_mode.is_decode() or not batch.reqs:
             rounds.interrupt()
             return super().forward_batch_generation(batch, *args, **kwargs)
-        rounds.begin(batch.reqs)
+        length = rounds.begin(batch.reqs)
+        catch_up = getattr(self, "hsd_catch_up", None)
+        if catch_up is not None:
+            catch_up.begin_round(batch, length)
         try:
             return super().forward_batch_generation(batch, *args, **kwargs)
         finally:
             rounds.end()
+            if catch_up is not None:
+                catch_up.end_round()
 
     def _build_trivial_verify_input(self, batch):
         """SGLang's one-node verify input of a round that drafts nothing (``--hsd-adaptive``

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.sglang
 
 from sglang_hsd.sglang_plugin.config import (  # noqa: E402
     EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
-from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_ENV  # noqa: E402
+from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_ENV, CYCLE_ENV  # noqa: E402
+from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
     DRAFT_KIND_ENV,
@@ -35,7 +36,7 @@ def clean_env(monkeypatch):
     # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
     # resolution and the flags write os.environ directly.
     for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV,
-                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV):
+                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV, CYCLE_ENV, CATCH_UP_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -204,6 +205,21 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-adaptive on with --speculative-eagle-topk 2"),
     ({ADAPTIVE_ENV: "on", EXIT_LAYER_ENV: "2"}, {}, "--hsd-adaptive on with --hsd-exit-layer"),
     ({ADAPTIVE_ENV: "maybe"}, {}, "--hsd-adaptive (SGLANG_HSD_ADAPTIVE) must be one of on, off"),
+    ({CYCLE_ENV: "0,5"}, dict(speculative_num_steps=3),
+     "--hsd-draft-lengths-cycle: every length must be in 0..3 (--speculative-num-steps), got [5]"),
+    ({CYCLE_ENV: "0,x"}, {}, "--hsd-draft-lengths-cycle (SGLANG_HSD_DRAFT_LENGTHS_CYCLE) must be "
+     "comma-separated draft lengths"),
+    ({CYCLE_ENV: "0,2", ADAPTIVE_ENV: "off"}, {}, "--hsd-draft-lengths-cycle: the lengths replace "
+     "--hsd-adaptive's choice; it is off"),
+    ({CYCLE_ENV: "0,2"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
+     "--hsd-draft-lengths-cycle with --speculative-eagle-topk 2"),
+    ({CATCH_UP_ENV: "on", ADAPTIVE_ENV: "off"}, {},
+     "--hsd-draft-catch-up on with --hsd-adaptive off (no round drafts zero tokens)"),
+    ({CATCH_UP_ENV: "on"}, dict(device="cuda"), "--hsd-draft-catch-up on with --device cuda"),
+    ({CATCH_UP_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
+     "--hsd-draft-catch-up on with --speculative-eagle-topk 2 (trees keep their configured shape) "
+     "(no round drafts zero tokens)"),
+    ({CATCH_UP_ENV: "yes"}, {}, "--hsd-draft-catch-up (SGLANG_HSD_DRAFT_CATCH_UP) must be one of on, off"),
 ])
 def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
     from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
@@ -213,6 +229,26 @@ def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
     with pytest.raises(HSDServerArgsError) as err:
         hsd.validate_server_args(_args(pair.target, pair.draft, **overrides))
     assert says in str(err.value)
+
+
+def test_catch_up_and_lengths_cycle_accepted_where_they_run(hsd, pair, clean_env):
+    """An explicit ``--hsd-draft-catch-up on`` and a valid cycle pass with a draft model on CPU
+    (chains, adaptive on); the default catch-up is not refused where it cannot run."""
+    clean_env.setenv(CATCH_UP_ENV, "on")
+    clean_env.setenv(CYCLE_ENV, "0,0,3,1")
+    hsd.validate_server_args(_args(pair.target, pair.draft, speculative_num_steps=3))
+    clean_env.delenv(CATCH_UP_ENV)
+    clean_env.delenv(CYCLE_ENV)
+    clean_env.setenv(ADAPTIVE_ENV, "off")
+    hsd.validate_server_args(_args(pair.target, pair.draft, device="cuda"))
+
+
+def test_catch_up_refused_for_an_eagle3_head(hsd, pair, clean_env):
+    from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
+
+    clean_env.setenv(CATCH_UP_ENV, "on")
+    with pytest.raises(HSDServerArgsError, match="--hsd-draft-catch-up on with an EAGLE-3 draft head"):
+        hsd.validate_server_args(_args(pair.target, pair.head))
 
 
 def test_draft_precision_copy_refused_for_an_eagle3_head(hsd, pair, clean_env):

@@ -1,0 +1,295 @@
+"""``--hsd-draft-catch-up``: a round that drafts nothing skips the draft model's extend; the
+draft model catches up, in one batched extend, when a later round drafts again.
+
+With ``--hsd-adaptive`` a round may draft L = 0 tokens (plain decoding: the target verifies the
+committed token alone). SGLang's STANDALONE round still runs the draft model's extend over the
+newly committed token, so its KV cache stays current for later rounds; on CPU that extend costs
+a sixth of a plain decode step at batch 1 and more than a third at batch 8, exactly where the
+controller chose L = 0 because speculation does not pay. :class:`DraftCatchUp` skips it:
+
+* an L = 0 round leaves the draft cache as it is and marks each of its requests with the first
+  position the draft cache lacks (``STALE_ATTR`` on SGLang's ``Req``; a request keeps its first
+  mark across several L = 0 rounds); the round's next-draft input gets zero stubs of the usual
+  shapes, which no round reads before they are replaced (an L = 0 round reads only the bonus
+  token, a drafting round runs the catch-up first);
+* the next round with L > 0 runs, before its first draft step, one EXTEND forward of the draft
+  model over every marked request's missing positions (per-request prefix lengths: a request
+  missing positions s..n-1 runs n - s rows, the others none), writing their draft KV into the
+  slots the target already holds for them, and samples each such request's first draft from the
+  last row exactly as SGLang's decode-time draft extend does (``sample_draft_proposal`` with the
+  request's temperature and top-k; argmax for an all-greedy batch);
+* a prefill (a new or re-admitted request) clears the mark: the draft prefill covers it.
+
+Draft KV layout (SGLang's EAGLE convention, kept by its STANDALONE worker): draft position p
+reads the committed token p + 1, so at the start of a round whose committed length is n the
+draft cache holds positions 0..n-1 and its last row gives q of the first draft (token n + 1).
+
+Lossless whatever the draft cache holds: every draft still reaches the verifier with the q it
+was drawn from. What the catch-up must get right is acceptance, i.e. that the cache it leaves is
+the one the skipped extends would have left: ``tests/sglang_plugin/test_draft_catch_up_server.py``
+serves the same forced schedule of lengths with and without it and compares per-request rounds
+at T = 0, plus greedy equality and the T = 1 law.
+
+Scope: a separate draft language model (``--hsd-draft-kind model``: its extend reads tokens only;
+an EAGLE-3 head would need the target's hidden states of the skipped positions), on CPU (no
+overlap scheduler, no draft CUDA graph, both of which bypass the hooks used here), with
+``--hsd-adaptive`` on. Elsewhere the default turns itself off (logged); an explicit ``on`` is
+refused before models load, naming the flag.
+
+Known limit: a finished request's skipped positions stay stale in the prefix cache; a later
+request whose prompt extends that output (multi-turn chat) drafts from the stale entries for
+those positions (its acceptance drops there; its output law does not change).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CATCH_UP_ENV = "SGLANG_HSD_DRAFT_CATCH_UP"
+CATCH_UP_FLAG = "--hsd-draft-catch-up"
+CATCH_UP_CHOICES = ("on", "off")
+# Attribute of SGLang's Req: the first draft-cache position its skipped extends left missing.
+STALE_ATTR = "hsd_draft_stale_from"
+
+
+@dataclass(frozen=True)
+class CatchUpSetting:
+    """Fields:
+        enabled: the flag's value (True: on, the default).
+        explicit: whether the user set it (the default turns itself off where unsupported; an
+            explicit ``on`` is refused there).
+    """
+
+    enabled: bool = True
+    explicit: bool = False
+
+    @classmethod
+    def from_env(cls) -> "CatchUpSetting":
+        text = os.environ.get(CATCH_UP_ENV, "").strip().lower()
+        if not text:
+            return cls()
+        if text not in CATCH_UP_CHOICES:
+            raise ValueError(f"{CATCH_UP_FLAG} ({CATCH_UP_ENV}) must be one of "
+                             f"{', '.join(CATCH_UP_CHOICES)}, got {text!r}")
+        return cls(text == "on", explicit=True)
+
+
+def unsupported_reason(device: str, draft_model: bool, adaptive_off: str | None) -> str | None:
+    """Why the catch-up cannot run with this server, or None. ``adaptive_off``: why no round
+    drafts zero tokens (``--hsd-adaptive`` off or not applied), or None."""
+    if not draft_model:
+        return ("an EAGLE-3 draft head (its extend reads the target's hidden states of every "
+                "position; only --hsd-draft-kind model is supported)")
+    if device != "cpu":
+        return (f"--device {device} (the overlap scheduler and draft CUDA graphs bypass the "
+                "catch-up; CPU only)")
+    if adaptive_off is not None:
+        return f"{adaptive_off} (no round drafts zero tokens)"
+    return None
+
+
+@dataclass
+class CatchUpPlan:
+    """The missing draft positions of one round's marked requests (A of the batch's B).
+
+    Fields:
+        rows: int64 [A], the requests' rows in the batch.
+        prefix: int64 [A], each one's first missing position s (the extend's prefix length).
+        lengths: int64 [A], n - s >= 1 missing positions (n: the committed length).
+        input_ids: int64 [sum(lengths)], the committed token p + 1 of each missing position p.
+        positions: int64 [sum(lengths)], p.
+        out_cache_loc: int64 [sum(lengths)], the KV slot of p (the target's, shared).
+        reqs: the A SGLang ``Req`` s (their marks are cleared once the extend ran).
+    """
+
+    rows: torch.Tensor
+    prefix: torch.Tensor
+    lengths: torch.Tensor
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    reqs: list
+
+
+class DraftCatchUp:
+    """Skips the draft extend of rounds that draft nothing and catches the draft cache up later.
+
+    Driven by the HSD worker (``begin_round`` / ``end_round`` around each decode round) and its
+    draft worker (``skip_extend`` in the decode-time extend, ``forget`` in the prefill-time one,
+    ``run`` before the first draft step). See the module docstring.
+
+    Args:
+        device: where the batch's tensors live.
+    """
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self._skip = False
+        self._plan: CatchUpPlan | None = None
+        # Reported in /server_info.
+        self.skipped_extends = 0  # L = 0 rounds whose extend was skipped
+        self.skipped_rows = 0  # request-rounds those extends would have run
+        self.catch_ups = 0  # extends run to catch up
+        self.caught_up_tokens = 0  # rows they ran
+        self.seconds = 0.0  # their forwards and sampling
+
+    # -- the round, from the HSD worker ------------------------------------------------------
+
+    def begin_round(self, batch, length: int) -> None:
+        """A decode round of ``batch`` (SGLang ``ScheduleBatch``) drafting ``length`` tokens is
+        about to run: L = 0 will skip its extend; L > 0 plans the catch-up of marked requests."""
+        self._skip = length == 0
+        self._plan = None if self._skip else self._plan_for(batch)
+
+    def end_round(self) -> None:
+        self._skip = False
+        self._plan = None
+
+    # -- the draft worker's hooks ------------------------------------------------------------
+
+    def skip_extend(self, batch, batch_result) -> bool:
+        """In the decode-time draft extend: True (and the round's requests marked, its next-draft
+        input stubbed) when this round drafted nothing."""
+        if not self._skip or batch.forward_mode.is_idle():
+            return False
+        for req, committed in zip(batch.reqs, batch.seq_lens.tolist()):
+            if getattr(req, STALE_ATTR, None) is None:
+                # Before this round the draft cache held positions < committed; the extend
+                # would have written position committed (reading the new bonus token).
+                setattr(req, STALE_ATTR, int(committed))
+        _stub_next_draft_input(batch_result.next_draft_input, batch.spec_info, len(batch.reqs))
+        self.skipped_extends += 1
+        self.skipped_rows += len(batch.reqs)
+        return True
+
+    @staticmethod
+    def forget(reqs) -> None:
+        """A prefill's draft extend covers these requests (new, or re-admitted after a
+        retraction): they are no longer missing anything."""
+        for req in reqs:
+            if getattr(req, STALE_ATTR, None) is not None:
+                setattr(req, STALE_ATTR, None)
+
+    @torch.no_grad()
+    def run(self, draft_worker, forward_batch) -> None:
+        """Before the first draft step of a round (``forward_batch``: the draft model's DECODE
+        batch, B requests): run the planned catch-up and put each caught-up request's first-draft
+        proposal into the round's draft input (``forward_batch.spec_info``)."""
+        plan, self._plan = self._plan, None
+        if plan is None or forward_batch.forward_mode.is_idle():
+            return
+        from sglang.srt.speculative.spec_utils import sample_draft_proposal
+
+        from sglang_hsd.sglang_plugin.forward_batches import catch_up_extend_batch
+
+        started = time.perf_counter()
+        fb = catch_up_extend_batch(forward_batch, plan.rows, plan.prefix, plan.lengths,
+                                   plan.input_ids, plan.positions, plan.out_cache_loc)
+        logits = draft_worker.draft_runner.forward(fb).logits_output.next_token_logits  # [A, V]
+        spec_info = forward_batch.spec_info
+        sampling = forward_batch.sampling_info
+        committed = (plan.prefix + plan.lengths).to(torch.int64)
+        if spec_info.draft_probs is None:  # an all-greedy batch: SGLang's argmax proposal
+            ids = logits.argmax(dim=-1, keepdim=True)
+            p = torch.ones_like(ids, dtype=torch.float32)
+        else:
+            seed = sampling.sampling_seed
+            probs, p, ids = sample_draft_proposal(
+                logits, sampling.temperatures[plan.rows], sampling.top_ks[plan.rows],
+                sampling_seed=None if seed is None else seed[plan.rows], positions=committed)
+            spec_info.draft_probs = spec_info.draft_probs.index_copy(
+                0, plan.rows, probs.to(spec_info.draft_probs.dtype))
+        spec_info.topk_p = spec_info.topk_p.index_copy(0, plan.rows, p.to(spec_info.topk_p.dtype))
+        spec_info.topk_index = spec_info.topk_index.index_copy(
+            0, plan.rows, ids.to(spec_info.topk_index.dtype))
+        self.forget(plan.reqs)
+        self.catch_ups += 1
+        self.caught_up_tokens += int(plan.input_ids.numel())
+        self.seconds += time.perf_counter() - started
+
+    def as_dict(self) -> dict:
+        return {"enabled": True, "skipped_extends": self.skipped_extends,
+                "skipped_rows": self.skipped_rows, "catch_ups": self.catch_ups,
+                "caught_up_tokens": self.caught_up_tokens,
+                "catch_up_ms": round(1000 * self.seconds, 2)}
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _plan_for(self, batch) -> CatchUpPlan | None:
+        rows, prefix, lengths, tokens, reqs = [], [], [], [], []
+        for row, (req, committed) in enumerate(zip(batch.reqs, batch.seq_lens.tolist())):
+            stale = getattr(req, STALE_ATTR, None)
+            if stale is None:
+                continue
+            committed = int(committed)
+            ids = list(req.origin_input_ids) + list(req.output_ids)
+            if len(ids) != committed + 1 or not 0 <= stale < committed:
+                raise RuntimeError(
+                    f"{CATCH_UP_FLAG}: request {req.rid} has {len(ids)} tokens, committed length "
+                    f"{committed}, first missing draft position {stale}; expected committed + 1 "
+                    f"tokens and a position below the committed length (pass {CATCH_UP_FLAG} off)")
+            rows.append(row)
+            prefix.append(stale)
+            lengths.append(committed - stale)
+            tokens.extend(ids[stale + 1:committed + 1])
+            reqs.append(req)
+        if not rows:
+            return None
+        device = self.device
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+        prefix_t = torch.tensor(prefix, dtype=torch.int64, device=device)
+        lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
+        positions = torch.cat([torch.arange(s, s + n, dtype=torch.int64, device=device)
+                               for s, n in zip(prefix, lengths)])
+        # req_to_token maps (request slot, position) to the KV slot the two pools share.
+        pool_rows = batch.req_pool_indices[rows_t].to(torch.int64)
+        slots = batch.req_to_token_pool.req_to_token[pool_rows.repeat_interleave(lengths_t), positions]
+        return CatchUpPlan(rows=rows_t, prefix=prefix_t, lengths=lengths_t,
+                           input_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
+                           positions=positions, out_cache_loc=slots.to(torch.int64), reqs=reqs)
+
+
+def _stub_next_draft_input(next_draft_input, verify_input, batch_size: int) -> None:
+    """Zero stubs, shaped as SGLang's decode-time extend leaves them, on a skipped round's
+    next-draft input (batches merge and filter them; none is read before ``run`` replaces it).
+    ``verify_input`` (the round's verify input) gives the device and the vocabulary width."""
+    device = next_draft_input.bonus_tokens.device
+    next_draft_input.topk_p = torch.zeros(batch_size, 1, dtype=torch.float32, device=device)
+    next_draft_input.topk_index = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)
+    vocab = _vocab_width(verify_input)
+    # One zero row broadcast over the batch: merges and filters copy it, nothing writes to it.
+    next_draft_input.draft_probs = (None if vocab is None else
+                                    torch.zeros(1, vocab, dtype=torch.float32,
+                                                device=device).expand(batch_size, vocab))
+
+
+def _vocab_width(verify_input) -> int | None:
+    probs = getattr(verify_input, "draft_probs", None)
+    return None if probs is None else int(probs.shape[-1])
+
+
+def build_catch_up(worker, setting: CatchUpSetting, adaptive: bool) -> DraftCatchUp | None:
+    # adaptive: whether the worker runs --hsd-adaptive (it logged why not otherwise)
+    """The catch-up for a STANDALONE HSD worker (after SGLang's ``__init__``), or None when off
+    or unsupported (logged)."""
+    if not setting.enabled:
+        logger.info("sglang-hsd: %s off: rounds that draft nothing still extend the draft cache",
+                    CATCH_UP_FLAG)
+        return None
+    reason = unsupported_reason(str(worker.device), draft_model=True,
+                                adaptive_off=None if adaptive else "--hsd-adaptive not applied")
+    if reason is not None:
+        logger.info("sglang-hsd: %s not applied with %s", CATCH_UP_FLAG, reason)
+        return None
+    if getattr(worker, "_draft_worker", None) is None:
+        return None
+    logger.info("sglang-hsd: %s on: rounds that draft nothing skip the draft extend; the draft "
+                "cache catches up when drafting resumes", CATCH_UP_FLAG)
+    return DraftCatchUp(worker.device)

@@ -1,0 +1,169 @@
+"""End to end on CPU: ``--hsd-draft-catch-up`` (a round that drafts nothing skips the draft
+model's extend; the next drafting round catches the draft cache up in one batched extend).
+
+Two servers of the tiny pair share a forced schedule of draft lengths
+(``--hsd-draft-lengths-cycle``, runs of 0 between drafting rounds of 1..3), one with the catch-up
+and one without (every round extends the draft cache, SGLang's way). The draft model is the
+target itself on float32 weights, so that many drafts are accepted and a draft cache that differs
+anywhere shows as different drafts:
+
+* T = 0, requests one at a time: both servers return the target's greedy tokens, take the same
+  lengths in the same rounds, and accept the same number of drafts in each round (SGLang's
+  per-request histogram of accepted drafts per round and its verify count): the catch-up leaves
+  the draft cache exactly as the skipped extends would have;
+* T = 0, requests arriving while others are in a run of skipped rounds (batches mixing requests
+  whose draft cache is current with ones that must catch up): greedy tokens equal the target's;
+* T = 1: the law of the first generated tokens is the target's (the PIT chi-square of
+  ``test_draft_model_server``); the same test rejects the law of another model (the tiny pair's
+  one-layer draft), since this server's draft model is the target;
+* ``/server_info`` reports the skipped extends and the catch-ups, and the KV pools return to
+  their start.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from tests.sglang_plugin.http_client import get_json, post_json
+from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values
+from tests.sglang_plugin.test_draft_model_server import (
+    PROMPTS, STAT_PROMPT, STAT_SAMPLES, STAT_TOKENS, _model_law_samples, _pit_p_value, _target_pit)
+
+pytest.importorskip("sglang")
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+NUM_STEPS = 3
+CYCLE = "0,0,3,0,2,3,3,0,0,0,1,0,3"
+MAX_NEW_TOKENS = 32
+
+
+def _generate(url, ids, max_new_tokens=MAX_NEW_TOKENS, **sampling):
+    params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}
+    params.update(sampling)
+    return post_json(url, "/generate", {"input_ids": ids, "sampling_params": params})
+
+
+def _hsd_state(url):
+    return get_json(url, "/server_info")["internal_states"][0]["hsd"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_draft_pair
+
+    root = tmp_path_factory.mktemp("draft_catch_up_server")
+    target, draft = build_tiny_draft_pair(str(root))
+    return root, target, draft
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    from sglang_hsd.runtime.model import CausalLM
+    from sglang_hsd.runtime.testing import greedy_reference
+
+    model = CausalLM.from_pretrained(pair[1])
+    return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
+
+
+def _server(pair, catch_up: str):
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import (
+        draft_model_server_command, free_port, running_server, server_env)
+
+    root, target, _ = pair
+    extra = ["--dtype", "float32", "--disable-radix-cache", "--hsd-draft-precision", "fp32",
+             "--hsd-draft-lengths-cycle", CYCLE, "--hsd-draft-catch-up", catch_up]
+    cmd = draft_model_server_command(target, free_port(), target, num_steps=NUM_STEPS, extra=extra)
+    return running_server(cmd, server_env(), str(root / f"catch_up_{catch_up}.log"))
+
+
+@pytest.fixture(scope="module")
+def servers(pair):
+    with _server(pair, "on") as on_url, _server(pair, "off") as off_url:
+        yield on_url, off_url
+    for name in ("on", "off"):
+        with open(pair[0] / f"catch_up_{name}.log") as f:
+            assert "Traceback" not in f.read()
+
+
+def _sequential(url):
+    return [_generate(url, ids) for ids in PROMPTS]
+
+
+def test_catch_up_leaves_the_draft_cache_the_skipped_extends_would_have(servers, reference):
+    on_url, off_url = servers
+    start = _hsd_state(on_url)
+    assert start["draft_catch_up"]["enabled"] and not _hsd_state(off_url)["draft_catch_up"]["enabled"]
+    on, off = _sequential(on_url), _sequential(off_url)
+    accepted = 0
+    for ids, expected, a, b in zip(PROMPTS, reference, on, off):
+        assert a["output_ids"] == expected and b["output_ids"] == expected, ids
+        ma, mb = a["meta_info"], b["meta_info"]
+        assert ma["hsd_draft_budget"] == mb["hsd_draft_budget"], ids
+        assert 0 in ma["hsd_draft_budget"] and max(ma["hsd_draft_budget"]) == NUM_STEPS
+        assert ma["spec_correct_drafts_histogram"] == mb["spec_correct_drafts_histogram"], ids
+        assert ma["spec_verify_ct"] == mb["spec_verify_ct"], ids
+        accepted += ma["spec_num_correct_drafts"]
+    assert accepted >= 8  # enough accepted drafts that a wrong draft cache would show
+    state = _hsd_state(on_url)["draft_catch_up"]
+    assert state["skipped_extends"] > start["draft_catch_up"]["skipped_extends"]
+    assert state["catch_ups"] > start["draft_catch_up"]["catch_ups"]
+    assert state["caught_up_tokens"] >= state["catch_ups"]
+
+
+def test_catch_up_greedy_with_staggered_arrivals(servers, reference):
+    """Requests join while others are inside runs of skipped extends, so drafting rounds mix
+    requests that must catch up (by one or several positions) with ones that need not."""
+    on_url, _ = servers
+    jobs = list(zip(PROMPTS * 3, reference * 3))
+    outputs = [None] * len(jobs)
+
+    def run(i):
+        time.sleep(0.05 * i)
+        outputs[i] = _generate(on_url, jobs[i][0])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (ids, expected), out in zip(jobs, outputs):
+        assert out["output_ids"] == expected, ids
+
+
+@pytest.mark.statistical
+def test_catch_up_sampled_law_is_the_targets(pair, servers):
+    on_url, _ = servers
+    before = _hsd_state(on_url)["draft_catch_up"]["catch_ups"]
+
+    def server_p_value(count):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outs = list(pool.map(lambda _: _generate(on_url, STAT_PROMPT, STAT_TOKENS,
+                                                     temperature=1.0), range(count)))
+        sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
+        return _pit_p_value(_target_pit(pair[1], sequences))
+
+    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, "catch-up PIT law test")
+    p_wrong = _pit_p_value(_target_pit(pair[1], _model_law_samples(pair[2], STAT_SAMPLES)))
+    assert p_server[-1] > ALPHA, p_server
+    assert p_wrong < ALPHA
+    assert _hsd_state(on_url)["draft_catch_up"]["catch_ups"] > before
+
+
+def test_catch_up_returns_kv(servers):
+    on_url, _ = servers
+    from benchmarks.bench_sglang_load import make_jobs, run_job, wait_idle
+
+    start = _hsd_state(on_url)
+    jobs = make_jobs(16, seed=5, vocab=512)
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(lambda job: run_job(on_url, job, 512), jobs))
+    assert all(r["valid"] for r in results), results
+    wait_idle(on_url, start["kv_available_size"])
+    end = _hsd_state(on_url)
+    assert end["kv_available_size"] == start["kv_available_size"], (start, end)
+    assert end["draft_kv_available_size"] == start["draft_kv_available_size"], (start, end)
