@@ -24,6 +24,8 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
                   draft model's q, sequence-level verification, fixed draft length;
 * ``hsd-adaptive`` ``hsd`` with ``--hsd-adaptive on`` (the draft budget chosen per round);
 * ``hsd-adaptive-k8`` the same configured with 8 draft steps (lengths 0..8 to choose from);
+* ``hsd-adaptive-k8-extend`` the same with ``--hsd-draft-catch-up off`` (a round that drafts
+                  nothing still extends the draft cache): what the catch-up saves;
 * ``tokenwise``   the same with ``--hsd-verify-method tokenwise`` (the standard per-token rule);
 * ``hsd-tree``    HSD with a sampled tree drafted by the draft model (``--speculative-eagle-topk``
                   = ``--tree-topk``, ``--speculative-num-draft-tokens`` = ``--tree-tokens``);
@@ -106,6 +108,11 @@ CONFIGS = {c.name: c for c in (
     DraftModelConfig("hsd-adaptive-k8", "hsd-adaptive configured with 8 draft steps (each "
                      "round's length chosen in 0..8)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
+                     num_steps=8),
+    DraftModelConfig("hsd-adaptive-k8-extend", "hsd-adaptive-k8 with --hsd-draft-catch-up off: "
+                     "rounds that draft nothing still extend the draft cache (SGLang's way)",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on",
+                                  "--hsd-draft-catch-up", "off"),
                      num_steps=8),
     DraftModelConfig("tokenwise", "HSD, draft LM, sampled drafts with q, "
                      "verify_chain(method='tokenwise')",
