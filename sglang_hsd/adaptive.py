@@ -18,9 +18,11 @@ compare, the controller runs each *anchor* length (0, the shortest and the longe
 twice per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
 drifts (a machine getting busier) is re-measured; those exploration rounds are chosen by a fixed
 schedule, except that a positive anchor which cannot win at a bucket is not run there: with the
-current rates, even at the least it can cost (its last measurement, or for a bucket where it never
-ran the cost measured at a smaller batch) it stays below ``contention`` x the best speed known
-there. At a large batch that skips the long rounds that exploring would otherwise pay for. At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the
+current rates, even at the least it can cost (``RoundCosts.floor``: what it measured there, one
+measurement being enough to rule it out; at a bucket where it never ran, what it cost at a smaller
+batch or what plain decoding costs here) it stays below ``contention`` x the best speed known there.
+At a large batch that skips the long rounds that exploring would otherwise pay for (on the Qwen
+pair at batch 16 one 8-draft round cost 12 plain rounds). At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the
 choice falls to 0: speculation backs off to off.
 
 Why it is lossless: L for round n is a function of rounds 1..n-1 only (their drafted and accepted
@@ -173,15 +175,25 @@ class RoundCosts:
         return out
 
     def floor(self, bucket: int, length: int) -> float | None:
-        """The least a round of ``length`` can cost at ``bucket``: its own measurement there,
-        else the largest one measured at a smaller bucket (a round of more requests costs no
-        less), else None."""
+        """The least a round of ``length`` > 0 is taken to cost at ``bucket``: what it measured
+        there (the median, or the one measurement); never measured there, the larger of what it
+        measured at the largest smaller bucket where it ran and plain decoding's (0) cost here (a
+        round of more requests, or one that drafts, costs no less); None without either."""
+        own = self._measured_or_single(bucket, length)
+        if own is not None:
+            return own
+        smaller = [b for (b, l) in self.samples if l == length and b < bucket]
+        bounds = [self._measured_or_single(max(smaller), length)] if smaller else []
+        if self.measured(bucket, 0) is not None:
+            bounds.append(self.measured(bucket, 0))
+        return max(bounds) if bounds else None
+
+    def _measured_or_single(self, bucket: int, length: int) -> float | None:
         measured = self.measured(bucket, length)
         if measured is not None:
             return measured
-        smaller = [b for (b, l) in self.samples if l == length and b < bucket
-                   and self.measured(b, length) is not None]
-        return self.measured(max(smaller), length) if smaller else None
+        own = self.samples.get((bucket, length))
+        return min(own) if own else None
 
     def estimate(self, bucket: int, length: int) -> float | None:
         """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
