@@ -17,12 +17,7 @@ a chain whose tokens are accepted with probability r each (the bonus token inclu
 compare, the controller runs each *anchor* length (0, the shortest and the longest positive one)
 twice per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
 drifts (a machine getting busier) is re-measured; those exploration rounds are chosen by a fixed
-schedule, except that a positive anchor which cannot win at a bucket is not run there: with the
-current rates, even at the least it can cost (``RoundCosts.floor``: what it measured there, one
-measurement being enough to rule it out; at a bucket where it never ran, what it cost at a smaller
-batch or what plain decoding costs here) it stays below ``contention`` x the best speed known there.
-At a large batch that skips the long rounds that exploring would otherwise pay for (on the Qwen
-pair at batch 16 one 8-draft round cost 12 plain rounds). At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the
+schedule. At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the
 choice falls to 0: speculation backs off to off.
 
 Why it is lossless: L for round n is a function of rounds 1..n-1 only (their drafted and accepted
@@ -52,9 +47,7 @@ class AdaptiveConfig:
         memory: factor by which a request's earlier rounds are discounted each round, in (0, 1].
         cost_window: a round cost's estimate is the median of this many recent rounds (>= 2).
         refresh_rounds: an anchor length not run at a batch bucket for this many rounds there is
-            run again (>= 1), if it is still in contention.
-        contention: an anchor is (re-)measured at a bucket only while it could reach this
-            fraction of the best speed there, in (0, 1] (``BudgetController`` docstring).
+            run again (>= 1).
     """
 
     candidates: tuple[int, ...]
@@ -63,7 +56,6 @@ class AdaptiveConfig:
     memory: float = 0.9
     cost_window: int = 5
     refresh_rounds: int = 64
-    contention: float = 0.9
 
     def __post_init__(self) -> None:
         c = tuple(self.candidates)
@@ -79,8 +71,6 @@ class AdaptiveConfig:
             raise ValueError(f"cost_window must be >= 2, got {self.cost_window}")
         if self.refresh_rounds < 1:
             raise ValueError(f"refresh_rounds must be >= 1, got {self.refresh_rounds}")
-        if not 0.0 < self.contention <= 1.0:
-            raise ValueError(f"contention must be in (0, 1], got {self.contention}")
 
     @classmethod
     def up_to(cls, longest: int, **kwargs) -> "AdaptiveConfig":
@@ -174,27 +164,6 @@ class RoundCosts:
                 out[(bucket, length)] = value
         return out
 
-    def floor(self, bucket: int, length: int) -> float | None:
-        """The least a round of ``length`` > 0 is taken to cost at ``bucket``: what it measured
-        there (the median, or the one measurement); never measured there, the larger of what it
-        measured at the largest smaller bucket where it ran and plain decoding's (0) cost here (a
-        round of more requests, or one that drafts, costs no less); None without either."""
-        own = self._measured_or_single(bucket, length)
-        if own is not None:
-            return own
-        smaller = [b for (b, l) in self.samples if l == length and b < bucket]
-        bounds = [self._measured_or_single(max(smaller), length)] if smaller else []
-        if self.measured(bucket, 0) is not None:
-            bounds.append(self.measured(bucket, 0))
-        return max(bounds) if bounds else None
-
-    def _measured_or_single(self, bucket: int, length: int) -> float | None:
-        measured = self.measured(bucket, length)
-        if measured is not None:
-            return measured
-        own = self.samples.get((bucket, length))
-        return min(own) if own else None
-
     def estimate(self, bucket: int, length: int) -> float | None:
         """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
         nearest measured positive lengths (extrapolated from the two nearest), else None."""
@@ -247,41 +216,14 @@ class BudgetController:
         weight = self.config.memory
         self.server_rate = min(max(weight * self.server_rate + (1 - weight) * round_rate, 1e-3), 1 - 1e-3)
 
-    def _stale_anchor(self, bucket: int, rates: Sequence[float]) -> int | None:
-        """The anchor to measure now at ``bucket``, or None. An anchor is due when it has fewer
-        than two measurements there or ran more than ``refresh_rounds`` rounds ago; a positive
-        one is skipped while it is out of contention: even at its floor cost (``RoundCosts.floor``)
-        its speed for these rates stays below ``contention`` x the best measured speed. That
-        keeps large batches from paying for long rounds that cannot win there."""
+    def _stale_anchor(self, bucket: int) -> int | None:
         seen = self.bucket_rounds.get(bucket, 0)
-        best = None
         for length in self.config.anchors:
             last = self.costs.last_run.get((bucket, length))
-            if not (last is None or self.costs.measured(bucket, length) is None
+            if (last is None or self.costs.measured(bucket, length) is None
                     or seen - last >= self.config.refresh_rounds):
-                continue
-            floor = self.costs.floor(bucket, length) if length > 0 else None
-            if floor is not None and floor > 0:
-                if best is None:
-                    best = self._fastest(bucket, rates)[1]
-                speed = sum(expected_tokens(r, length) for r in rates) / floor
-                if speed < self.config.contention * best:
-                    continue
-            return length
+                return length
         return None
-
-    def _fastest(self, bucket: int, rates: Sequence[float]) -> tuple[int, float]:
-        """The candidate with the highest expected tokens per second at ``bucket`` from the
-        costs known there, and that speed (-inf when none is known)."""
-        best, best_speed = self.config.candidates[0], -math.inf
-        for candidate in self.config.candidates:
-            seconds = self.costs.estimate(bucket, candidate)
-            if seconds is None or seconds <= 0:
-                continue
-            speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
-            if speed > best_speed:
-                best, best_speed = candidate, speed
-        return best, best_speed
 
     def choose(self, rates: Sequence[float], batch: int) -> int:
         """The draft length of the next round for a batch whose requests have acceptance
@@ -297,8 +239,18 @@ class BudgetController:
         if len(rates) != batch:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
-        length = self._stale_anchor(bucket, rates)
-        return self._fastest(bucket, rates)[0] if length is None else length
+        length = self._stale_anchor(bucket)
+        if length is None:
+            best, best_speed = self.config.candidates[0], -math.inf
+            for candidate in self.config.candidates:
+                seconds = self.costs.estimate(bucket, candidate)
+                if seconds is None or seconds <= 0:
+                    continue
+                speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
+                if speed > best_speed:
+                    best, best_speed = candidate, speed
+            length = best
+        return length
 
     def observe_round(self, batch: int, length: int, seconds: float) -> None:
         """A decode round of ``batch`` requests drafting ``length`` took ``seconds``."""

@@ -91,31 +91,3 @@ def test_stale_anchors_are_measured_again():
     assert chosen.count(0) >= 2  # plain decoding re-measured after refresh_rounds
     with pytest.raises(ValueError, match="one entry per request"):
         controller.choose([0.5], 2)
-
-
-def test_anchors_out_of_contention_are_not_explored():
-    """A positive anchor that cannot win at a bucket is not run there: not for its first
-    measurement (its floor is the cost measured at a smaller batch) nor for a refresh; it runs
-    again once the rates make it a contender. A wrong controller that explores regardless would
-    run the long rounds at batch 16 below."""
-    controller = BudgetController(AdaptiveConfig.up_to(4, refresh_rounds=8))
-    seconds = lambda batch, length: 1.0 + 1.2 * length  # verify rows dear at every batch
-    # one measurement of 1 and of 4 (floor: plain decoding's cost here) shows they cannot win
-    assert _run(controller, 0.7, seconds, 6, batch=8) == [0, 0, 1, 4, 0, 0]
-    assert set(_run(controller, 0.7, seconds, 30, batch=16)) == {0}  # floors from batch 8: no chance
-    assert controller.costs.floor(16, 4) == seconds(8, 4)
-    # at batch 8 the refreshes of 1 and 4 are skipped too (they lost there), 0 is re-measured
-    assert set(_run(controller, 0.7, seconds, 30, batch=8)) == {0}
-
-    controller = BudgetController(AdaptiveConfig.up_to(4, refresh_rounds=8))
-    seconds = lambda batch, length: 1.0 + 0.3 * length
-    assert _run(controller, 0.5, seconds, 6, batch=8) == [0, 0, 1, 1, 4, 1]  # 4 lost at once
-    steady = _run(controller, 0.5, seconds, 40, batch=8)
-    assert 4 not in steady and 1 in steady  # 1 wins and is refreshed, 4 cannot win
-    # requests that accept nearly everything make the long anchor a contender again
-    assert 4 in _run(controller, 0.95, seconds, 10, batch=8)
-
-
-def test_contention_is_checked():
-    with pytest.raises(ValueError, match="contention must be in"):
-        AdaptiveConfig.up_to(4, contention=0.0)
