@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from tests.sglang_plugin.http_client import get_json, post_json
 from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values
-from tests.sglang_plugin.test_draft_model_server import (
-    PROMPTS, STAT_PROMPT, STAT_SAMPLES, STAT_TOKENS, _model_law_samples, _pit_p_value, _target_pit)
+from tests.sglang_plugin.test_draft_model_server import (  # noqa: F401 (pair: a fixture)
+    PROMPTS, STAT_PROMPT, STAT_SAMPLES, STAT_TOKENS, _generate, _hsd_state, _model_law_samples,
+    _pit_p_value, _target_pit, pair)
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -40,25 +40,6 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 NUM_STEPS = 3
 CYCLE = "0,0,3,0,2,3,3,0,0,0,1,0,3"
 MAX_NEW_TOKENS = 32
-
-
-def _generate(url, ids, max_new_tokens=MAX_NEW_TOKENS, **sampling):
-    params = {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0.0}
-    params.update(sampling)
-    return post_json(url, "/generate", {"input_ids": ids, "sampling_params": params})
-
-
-def _hsd_state(url):
-    return get_json(url, "/server_info")["internal_states"][0]["hsd"]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_draft_pair
-
-    root = tmp_path_factory.mktemp("draft_catch_up_server")
-    target, draft = build_tiny_draft_pair(str(root))
-    return root, target, draft
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +72,7 @@ def servers(pair):
 
 
 def _sequential(url):
-    return [_generate(url, ids) for ids in PROMPTS]
+    return [_generate(url, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
 
 
 def test_catch_up_leaves_the_draft_cache_the_skipped_extends_would_have(servers, reference):
@@ -124,7 +105,7 @@ def test_catch_up_greedy_with_staggered_arrivals(servers, reference):
 
     def run(i):
         time.sleep(0.05 * i)
-        outputs[i] = _generate(on_url, jobs[i][0])
+        outputs[i] = _generate(on_url, jobs[i][0], MAX_NEW_TOKENS)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
     for t in threads:
