@@ -32,12 +32,12 @@ import time
 from dataclasses import dataclass
 
 from sglang_hsd.adaptive import AcceptanceEstimate, AdaptiveConfig, BudgetController
+from sglang_hsd.sglang_plugin.config import on_off_from_env
 
 logger = logging.getLogger(__name__)
 
 ADAPTIVE_ENV = "SGLANG_HSD_ADAPTIVE"
 ADAPTIVE_FLAG = "--hsd-adaptive"
-ADAPTIVE_CHOICES = ("on", "off")
 CYCLE_ENV = "SGLANG_HSD_DRAFT_LENGTHS_CYCLE"
 CYCLE_FLAG = "--hsd-draft-lengths-cycle"
 # meta_info key of a request's per-round draft lengths (a request-level customized-info key).
@@ -68,11 +68,9 @@ class AdaptiveSetting:
 
     @classmethod
     def from_env(cls) -> "AdaptiveSetting":
-        text = os.environ.get(ADAPTIVE_ENV, "").strip().lower()
-        if text and text not in ADAPTIVE_CHOICES:
-            raise ValueError(f"{ADAPTIVE_FLAG} ({ADAPTIVE_ENV}) must be one of {', '.join(ADAPTIVE_CHOICES)}, "
-                             f"got {text!r}")
-        return cls(text != "off", explicit=bool(text), lengths_cycle=_parse_cycle(os.environ.get(CYCLE_ENV, "")))
+        value = on_off_from_env(ADAPTIVE_ENV, ADAPTIVE_FLAG)
+        return cls(value != "off", explicit=value is not None,
+                   lengths_cycle=_parse_cycle(os.environ.get(CYCLE_ENV, "")))
 
     def cycle_problem(self, num_steps: int) -> str | None:
         """Why ``lengths_cycle`` cannot run with ``num_steps`` (``--speculative-num-steps``)."""

@@ -17,6 +17,7 @@ from sglang_hsd.sglang_plugin.config import (
     EXIT_HEADS_ENV,
     EXIT_LAYER_ENV,
     EXIT_METHOD_ENV,
+    ON_OFF,
     PLAN_ENV,
     TREE_DRAFT_ENV,
     TREE_DRAFTS,
@@ -26,8 +27,8 @@ from sglang_hsd.sglang_plugin.config import (
 )
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sglang_plugin.adaptive_spec import (
-    ADAPTIVE_CHOICES, ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG)
-from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_CHOICES, CATCH_UP_ENV, CATCH_UP_FLAG
+    ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG)
+from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, CATCH_UP_FLAG
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
@@ -93,7 +94,7 @@ HSD_FLAGS = (
      "with or without speculation: mkl (SGLang's F.linear, the default) or onednn-packed "
      "(oneDNN pre-packed float32 weights, much cheaper for the few rows of a verification "
      "forward; needs --dtype float32, doubles the weights' memory)"),
-    (ADAPTIVE_FLAG, ADAPTIVE_ENV, {"choices": ADAPTIVE_CHOICES},
+    (ADAPTIVE_FLAG, ADAPTIVE_ENV, {"choices": ON_OFF},
      "on (default for chains): each decode round drafts the length (0 = plain decoding up to "
      "--speculative-num-steps) that maximises expected tokens per second for the batch, from the "
      "requests' past acceptance and this server's measured round costs; logged, reported in "
@@ -104,7 +105,7 @@ HSD_FLAGS = (
      "decode rounds take in turn from its first round (a batch follows its youngest request) "
      "instead of the adaptive controller's choice: measures what each length costs and "
      "tests the switches between them (fixed before any draft, so lossless)"),
-    (CATCH_UP_FLAG, CATCH_UP_ENV, {"choices": CATCH_UP_CHOICES},
+    (CATCH_UP_FLAG, CATCH_UP_ENV, {"choices": ON_OFF},
      "on (default with --hsd-draft-kind model on CPU under --hsd-adaptive): a round that drafts "
      "nothing skips the draft model's extend, and the draft cache catches up in one batched "
      "extend when drafting resumes; reported in /server_info (hsd.draft_catch_up). off: every "

@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # imported where a plan is read: the knobs' module imports th
 VERIFY_METHOD_ENV = "SGLANG_HSD_VERIFY_METHOD"
 VALIDATE_ENV = "SGLANG_HSD_VALIDATE"
 ALGORITHM_NAME = "HSD"
+# The values of an on/off --hsd-* switch.
+ON_OFF = ("on", "off")
 # Defaults when the user gives none of steps / topk / draft tokens: a 4-token chain.
 DEFAULT_NUM_STEPS = 4
 DEFAULT_TOPK = 1
@@ -141,6 +143,17 @@ class PluginConfig:
                 f"{allowed} only")
         return cls(verify_method=method, validate=validate, topk=topk, tree_draft=draft,
                    draft_temperature_scale=scale, tree_rule=rule or DEFAULT_LEVEL_RULE)
+
+
+def on_off_from_env(env: str, flag: str) -> str | None:
+    """The value of the on/off switch ``flag`` stored in ``env``: "on", "off", or None when
+    the user did not set it. Raises ValueError naming the flag for anything else."""
+    text = os.environ.get(env, "").strip().lower()
+    if not text:
+        return None
+    if text not in ON_OFF:
+        raise ValueError(f"{flag} ({env}) must be one of {', '.join(ON_OFF)}, got {text!r}")
+    return text
 
 
 def _draft_temperature_scale(text: str) -> float:

@@ -17,7 +17,7 @@ controller chose L = 0 because speculation does not pay. :class:`DraftCatchUp` s
   missing positions s..n-1 runs n - s rows, the others none), writing their draft KV into the
   slots the target already holds for them, and samples each such request's first draft from the
   last row exactly as SGLang's decode-time draft extend does (``sample_draft_proposal`` with the
-  request's temperature and top-k; argmax for an all-greedy batch);
+  request's temperature and top-k; a greedy request's top-k of 1 proposes the argmax);
 * a prefill (a new or re-admitted request) clears the mark: the draft prefill covers it.
 
 Draft KV layout (SGLang's EAGLE convention, kept by its STANDALONE worker): draft position p
@@ -44,17 +44,17 @@ those positions (its acceptance drops there; its output law does not change).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 
+from sglang_hsd.sglang_plugin.config import on_off_from_env
+
 logger = logging.getLogger(__name__)
 
 CATCH_UP_ENV = "SGLANG_HSD_DRAFT_CATCH_UP"
 CATCH_UP_FLAG = "--hsd-draft-catch-up"
-CATCH_UP_CHOICES = ("on", "off")
 # Attribute of SGLang's Req: the first draft-cache position its skipped extends left missing.
 STALE_ATTR = "hsd_draft_stale_from"
 
@@ -72,13 +72,8 @@ class CatchUpSetting:
 
     @classmethod
     def from_env(cls) -> "CatchUpSetting":
-        text = os.environ.get(CATCH_UP_ENV, "").strip().lower()
-        if not text:
-            return cls()
-        if text not in CATCH_UP_CHOICES:
-            raise ValueError(f"{CATCH_UP_FLAG} ({CATCH_UP_ENV}) must be one of "
-                             f"{', '.join(CATCH_UP_CHOICES)}, got {text!r}")
-        return cls(text == "on", explicit=True)
+        value = on_off_from_env(CATCH_UP_ENV, CATCH_UP_FLAG)
+        return cls(value != "off", explicit=value is not None)
 
 
 def unsupported_reason(device: str, draft_model: bool, adaptive_off: str | None) -> str | None:
@@ -196,16 +191,14 @@ class DraftCatchUp:
         spec_info = forward_batch.spec_info
         sampling = forward_batch.sampling_info
         committed = (plan.prefix + plan.lengths).to(torch.int64)
-        if spec_info.draft_probs is None:  # an all-greedy batch: SGLang's argmax proposal
-            ids = logits.argmax(dim=-1, keepdim=True)
-            p = torch.ones_like(ids, dtype=torch.float32)
-        else:
-            seed = sampling.sampling_seed
-            probs, p, ids = sample_draft_proposal(
-                logits, sampling.temperatures[plan.rows], sampling.top_ks[plan.rows],
-                sampling_seed=None if seed is None else seed[plan.rows], positions=committed)
-            spec_info.draft_probs = spec_info.draft_probs.index_copy(
-                0, plan.rows, probs.to(spec_info.draft_probs.dtype))
+        # HSD chains run SGLang's rejection-sampling draft path (forced by the server-argument
+        # resolution), so every draft input carries q and greedy rows (top_k 1) propose argmax.
+        seed = sampling.sampling_seed
+        probs, p, ids = sample_draft_proposal(
+            logits, sampling.temperatures[plan.rows], sampling.top_ks[plan.rows],
+            sampling_seed=None if seed is None else seed[plan.rows], positions=committed)
+        spec_info.draft_probs = spec_info.draft_probs.index_copy(
+            0, plan.rows, probs.to(spec_info.draft_probs.dtype))
         spec_info.topk_p = spec_info.topk_p.index_copy(0, plan.rows, p.to(spec_info.topk_p.dtype))
         spec_info.topk_index = spec_info.topk_index.index_copy(
             0, plan.rows, ids.to(spec_info.topk_index.dtype))

@@ -251,7 +251,7 @@ def hsd_flag_problems(args) -> list[str]:
 
 def catch_up_problems(args) -> list[str]:
     """What an explicit ``--hsd-draft-catch-up on`` cannot honour (the default turns itself off)."""
-    from sglang_hsd.sglang_plugin.adaptive_spec import AdaptiveSetting, unsupported_reason as adaptive_reason
+    from sglang_hsd.sglang_plugin.adaptive_spec import AdaptiveSetting
     from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_FLAG, CatchUpSetting, unsupported_reason
 
     try:
@@ -266,9 +266,7 @@ def catch_up_problems(args) -> list[str]:
         return []  # reported by adaptive_problems
     draft_model = (args.speculative_draft_model_path is not None
                    and resolve_draft_kind(args.speculative_draft_model_path) == MODEL)
-    exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
-    adaptive_off = ("--hsd-adaptive off" if not adaptive
-                    else adaptive_reason(args.speculative_eagle_topk or 1, exit_layer))
+    adaptive_off = "--hsd-adaptive off" if not adaptive else _adaptive_unsupported(args)
     reason = unsupported_reason(args.device or "cuda", draft_model, adaptive_off)
     if reason is None:
         return []
@@ -328,10 +326,23 @@ def draft_precision_problems(args) -> list[str]:
     return problems
 
 
+def _adaptive_unsupported(args) -> str | None:
+    """Why adaptive lengths cannot run with ``args`` and the ``--hsd-*`` environment (a tree, an
+    exit level, seeded requests), or None."""
+    from sglang_hsd.sglang_plugin.adaptive_spec import unsupported_reason
+    from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
+
+    exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
+    try:
+        seeds = request_seeds_enabled()
+    except ValueError:
+        seeds = False  # reported by request_seed_problems
+    return unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, seeds)
+
+
 def adaptive_problems(args) -> list[str]:
     """What an explicit ``--hsd-adaptive on`` cannot honour (the default turns itself off)."""
-    from sglang_hsd.sglang_plugin.adaptive_spec import (
-        ADAPTIVE_FLAG, CYCLE_FLAG, AdaptiveSetting, unsupported_reason)
+    from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG, CYCLE_FLAG, AdaptiveSetting
 
     try:
         setting = AdaptiveSetting.from_env()
@@ -343,14 +354,7 @@ def adaptive_problems(args) -> list[str]:
         problems.append(cycle)
     if not (setting.enabled and (setting.explicit or setting.lengths_cycle is not None)):
         return problems
-    exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
-    from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
-
-    try:
-        seeds = request_seeds_enabled()
-    except ValueError:
-        seeds = False  # reported by request_seed_problems
-    reason = unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, seeds)
+    reason = _adaptive_unsupported(args)
     if reason is None:
         return problems
     flag = f"{ADAPTIVE_FLAG} on" if setting.explicit else CYCLE_FLAG

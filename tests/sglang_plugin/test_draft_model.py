@@ -219,6 +219,8 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
     ({CATCH_UP_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
      "--hsd-draft-catch-up on with --speculative-eagle-topk 2 (trees keep their configured shape) "
      "(no round drafts zero tokens)"),
+    ({CATCH_UP_ENV: "on", "SGLANG_HSD_REQUEST_SEEDS": "on"}, {},
+     "--hsd-draft-catch-up on with --hsd-request-seeds on"),
     ({CATCH_UP_ENV: "yes"}, {}, "--hsd-draft-catch-up (SGLANG_HSD_DRAFT_CATCH_UP) must be one of on, off"),
 ])
 def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
