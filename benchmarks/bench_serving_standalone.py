@@ -178,6 +178,9 @@ def measure_row(server: Server, row: dict, target: Path, datasets: dict[str, Pat
     return {**result.kept(), **result.accept_length_stats(),
             "row_mean_length": rounds_mean_length(before, after),
             "mean_chosen_budget": after.mean_chosen_budget,
+            # the controller's state after the row (choices and measured ms per batch bucket and
+            # length): where an adaptive row's rounds went
+            "adaptive_state": after.hsd.get("adaptive"),
             "wall_s": round(time.monotonic() - started, 1)}
 
 

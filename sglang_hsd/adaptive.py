@@ -14,11 +14,19 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
 
 as ``argmax_L sum_i E_i(L) / cost(B, L)`` with ``E(L) = 1 + r + ... + r^L`` the expected tokens of
 a chain whose tokens are accepted with probability r each (the bonus token included). Before it can
-compare, the controller runs each *anchor* length (0, the shortest and the longest positive one)
+compare, the controller measures each *anchor* length (0, the shortest and the longest positive one)
 twice per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
-drifts (a machine getting busier) is re-measured; those exploration rounds are chosen by a fixed
-schedule. At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the
-choice falls to 0: speculation backs off to off.
+drifts (a machine getting busier) is re-measured. Exploring is not free: at batch 16 on a 2-core CPU
+one 8-draft round costs twelve plain rounds, and a short benchmark row never earns that back. So a
+positive anchor is explored only as far as it can pay (``BudgetController._due_anchor``): from its
+*floor* (``RoundCosts.floor``: the least such a round can cost here, from what it, a shorter round
+or the same round at a smaller batch measured) the controller bounds the speed it could reach with
+the current rates; an anchor that could beat the best known speed is explored at once, one that
+could only come within ``contention`` of it is explored from a budget (its expected extra seconds
+over the best choice, paid out of ``explore_share`` of the seconds this bucket has run), and one
+that cannot come that close is not explored while the rates say so. At large batches the verify of
+B (L + 1) rows costs more than the tokens it adds and the choice falls to 0: speculation backs off to
+off.
 
 Why it is lossless: L for round n is a function of rounds 1..n-1 only (their drafted and accepted
 counts and their timings), never of round n's drafts, so every round is a verification of a draft
@@ -47,7 +55,12 @@ class AdaptiveConfig:
         memory: factor by which a request's earlier rounds are discounted each round, in (0, 1].
         cost_window: a round cost's estimate is the median of this many recent rounds (>= 2).
         refresh_rounds: an anchor length not run at a batch bucket for this many rounds there is
-            run again (>= 1).
+            run again (>= 1), as far as exploring it can pay (module docstring).
+        contention: an anchor whose best possible speed at a bucket is below this fraction of the
+            best known speed there is not explored there, in (0, 1].
+        explore_share: exploration rounds of anchors that can only come close to the best
+            (within ``contention``) may cost, beyond the best choice, at most this share of the
+            seconds the bucket has run, in [0, 1).
     """
 
     candidates: tuple[int, ...]
@@ -56,6 +69,8 @@ class AdaptiveConfig:
     memory: float = 0.9
     cost_window: int = 5
     refresh_rounds: int = 64
+    contention: float = 0.9
+    explore_share: float = 0.03
 
     def __post_init__(self) -> None:
         c = tuple(self.candidates)
@@ -71,6 +86,10 @@ class AdaptiveConfig:
             raise ValueError(f"cost_window must be >= 2, got {self.cost_window}")
         if self.refresh_rounds < 1:
             raise ValueError(f"refresh_rounds must be >= 1, got {self.refresh_rounds}")
+        if not 0.0 < self.contention <= 1.0:
+            raise ValueError(f"contention must be in (0, 1], got {self.contention}")
+        if not 0.0 <= self.explore_share < 1.0:
+            raise ValueError(f"explore_share must be in [0, 1), got {self.explore_share}")
 
     @classmethod
     def up_to(cls, longest: int, **kwargs) -> "AdaptiveConfig":
@@ -164,6 +183,29 @@ class RoundCosts:
                 out[(bucket, length)] = value
         return out
 
+    def least(self, bucket: int, length: int) -> float | None:
+        """The smallest of the key's recent measurements, None with fewer than ``min_samples``
+        (a single first round may be a cold one: it bounds nothing from below)."""
+        recent = self.samples.get((bucket, length), [])
+        return min(recent) if len(recent) >= self.min_samples else None
+
+    def floor(self, bucket: int, length: int) -> float | None:
+        """The least a round drafting ``length`` can be expected to cost at ``bucket``: the
+        largest of (a) its own least measurement here, (b) the least measurement here of a shorter
+        length (a longer round does all a shorter one does, and more), (c) its least measurement
+        at the largest smaller bucket where it and plain decoding ran, scaled by how much plain
+        decoding's cost grew from there to here (a drafting round's rows grow B (L + 1)-fold, so
+        its cost grows with the batch at least as fast as plain decoding's). None without any."""
+        bounds = [v for v in (self.least(bucket, l) for l in range(length + 1)) if v is not None]
+        plain_here = self.least(bucket, 0)
+        if plain_here is not None and length > 0:
+            smaller = [b for (b, l) in self.samples if l == length and b < bucket
+                       and self.least(b, length) is not None and self.least(b, 0)]
+            if smaller:
+                b = max(smaller)
+                bounds.append(self.least(b, length) * plain_here / self.least(b, 0))
+        return max(bounds) if bounds else None
+
     def estimate(self, bucket: int, length: int) -> float | None:
         """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
         nearest measured positive lengths (extrapolated from the two nearest), else None."""
@@ -201,6 +243,9 @@ class BudgetController:
         self.server_rate = config.prior_rate
         self.rounds = 0
         self.bucket_rounds: dict[int, int] = {}
+        self.bucket_seconds: dict[int, float] = {}  # seconds of all rounds run at a bucket
+        self.explore_spent: dict[int, float] = {}  # seconds budgeted probes cost beyond the best
+        self._probe: tuple[int, int, float] | None = None  # (bucket, length, best's seconds)
         self.choices: dict[tuple[int, int], int] = {}  # (bucket, length) -> rounds chosen
         self.request_rounds_by_length: dict[int, int] = {}
 
@@ -216,41 +261,70 @@ class BudgetController:
         weight = self.config.memory
         self.server_rate = min(max(weight * self.server_rate + (1 - weight) * round_rate, 1e-3), 1 - 1e-3)
 
-    def _stale_anchor(self, bucket: int) -> int | None:
+    def _fastest(self, bucket: int, rates: Sequence[float]) -> tuple[int, float]:
+        """The candidate with the highest expected tokens per second at ``bucket`` from the costs
+        known there, and that speed (-inf when no cost is known)."""
+        best, best_speed = self.config.candidates[0], -math.inf
+        for candidate in self.config.candidates:
+            seconds = self.costs.estimate(bucket, candidate)
+            if seconds is None or seconds <= 0:
+                continue
+            speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
+            if speed > best_speed:
+                best, best_speed = candidate, speed
+        return best, best_speed
+
+    def _due_anchor(self, bucket: int, rates: Sequence[float]) -> tuple[int, float | None] | None:
+        """The anchor to measure now at ``bucket`` and, for a probe paid from the exploration
+        budget, the best choice's seconds (what the probe's extra cost is counted against); None
+        when no anchor is due or none can pay. An anchor is due with fewer than two measurements
+        here or when it last ran ``refresh_rounds`` rounds ago; plain decoding (0) is always
+        measured; a positive anchor as far as its best possible speed allows (module docstring)."""
         seen = self.bucket_rounds.get(bucket, 0)
+        fastest = None
         for length in self.config.anchors:
             last = self.costs.last_run.get((bucket, length))
-            if (last is None or self.costs.measured(bucket, length) is None
+            if not (last is None or self.costs.measured(bucket, length) is None
                     or seen - last >= self.config.refresh_rounds):
-                return length
+                continue
+            floor = self.costs.floor(bucket, length) if length > 0 else None
+            if floor is None or floor <= 0:
+                return length, None  # plain decoding, or nothing bounds what it costs: measure
+            if fastest is None:
+                fastest = self._fastest(bucket, rates)
+            best, best_speed = fastest
+            speed = sum(expected_tokens(r, length) for r in rates) / floor
+            if best_speed == -math.inf or speed >= best_speed:
+                return length, None  # it may be the best: measure it now
+            if speed < self.config.contention * best_speed:
+                continue  # it cannot come close while the rates stay as they are
+            best_seconds = self.costs.estimate(bucket, best)
+            extra = max(floor - best_seconds, 0.0)
+            budget = self.config.explore_share * self.bucket_seconds.get(bucket, 0.0)
+            if self.explore_spent.get(bucket, 0.0) + extra <= budget:
+                return length, best_seconds
         return None
 
     def choose(self, rates: Sequence[float], batch: int) -> int:
         """The draft length of the next round for a batch whose requests have acceptance
         ``rates`` (one per request, ``len(rates) == batch``); the choice is recorded."""
-        length = self.decide(rates, batch)
+        length, probe_against = self._plan(rates, batch)
         bucket = batch_bucket(batch)
+        self._probe = None if probe_against is None else (bucket, length, probe_against)
         self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
         self.request_rounds_by_length[length] = self.request_rounds_by_length.get(length, 0) + batch
         return length
 
     def decide(self, rates: Sequence[float], batch: int) -> int:
         """The length ``choose`` would return now, recording nothing (no state changes)."""
+        return self._plan(rates, batch)[0]
+
+    def _plan(self, rates: Sequence[float], batch: int) -> tuple[int, float | None]:
         if len(rates) != batch:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
-        length = self._stale_anchor(bucket)
-        if length is None:
-            best, best_speed = self.config.candidates[0], -math.inf
-            for candidate in self.config.candidates:
-                seconds = self.costs.estimate(bucket, candidate)
-                if seconds is None or seconds <= 0:
-                    continue
-                speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
-                if speed > best_speed:
-                    best, best_speed = candidate, speed
-            length = best
-        return length
+        due = self._due_anchor(bucket, rates)
+        return (self._fastest(bucket, rates)[0], None) if due is None else due
 
     def observe_round(self, batch: int, length: int, seconds: float) -> None:
         """A decode round of ``batch`` requests drafting ``length`` took ``seconds``."""
@@ -258,6 +332,11 @@ class BudgetController:
         index = self.bucket_rounds.get(bucket, 0)
         self.costs.observe(bucket, length, seconds, index)
         self.bucket_rounds[bucket] = index + 1
+        self.bucket_seconds[bucket] = self.bucket_seconds.get(bucket, 0.0) + seconds
+        if self._probe is not None and self._probe[:2] == (bucket, length):
+            self.explore_spent[bucket] = (self.explore_spent.get(bucket, 0.0)
+                                          + max(seconds - self._probe[2], 0.0))
+        self._probe = None
         self.rounds += 1
 
     def mean_length(self) -> float | None:
@@ -279,4 +358,6 @@ class BudgetController:
         return {"candidates": list(self.config.candidates), "rounds": self.rounds,
                 "mean_steps": None if mean is None else round(mean, 3),
                 "server_accept_rate": round(self.server_rate, 4),
+                "explore_ms_by_batch_bucket": {str(b): round(1000 * v, 2)
+                                               for b, v in sorted(self.explore_spent.items())},
                 "choices_by_batch_bucket": choices, "round_ms_by_batch_bucket": costs}

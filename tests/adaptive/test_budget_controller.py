@@ -91,3 +91,90 @@ def test_stale_anchors_are_measured_again():
     assert chosen.count(0) >= 2  # plain decoding re-measured after refresh_rounds
     with pytest.raises(ValueError, match="one entry per request"):
         controller.choose([0.5], 2)
+
+
+def test_config_checks_the_exploration_knobs():
+    with pytest.raises(ValueError, match="contention must be in"):
+        AdaptiveConfig.up_to(4, contention=0.0)
+    with pytest.raises(ValueError, match="explore_share must be in"):
+        AdaptiveConfig.up_to(4, explore_share=1.0)
+
+
+def test_floor_takes_the_largest_lower_bound():
+    costs = RoundCosts(window=5, min_samples=2)
+    costs.observe(4, 0, 1.0, 0)
+    costs.observe(4, 0, 1.0, 1)
+    costs.observe(4, 8, 9.0, 2)  # one cold round bounds nothing ...
+    assert costs.floor(4, 8) == 1.0  # ... plain decoding here does
+    costs.observe(4, 8, 3.0, 3)
+    assert costs.floor(4, 8) == 3.0  # the least of its own measurements
+    costs.observe(16, 0, 2.0, 0)
+    costs.observe(16, 0, 2.0, 1)
+    assert costs.floor(16, 8) == 6.0  # batch 4's cost, scaled as plain decoding grew (x2)
+    costs.observe(16, 1, 7.0, 2)
+    costs.observe(16, 1, 8.0, 3)
+    assert costs.floor(16, 8) == 7.0  # a shorter round here costs more than that
+    assert costs.floor(2, 8) is None and costs.floor(16, 0) == 2.0
+
+
+def _batch_costs(batch: int, length: int) -> float:
+    """Seconds of a round on a machine like the 2-core CPU the server runs on: the target's
+    forward is flat up to ~14 rows, then compute bound; each draft step and the draft extend
+    cost more with the batch."""
+    target = max(0.27, 0.02 * batch * (length + 1))
+    drafting = 0.0 if length == 0 else length * (0.04 + 0.004 * batch) + 0.01 * batch * (length + 1) + 0.03
+    return target + drafting
+
+
+def test_a_large_batch_does_not_pay_for_long_exploration_rounds():
+    """After batches 1 and 4 measured their anchors, batch 16 (where drafting cannot pay) never
+    runs the 8-draft anchor, and runs the 1-draft one only from its exploration budget: what its
+    rounds cost beyond plain decoding stays within a few percent. The controller that explored
+    every anchor twice, as before, spent the equivalent of dozens of plain rounds there."""
+    config = AdaptiveConfig.up_to(8)
+    controller = BudgetController(config)
+    _run(controller, 0.8, _batch_costs, 30, batch=1)
+    _run(controller, 0.8, _batch_costs, 40, batch=4)
+    assert controller.costs.measured(4, 8) is not None
+    chosen = _run(controller, 0.6, _batch_costs, 64, batch=16)
+    assert 8 not in chosen
+    spent = sum(_batch_costs(16, l) for l in chosen)
+    plain = 64 * _batch_costs(16, 0)
+    assert spent <= 1.05 * plain
+    assert chosen.count(1) <= 1
+
+    def explore_everything(bucket, rates):  # the wrong variant: every due anchor runs
+        return BudgetController._due_anchor(wrong, bucket, [1.0] * len(rates))
+
+    wrong = BudgetController(config)
+    wrong._due_anchor = explore_everything
+    _run(wrong, 0.8, _batch_costs, 30, batch=1)
+    _run(wrong, 0.8, _batch_costs, 40, batch=4)
+    wrong_chosen = _run(wrong, 0.6, _batch_costs, 64, batch=16)
+    assert sum(_batch_costs(16, l) for l in wrong_chosen) > 1.2 * plain
+
+
+def test_an_anchor_close_to_the_best_is_explored_from_the_budget_and_comes_back():
+    """An anchor that could come within ``contention`` of the best is measured once the bucket
+    has run long enough to pay for it; an anchor out of contention comes back when the rates
+    make it a contender again. A single slow first round does not rule a length out: its floor
+    needs two measurements."""
+    controller = BudgetController(AdaptiveConfig.up_to(4, contention=0.6, explore_share=0.05))
+    seconds = lambda batch, length: 1.0 + 0.5 * length
+    assert _run(controller, 0.4, seconds, 6, batch=4) == [0, 0, 1, 1, 4, 4]  # no floor yet
+    chosen = _run(controller, 0.4, seconds, 200, batch=8)
+    assert chosen[:2] == [0, 0]
+    first_one = chosen.index(1)
+    assert first_one > 2  # not at once: the budget had to fill first
+    assert controller.explore_spent[8] <= 0.05 * controller.bucket_seconds[8] + seconds(8, 1)
+    assert 4 not in chosen  # out of contention at rate 0.4
+    assert 4 in _run(controller, 0.99, seconds, 30, batch=8)  # a contender again
+
+    cold = BudgetController(AdaptiveConfig.up_to(4))
+    first = {}
+
+    def cold_first(batch, length):
+        first[length] = first.get(length, 0) + 1
+        return (10.0 if first[length] == 1 else 1.0) + 0.1 * length
+
+    assert _run(cold, 0.9, cold_first, 6) == [0, 0, 1, 1, 4, 4]  # every anchor measured twice
