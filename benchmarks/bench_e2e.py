@@ -11,7 +11,8 @@ model's single-row projections a weight copy (``fp32``, the default, ``bf16`` or
 
 Configurations are ``--levels`` strings of ``sglang-hsd generate`` (``target`` = autoregressive),
 plus the Hugging Face peers: ``hf`` (plain ``generate``), ``hf-assisted`` (``generate`` with
-``assistant_model``, needs ``--assistant``) and ``hf-prompt-lookup``. Each configuration runs on
+``assistant_model``, needs ``--assistant``) and ``hf-prompt-lookup``; ``lookup:3,target`` is the
+runtime's own prompt lookup and ``lookup:3,model:<drafter>,target`` puts it below a draft model. Each configuration runs on
 the same prompts, for each temperature and batch size, ``--repeats`` times, the repeats
 interleaved (repeat r of every row before repeat r + 1 of any, so the machine's drift over a long
 run spreads over all rows); the table reports the median and ratios against the autoregressive
@@ -189,10 +190,10 @@ WARMUP_TOKENS = 8
 
 
 def _shared(assistant, config: str):
-    """The HF peer's assistant when ``config``'s first level is that model (one copy in memory; the
-    runtime's kernel choices wrap our layers, never the HF modules), else None (loaded anew)."""
-    first = config.split(",")[0]
-    return assistant if assistant is not None and first == f"model:{assistant.name}" else None
+    """The HF peer's assistant when ``config``'s ``model`` level is that model (one copy in memory;
+    the runtime's kernel choices wrap our layers, never the HF modules), else None (loaded anew)."""
+    names = [name.strip() for name in config.split(",")]
+    return assistant if assistant is not None and f"model:{assistant.name}" in names else None
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,14 @@ A hierarchy is written cheapest level first, the target last, comma-separated::
     exit:8,exit:16,target              the target's first 8 and 16 layers (plus exit heads), then the target
     model:smollm2-135m,target          a separate drafter model with the target's tokenizer
     eagle3:/path/to/head,exit:16,target    an EAGLE-3 head drafts
+    lookup:3,model:qwen2.5-coder-0.5b,target    n-gram lookup drafts, the small model verifies them
     target                             autoregressive decoding
 
-``model`` and ``eagle3`` levels can only be the drafter (the first level). Every level below the
-target has a buffer (the drafter's draft length N_d, an intermediate level's N_i) and every level
-above the drafter a chain verify method, a name in ``sglang_hsd.verify.CHAIN_METHODS``.
+``eagle3`` and ``lookup`` levels can only be the drafter (the first level); a ``model`` level is the
+drafter or the level right above a ``lookup`` drafter (``runtime/config.py`` checks what spans
+levels). Every level below the target has a buffer (the drafter's draft length N_d, an intermediate
+level's N_i) and every level above the drafter a chain verify method, a name in
+``sglang_hsd.verify.CHAIN_METHODS``.
 
 ``sglang-hsd generate`` (``--levels``, ``--buffers``, ``--methods``), the plan file of
 ``sglang-hsd plan`` (``runtime/plan_file.py``) and the SGLang plugin's ``--hsd-plan`` all read levels
@@ -28,6 +31,8 @@ from sglang_hsd.verify import CHAIN_METHODS
 DEFAULT_CHAIN_METHOD = "hsd"
 # Buffer of a level built by hand without one; the parser always sets it.
 DEFAULT_BUFFER = 4
+# Longest n-gram a ``lookup`` level matches unless told (``lookup:<n>``).
+DEFAULT_LOOKUP_NGRAM = 3
 
 
 class LevelKind(StrEnum):
@@ -35,17 +40,25 @@ class LevelKind(StrEnum):
 
     ``EXIT``: the target's first L layers plus an exit head; ``MODEL``: a separate small model
     with the target's tokenizer; ``EAGLE3``: an EAGLE-3 head over the target's hidden states;
+    ``LOOKUP``: no network: the continuation of the latest earlier occurrence of the last n tokens
+    (prompt lookup, ``sglang_hsd/lookup_draft.py``), a deterministic draft whose q is one-hot;
     ``TARGET``: the full target (the last level).
     """
 
     EXIT = "exit"
     MODEL = "model"
     EAGLE3 = "eagle3"
+    LOOKUP = "lookup"
     TARGET = "target"
 
     @property
     def drafter_only(self) -> bool:
-        """A separate network that can only draft (never verify a level below it)."""
+        """A level that can only draft (never verify a level below it)."""
+        return self in (LevelKind.EAGLE3, LevelKind.LOOKUP)
+
+    @property
+    def needs_path(self) -> bool:
+        """A level loaded from a folder or registry name (``LevelSpec.model_path``)."""
         return self in (LevelKind.MODEL, LevelKind.EAGLE3)
 
 
@@ -64,6 +77,7 @@ class LevelSpec:
         model_path: for ``MODEL``: a folder loadable by ``CausalLM.from_pretrained`` (or a
             registry name, for ``sglang-hsd generate``); for ``EAGLE3``: an exported head folder
             (``Eagle3Head.from_pretrained``).
+        ngram: for ``LOOKUP``: the longest n-gram matched (>= 1; shorter ones are tried next).
     """
 
     kind: LevelKind
@@ -71,6 +85,7 @@ class LevelSpec:
     buffer: int = DEFAULT_BUFFER
     method: str = DEFAULT_CHAIN_METHOD
     model_path: str | None = None
+    ngram: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -82,8 +97,13 @@ class LevelSpec:
         object.__setattr__(self, "kind", kind)
         if kind is LevelKind.EXIT and (self.layer is None or self.layer < 1):
             raise ValueError(f"an 'exit' level needs a layer index >= 1, got {self.layer}")
-        if kind.drafter_only and not self.model_path:
+        if kind.needs_path and not self.model_path:
             raise ValueError(f"a '{kind}' level needs model_path")
+        if kind is LevelKind.LOOKUP:
+            if self.ngram is None:
+                object.__setattr__(self, "ngram", DEFAULT_LOOKUP_NGRAM)
+            if self.ngram < 1:
+                raise ValueError(f"a 'lookup' level needs ngram >= 1, got {self.ngram}")
         if self.buffer < 1:
             raise ValueError(f"buffer must be >= 1, got {self.buffer}")
         if self.method not in CHAIN_METHODS:
@@ -91,10 +111,13 @@ class LevelSpec:
 
     @property
     def name(self) -> str:
-        """The level in the grammar: ``exit:8``, ``model:<path>``, ``eagle3:<dir>``, ``target``."""
+        """The level in the grammar: ``exit:8``, ``model:<path>``, ``eagle3:<dir>``, ``lookup:3``,
+        ``target``."""
         if self.kind is LevelKind.EXIT:
             return f"exit:{self.layer}"
-        if self.kind.drafter_only:
+        if self.kind is LevelKind.LOOKUP:
+            return f"lookup:{self.ngram}"
+        if self.kind.needs_path:
             return f"{self.kind}:{self.model_path}"
         return str(LevelKind.TARGET)
 
@@ -145,9 +168,20 @@ def _parse_level_name(name: str, buffer: int, method: str) -> LevelSpec:
         return LevelSpec(LevelKind.EXIT, layer=int(arg), buffer=buffer, method=method)
     if kind in (LevelKind.MODEL, LevelKind.EAGLE3):
         return LevelSpec(LevelKind(kind), buffer=buffer, method=method, model_path=arg)
+    if kind == LevelKind.LOOKUP:
+        if arg and not arg.isdigit():
+            raise ValueError(f"level {name!r}: expected lookup or lookup:<longest n-gram>")
+        return LevelSpec(LevelKind.LOOKUP, buffer=buffer, method=method, ngram=int(arg) if arg else None)
     if kind == LevelKind.TARGET and not arg:
         return LevelSpec(LevelKind.TARGET, method=method)  # a target hands nothing up: no buffer
-    raise ValueError(f"unknown level {name!r}: expected exit:<layer>, model:<path>, eagle3:<dir> or target")
+    raise ValueError(f"unknown level {name!r}: expected exit:<layer>, model:<path>, eagle3:<dir>, "
+                     "lookup[:<n>] or target")
+
+
+def separate_model(levels: tuple[LevelSpec, ...] | list[LevelSpec]) -> LevelSpec | None:
+    """The ``model`` level of ``levels`` (the drafter, or the verifier of a ``lookup`` drafter),
+    None without one (a hierarchy holds at most one)."""
+    return next((level for level in levels if level.kind is LevelKind.MODEL), None)
 
 
 def format_level_names(levels: tuple[LevelSpec, ...] | list[LevelSpec]) -> str:

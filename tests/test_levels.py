@@ -17,7 +17,7 @@ from sglang_hsd.verify import CHAIN_METHODS
 
 @pytest.mark.parametrize("spec", [
     "target", "exit:8,target", "exit:8,exit:16,target", "model:smollm2-135m,target",
-    "eagle3:/tmp/head,exit:16,target",
+    "eagle3:/tmp/head,exit:16,target", "lookup:3,model:smollm2-135m,target", "lookup:2,target",
 ])
 def test_names_round_trip(spec):
     levels = parse_level_specs(spec)
@@ -41,8 +41,12 @@ def test_buffers_and_methods_land_on_their_levels():
 def test_kinds_are_typed_and_compare_as_their_names():
     spec = LevelSpec("exit", layer=3)
     assert spec.kind is LevelKind.EXIT and spec.kind == "exit" and spec.name == "exit:3"
-    assert LevelKind.MODEL.drafter_only and LevelKind.EAGLE3.drafter_only
+    assert LevelKind.EAGLE3.drafter_only and LevelKind.LOOKUP.drafter_only
     assert not LevelKind.EXIT.drafter_only and not LevelKind.TARGET.drafter_only
+    assert not LevelKind.MODEL.drafter_only  # it may verify a lookup drafter
+    assert LevelKind.MODEL.needs_path and not LevelKind.LOOKUP.needs_path
+    lookup = parse_level_specs("lookup,target")[0]
+    assert lookup.ngram == 3 and lookup.name == "lookup:3"
 
 
 def test_every_registered_chain_method_is_accepted():
@@ -68,7 +72,7 @@ def test_bad_levels_name_what_is_wrong(kwargs, says):
 
 
 def test_bad_kind_names_the_kinds():
-    with pytest.raises(ValueError, match=r"level kind must be one of \['exit', 'model', 'eagle3', 'target'\]"):
+    with pytest.raises(ValueError, match=r"level kind must be one of \['exit', 'model', 'eagle3', 'lookup', 'target'\]"):
         LevelSpec("draft")
 
 

@@ -39,8 +39,9 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument(
         "--levels",
         default=DEFAULT_LEVELS,
-        help="comma list, cheapest first: exit:<layer>, model:<name or folder> (drafter only), "
-        f"target (last); 'target' alone is autoregressive (default {DEFAULT_LEVELS})",
+        help="comma list, cheapest first: exit:<layer>, model:<name or folder> (the drafter, or right "
+        "above a lookup drafter), lookup[:<longest n-gram>] (copies continuations of earlier text; drafter "
+        f"only), target (last); 'target' alone is autoregressive (default {DEFAULT_LEVELS})",
     )
     parser.add_argument("--buffers", help="comma list, one per level below the target: draft length N_d, then N_i")
     parser.add_argument("--plan", type=Path, help="take --levels and --buffers (and, when the plan has them, "
@@ -86,12 +87,12 @@ def _drafter_precision(levels: str, chosen: str | None) -> str:
     """``--drafter-precision`` for ``--levels`` (checked before any model loads): auto (measured)
     by default with a separate draft model, and only fp32 for an exit or EAGLE-3 drafter (the
     target's numbers; ``auto`` means fp32 there)."""
-    from sglang_hsd.levels import LevelKind, parse_level_specs
+    from sglang_hsd.levels import parse_level_specs, separate_model
 
-    if parse_level_specs(levels)[0].kind is LevelKind.MODEL:
+    if separate_model(parse_level_specs(levels)) is not None:
         return chosen or "auto"
     if chosen not in (None, "fp32", "auto"):
-        raise ValueError(f"--drafter-precision {chosen} needs a model:<name> drafter as the first of --levels, "
+        raise ValueError(f"--drafter-precision {chosen} needs a model:<name> level in --levels, "
                          f"got {levels!r}")
     return "fp32"
 

@@ -18,7 +18,8 @@ TREE_DRAFTERS = (LevelKind.MODEL, LevelKind.EXIT, LevelKind.EAGLE3)
 
 @dataclass(frozen=True)
 class HierarchyConfig:
-    """A drafter, any number of intermediate exit levels, and the target.
+    """A drafter, any number of intermediate levels (exits of the target, or a separate model
+    verifying a ``lookup`` drafter), and the target.
 
     Fields:
         levels: cheapest first, the target last. A single ``target`` level is plain
@@ -67,14 +68,21 @@ class HierarchyConfig:
         if any(level.kind is LevelKind.TARGET for level in self.levels[:-1]):
             raise ValueError("only the last level may be the target")
         if any(level.kind.drafter_only for level in self.levels[1:]):
-            raise ValueError("a separate 'model' or 'eagle3' level can only be the drafter (first level)")
+            raise ValueError("an 'eagle3' or 'lookup' level can only be the drafter (first level)")
+        for index, level in enumerate(self.levels[1:], start=1):
+            if level.kind is LevelKind.MODEL and not (index == 1 and self.levels[0].kind is LevelKind.LOOKUP):
+                raise ValueError("a separate 'model' level is the drafter (first level) or verifies a 'lookup' "
+                                 f"drafter right below it, got {','.join(lv.name for lv in self.levels)}")
+        if self.levels[0].kind is LevelKind.LOOKUP and len(self.levels) > 1 and self.draft_length.adaptive:
+            raise ValueError("a 'lookup' drafter needs draft_length 'fixed' (its buffer is the most tokens it "
+                             "copies; the adaptive rule reads a drafter's confidence, which a lookup has not)")
         exits = [level.layer for level in self.levels if level.kind is LevelKind.EXIT]
         if exits != sorted(set(exits)):
             raise ValueError(
                 f"exit layers must strictly increase from drafter to target (L_d < L_i), got {exits}"
             )
         if self.window:
-            if len(self.levels) != 3:  # the middle one is then an exit (checked above)
+            if len(self.levels) != 3 or self.levels[1].kind is not LevelKind.EXIT:
                 names = ",".join(level.name for level in self.levels)
                 raise ValueError(
                     f"window=True needs exactly three levels (drafter, one 'exit' level, target), got {names}"

@@ -24,7 +24,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from sglang_hsd.draft_length import parse_draft_length
-from sglang_hsd.levels import LevelKind, parse_level_specs
+from sglang_hsd.levels import parse_level_specs, separate_model
 from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sampling import SamplingParams
@@ -102,9 +102,9 @@ class DemoSpec:
 
     @property
     def drafter(self) -> str | None:
-        """The separate drafter model's name or folder, if the first level is one."""
-        first = parse_level_specs(self.levels, list(self.buffers) if self.buffers else None)[0]
-        return first.model_path if first.kind is LevelKind.MODEL else None
+        """The separate model's name or folder, if a level is one."""
+        level = separate_model(parse_level_specs(self.levels, list(self.buffers) if self.buffers else None))
+        return level.model_path if level is not None else None
 
     def hierarchy(self) -> HierarchyConfig:
         """The speculative run's ``HierarchyConfig`` (verify rule ``hsd`` at every level)."""

@@ -1,7 +1,7 @@
 """Batched hierarchical speculative decoding over a ``CausalLM`` target.
 
 Levels 0..m: level 0 drafts, level m is the target, levels in between are early exits of the
-target. The token sequence of a request is
+target (or a separate model right above a ``lookup`` drafter). The token sequence of a request is
 
     committed tokens | buf_{m-1} | ... | buf_1 | buf_0
 
@@ -23,6 +23,12 @@ KV reuse: the target's layers are split into groups at the exit layers (``groups
 runs through each group once and every level reads the stored hidden state of its group, so the
 full verification of a buffer only runs the layers above the highest exit for it.
 
+Lookup drafter (level kind ``lookup``, ``sglang_hsd/lookup_draft.py``): level 0 copies up to N_d
+tokens that followed the latest earlier occurrence of the sequence's suffix, with one-hot rows as
+their q; it may find nothing, and a verifier row with an empty draft then samples its one token
+from its own distribution (``_verify``). A separate model above it verifies the copies in one
+forward, so it emits several tokens per forward where it would draft one.
+
 EAGLE-3 drafter (level kind ``eagle3``): extra group boundaries at the head's capture layers store
 the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_drafter.py``) owns
 the head's KV, drafts in ``_draft`` and is rolled back with the target in ``_verify``.
@@ -41,6 +47,7 @@ from typing import Callable
 
 import torch
 
+from sglang_hsd.lookup_draft import lookup_continuation
 from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.eagle3 import Eagle3Head
 from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
@@ -62,7 +69,8 @@ class SpeculativeGenerator:
     Args:
         target: the target ``CausalLM``.
         config: the levels (``HierarchyConfig``); validated against the target's depth.
-        drafter: a separate small ``CausalLM`` when the first level is of kind ``"model"``.
+        drafter: a separate small ``CausalLM`` when a level is of kind ``"model"`` (the drafter,
+            or the verifier of a ``lookup`` drafter).
         exit_heads: optional trained exit heads by exit layer (hidden [.., D] -> logits [.., V]);
             an exit without one uses the target's final norm + LM head.
         eagle3_head: the ``Eagle3Head`` when the first level is of kind ``"eagle3"`` (default:
@@ -89,9 +97,10 @@ class SpeculativeGenerator:
     ) -> None:
         config.check_depth(target.num_layers)
         first = config.levels[0]
-        if first.kind == "model":
+        has_model = any(level.kind == "model" for level in config.levels)
+        if has_model:
             if drafter is None:
-                raise ValueError("the first level is a separate model: pass drafter=CausalLM(...)")
+                raise ValueError("a level is a separate model: pass drafter=CausalLM(...)")
             if drafter.vocab_size != target.vocab_size:
                 raise ValueError(
                     f"drafter vocabulary ({drafter.vocab_size}) differs from the target's "
@@ -109,7 +118,7 @@ class SpeculativeGenerator:
         self.exit_heads = dict(exit_heads or {})
         self.validate = validate
         # The drafter precision in place ("auto" resolved by measuring this machine's kernels).
-        self.drafter_precision = configure_kernels(target, drafter if first.kind == "model" else None,
+        self.drafter_precision = configure_kernels(target, drafter if has_model else None,
                                                    pack_linears, packed_rows, drafter_precision)
 
     @torch.inference_mode()
@@ -199,8 +208,11 @@ class _Run:
         self.eagle = Eagle3Drafter(head, [by_end[c] for c in captures], batch, self.max_len) if head is not None else None
         self.level_group: list[LayerGroup] = []
         self.level_head: list[torch.nn.Module | None] = []
+        self.drafter_group = None
         for level in self.levels:
-            if level.kind == "model":
+            if level.kind == "lookup":
+                group = None  # no network, no cache
+            elif level.kind == "model":
                 drafter = self.gen.drafter
                 cache = drafter.new_cache(batch, self.max_len)
                 group = LayerGroup.create(drafter, 0, drafter.num_layers, cache, None, batch, self.max_len)
@@ -213,7 +225,7 @@ class _Run:
                 group = target_groups[-1]
             self.level_group.append(group)
             self.level_head.append(self.gen.exit_heads.get(level.layer) if level.kind == "exit" else None)
-        self.all_groups = target_groups + ([self.drafter_group] if self.levels[0].kind == "model" else [])
+        self.all_groups = target_groups + ([self.drafter_group] if self.drafter_group is not None else [])
 
     # ------------------------------------------------------------------ driving loop
     def run(self) -> None:
@@ -258,7 +270,35 @@ class _Run:
         return inverse_cdf_sample(probs, uniform)
 
     def _draft(self, rows: torch.Tensor) -> None:
-        self.draft_tokens(rows, self.buf_start[0], self.buf_start[self.top - 1])
+        if self.levels[0].kind == "lookup":
+            self._lookup_draft(rows)
+        else:
+            self.draft_tokens(rows, self.buf_start[0], self.buf_start[self.top - 1])
+
+    def _lookup_draft(self, rows: torch.Tensor) -> None:
+        """Level 0 copies up to N_d tokens per row of ``rows`` (bool [B]) after the latest earlier
+        occurrence of the row's suffix (``lookup_continuation``), q one-hot; a row may get none."""
+        start_time = time.perf_counter()
+        level, stats = self.levels[0], self.stats[0]
+        for row in rows.nonzero().squeeze(-1).tolist():
+            end = int(self.seq_len[row])
+            room = self.caps[0] - (end - int(self.buf_start[0][row]))
+            if room <= 0:
+                continue
+            copied = lookup_continuation(self.tokens[row, :end], level.ngram, room)
+            count = copied.numel()
+            stats.drafts += 1  # a lookup is one drafting step, whatever it finds
+            stats.rounds += 1
+            stats.proposed += count
+            if count == 0:
+                continue
+            offset = end - int(self.buf_start[0][row])
+            self.tokens[row, end:end + count] = copied
+            one_hot = self.buf_probs[0][row, offset:offset + count]
+            one_hot.zero_()
+            one_hot.scatter_(-1, copied.unsqueeze(-1), 1.0)
+            self.seq_len[row] = end + count
+        stats.seconds += time.perf_counter() - start_time
 
     def draft_tokens(self, rows: torch.Tensor, base: torch.Tensor, features_upto: torch.Tensor) -> None:
         """Level 0 drafts for ``rows`` (bool [B]) one token at a time into ``tokens`` and
@@ -301,24 +341,18 @@ class _Run:
         start_time = time.perf_counter()
         idx = rows.nonzero().squeeze(-1)
         start = self.buf_start[k - 1][idx]
-        draft_len = self.seq_len[idx] - start  # >= 1: the level below just filled its buffer
+        # >= 1 (the level below just filled its buffer), except after a lookup that found nothing
+        draft_len = self.seq_len[idx] - start
         width = int(draft_len.max())
         advance(self.level_group[k], self.tokens, self.seq_len)
         offsets = torch.arange(width + 1, device=idx.device)
         p = self.level_probs(k, idx, (start - 1).unsqueeze(-1) + offsets)  # [R, width + 1, V]
-        draft_pos = (start.unsqueeze(-1) + offsets[:-1]).clamp(max=self.max_len - 1)
-        draft = self.tokens[idx.unsqueeze(-1), draft_pos]
-        q = self.buf_probs[k - 1][idx, :width]
-        res = verify_chain(
-            draft, q, p, method=self.levels[k].method, generator=self.generator,
-            validate=self.gen.validate, draft_lengths=draft_len,
-        )
-        accepted = res.num_accepted
+        accepted, emitted = self._verify_rows(k, idx, start, draft_len, width, p)
         if k == 1:  # the drafter's round is over: its next cap from this round's outcome
             rule = self.gen.config.draft_length
             self.draft_caps[idx] = rule.next_caps(self.draft_caps[idx], draft_len, accepted)
         new_len = start + accepted + 1
-        self.tokens[idx, start + accepted] = res.tokens.gather(1, accepted.unsqueeze(-1)).squeeze(-1)
+        self.tokens[idx, start + accepted] = emitted
         keep = self.seq_len.clone()
         keep[idx] = start + accepted  # the first changed position
         self.rollback(keep)
@@ -336,6 +370,34 @@ class _Run:
         stats.proposed += int(draft_len.sum())
         stats.accepted += int(accepted.sum())
         stats.seconds += time.perf_counter() - start_time
+
+    def _verify_rows(self, k, idx, start, draft_len, width, p) -> tuple[torch.Tensor, torch.Tensor]:
+        """Level k's chain rule on the drafts of rows ``idx`` (ragged: ``draft_len`` [R], at most
+        ``width``; p [R, width + 1, V]). Returns (accepted drafts [R], the token after them [R]).
+        A row with an empty draft (a lookup that found nothing) samples its token from p's first
+        row: verifying nothing keeps nothing of the level below and draws from the level's law."""
+        empty = draft_len == 0
+        if not bool(empty.any()):
+            return self._chain(k, idx, start, draft_len, width, p)
+        accepted = torch.zeros_like(draft_len)
+        emitted = torch.empty_like(draft_len)
+        emitted[empty] = self._sample(p[empty, 0])
+        drafted = (~empty).nonzero().squeeze(-1)
+        if drafted.numel():
+            accepted[drafted], emitted[drafted] = self._chain(
+                k, idx[drafted], start[drafted], draft_len[drafted], width, p[drafted])
+        return accepted, emitted
+
+    def _chain(self, k, idx, start, draft_len, width, p) -> tuple[torch.Tensor, torch.Tensor]:
+        """``verify_chain`` with level k's rule on rows ``idx`` (every draft non-empty)."""
+        offsets = torch.arange(width, device=idx.device)
+        draft_pos = (start.unsqueeze(-1) + offsets).clamp(max=self.max_len - 1)
+        res = verify_chain(
+            self.tokens[idx.unsqueeze(-1), draft_pos], self.buf_probs[k - 1][idx, :width], p,
+            method=self.levels[k].method, generator=self.generator, validate=self.gen.validate,
+            draft_lengths=draft_len,
+        )
+        return res.num_accepted, res.tokens.gather(1, res.num_accepted.unsqueeze(-1)).squeeze(-1)
 
     def _append_to_buffer(self, k, idx, start, accepted, p) -> None:
         """Store level k's rows for the kept tokens (positions start .. start + accepted)."""

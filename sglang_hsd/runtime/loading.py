@@ -91,20 +91,21 @@ def build_generator(target: LoadedModel, levels: str, buffers, methods, exit_hea
         pack_linears: ``SpeculativeGenerator(pack_linears=...)`` (the ``onednn-packed`` kernel path).
         drafter_precision: ``SpeculativeGenerator(drafter_precision=...)`` (a separate drafter's
             single-row weight copy).
-        drafter: the first level's model if already loaded (checked against its name or path, so a
+        drafter: the ``model`` level's model if already loaded (checked against its name or path, so a
             benchmark can share one copy with a Hugging Face peer); None: loaded here.
     """
-    from sglang_hsd.levels import LevelKind, parse_level_specs
+    from sglang_hsd.levels import parse_level_specs, separate_model
     from sglang_hsd.runtime.config import HierarchyConfig
     from sglang_hsd.runtime.engine import SpeculativeGenerator
 
     config = HierarchyConfig(parse_level_specs(levels, buffers, methods), reuse_kv=reuse_kv,
                              draft_length=draft_length or DraftLengthRule(), tree=tree)
     drafter_model = None
-    if config.levels[0].kind is LevelKind.MODEL:
-        name = config.levels[0].model_path
+    model_level = separate_model(config.levels)
+    if model_level is not None:
+        name = model_level.model_path
         if drafter is not None and name not in (drafter.name, str(drafter.path)):
-            raise ValueError(f"drafter: the loaded {drafter.name!r} is not the first level's model {name!r}")
+            raise ValueError(f"drafter: the loaded {drafter.name!r} is not the model level's {name!r}")
         loaded = drafter or load_model(name)
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, name)
         drafter_model = loaded.model
