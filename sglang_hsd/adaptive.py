@@ -152,9 +152,10 @@ def batch_bucket(batch: int) -> int:
 class RoundCosts:
     """Measured seconds of a decode round per (batch bucket, draft length).
 
-    A key's estimate is the median of its last ``window`` measurements once it has ``min_samples``:
-    the first round after a switch or a prefill can cost several times a steady one (a lazy
-    initialisation, a cold cache), and one such outlier must not decide for the next 64 rounds.
+    A key's estimate is the lower median of its last ``window`` measurements once it has
+    ``min_samples``: the first round after a switch or a prefill can cost several times a steady
+    one (a lazy initialisation, a cold cache), and one such outlier must not decide for the next
+    64 rounds.
     """
 
     window: int = 5
@@ -170,13 +171,14 @@ class RoundCosts:
         self.last_run[key] = round_index
 
     def measured(self, bucket: int, length: int) -> float | None:
-        """The median of the key's recent measurements, None with fewer than ``min_samples``."""
+        """The lower median of the key's recent measurements (of two, the smaller: the first
+        round of a length at a batch size can cost twenty times a steady one, oneDNN creating
+        kernels for its new row count, and must not count half), None with fewer than
+        ``min_samples``."""
         recent = self.samples.get((bucket, length), [])
         if len(recent) < self.min_samples:
             return None
-        ordered = sorted(recent)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        return sorted(recent)[(len(recent) - 1) // 2]
 
     @property
     def seconds(self) -> dict[tuple[int, int], float]:
@@ -189,15 +191,10 @@ class RoundCosts:
         return out
 
     def least(self, bucket: int, length: int) -> float | None:
-        """The smallest of the key's recent measurements; None with fewer than ``min_samples``,
-        unless the length already has ``min_samples`` at another bucket. The first round of a
-        length in the server may be a cold one (a lazy initialisation) and bounds nothing from
-        below; its first round at another batch size is not cold."""
+        """The smallest of the key's recent measurements; None with fewer than ``min_samples``
+        (one round may be a cold one and bounds nothing from below)."""
         recent = self.samples.get((bucket, length), [])
-        if len(recent) >= self.min_samples or (recent and any(
-                b != bucket and len(v) >= self.min_samples for (b, l), v in self.samples.items() if l == length)):
-            return min(recent)
-        return None
+        return min(recent) if len(recent) >= self.min_samples else None
 
     def floor(self, bucket: int, length: int) -> float | None:
         """The least a round drafting ``length`` can be expected to cost at ``bucket``: the

@@ -158,14 +158,17 @@ class AdaptiveRounds:
         self._started = time.perf_counter()
         return self.length
 
-    def end(self) -> None:
-        """The round's forward finished: its seconds (plus the measured overhead) are observed."""
+    def end(self, excluded: float = 0.0) -> None:
+        """The round's forward finished: its seconds (plus the measured overhead, less
+        ``excluded`` seconds of one-time work inside it) are observed. The draft-cache catch-up
+        is excluded: its cost depends on how many plain rounds came before, not on the length,
+        and one large catch-up must not make a length look dear at this batch size."""
         now = time.perf_counter()
         self._last_forward = now - self._started
         self._last_end = now
         if self._reqs:
             self.controller.observe_round(len(self._reqs), self._round_length,
-                                          self._last_forward + self.overhead)
+                                          max(self._last_forward - excluded, 0.0) + self.overhead)
 
     def interrupt(self) -> None:
         """A non-decode forward ran: the next gap is not scheduler overhead."""

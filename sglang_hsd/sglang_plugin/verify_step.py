@@ -45,12 +45,14 @@ class HSDVerify:
             return super().forward_batch_generation(batch, *args, **kwargs)
         length = rounds.begin(batch.reqs)
         catch_up = getattr(self, "hsd_catch_up", None)
+        caught_up = 0.0
         if catch_up is not None:
             catch_up.begin_round(batch, length)
+            caught_up = catch_up.seconds
         try:
             return super().forward_batch_generation(batch, *args, **kwargs)
         finally:
-            rounds.end()
+            rounds.end(excluded=catch_up.seconds - caught_up if catch_up is not None else 0.0)
             if catch_up is not None:
                 catch_up.end_round()
 

@@ -114,12 +114,13 @@ def test_floor_takes_the_largest_lower_bound():
     costs.observe(16, 0, 2.0, 1)
     # from batch 4: 3.0 plus 9 verify rows per request, each adding what a plain row added (1.0)
     assert costs.floor(16, 8) == 12.0
-    costs.observe(16, 1, 14.0, 2)  # length 1 never ran elsewhere: one round bounds nothing
+    costs.observe(16, 1, 14.0, 2)  # one round bounds nothing
     assert costs.floor(16, 8) == 12.0
     costs.observe(16, 1, 15.0, 3)
     assert costs.floor(16, 8) == 14.0  # a shorter round here cost more than that
-    costs.observe(16, 8, 20.0, 4)  # length 8 is warm (it ran at batch 4): one round counts
-    assert costs.floor(16, 8) == 20.0
+    costs.observe(16, 8, 90.0, 4)  # a cold first round ...
+    costs.observe(16, 8, 20.0, 5)
+    assert costs.floor(16, 8) == 20.0 and costs.measured(16, 8) == 20.0  # ... does not count half
     assert costs.floor(2, 8) is None and costs.floor(16, 0) == 2.0
 
 
