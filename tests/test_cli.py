@@ -105,7 +105,7 @@ def test_generate_rejects_a_bad_tree_before_loading_a_model():
 
 
 def test_generate_refuses_a_half_precision_exit_drafter_before_loading_a_model():
-    with pytest.raises(ValueError, match="--drafter-precision bf16 needs a model:<name> drafter"):
+    with pytest.raises(ValueError, match="--drafter-precision bf16 needs a model:<name> level"):
         cli.main(["generate", "--model", "no-such-model", "--levels", "exit:8,target", "--drafter-precision", "bf16"])
     with pytest.raises(SystemExit):  # argparse: not one of the choices
         cli.main(["generate", "--model", "no-such-model", "--drafter-precision", "int3"])

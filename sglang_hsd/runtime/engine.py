@@ -23,11 +23,9 @@ KV reuse: the target's layers are split into groups at the exit layers (``groups
 runs through each group once and every level reads the stored hidden state of its group, so the
 full verification of a buffer only runs the layers above the highest exit for it.
 
-Lookup drafter (level kind ``lookup``, ``sglang_hsd/lookup_draft.py``): level 0 copies up to N_d
-tokens that followed the latest earlier occurrence of the sequence's suffix, with one-hot rows as
-their q; it may find nothing, and a verifier row with an empty draft then samples its one token
-from its own distribution (``_verify``). A separate model above it verifies the copies in one
-forward, so it emits several tokens per forward where it would draft one.
+Lookup drafter (level kind ``lookup``, ``runtime/lookup_rounds.py``): level 0 copies earlier text
+(q one-hot) or finds nothing (the level above then samples its own token); a separate model above
+it verifies the copies in one forward, emitting several tokens per forward where it drafts one.
 
 EAGLE-3 drafter (level kind ``eagle3``): extra group boundaries at the head's capture layers store
 the hidden states it reads (they are not levels); ``Eagle3Drafter`` (``eagle3_drafter.py``) owns
@@ -47,19 +45,18 @@ from typing import Callable
 
 import torch
 
-from sglang_hsd.lookup_draft import lookup_continuation
 from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.eagle3 import Eagle3Head
 from sglang_hsd.runtime.eagle3_drafter import Eagle3Drafter
 from sglang_hsd.runtime.groups import LayerGroup, advance, build_groups, truncate_all
 from sglang_hsd.runtime.kernel_setup import configure_kernels
 from sglang_hsd.runtime.layers import PackedRows
+from sglang_hsd.runtime.lookup_rounds import lookup_draft, verify_rows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.stats import GenerationResult, LevelStats, RoundTrace
 from sglang_hsd.runtime.tree_rounds import TreeRounds, tree_slots
 from sglang_hsd.runtime.window import WindowRounds
 from sglang_hsd.sampling import BatchSamplingParams, SamplingParams, logits_to_probs
-from sglang_hsd.verify import verify_chain
 from sglang_hsd.verify.common import inverse_cdf_sample
 
 
@@ -271,34 +268,9 @@ class _Run:
 
     def _draft(self, rows: torch.Tensor) -> None:
         if self.levels[0].kind == "lookup":
-            self._lookup_draft(rows)
+            lookup_draft(self, rows)
         else:
             self.draft_tokens(rows, self.buf_start[0], self.buf_start[self.top - 1])
-
-    def _lookup_draft(self, rows: torch.Tensor) -> None:
-        """Level 0 copies up to N_d tokens per row of ``rows`` (bool [B]) after the latest earlier
-        occurrence of the row's suffix (``lookup_continuation``), q one-hot; a row may get none."""
-        start_time = time.perf_counter()
-        level, stats = self.levels[0], self.stats[0]
-        for row in rows.nonzero().squeeze(-1).tolist():
-            end = int(self.seq_len[row])
-            room = self.caps[0] - (end - int(self.buf_start[0][row]))
-            if room <= 0:
-                continue
-            copied = lookup_continuation(self.tokens[row, :end], level.ngram, room)
-            count = copied.numel()
-            stats.drafts += 1  # a lookup is one drafting step, whatever it finds
-            stats.rounds += 1
-            stats.proposed += count
-            if count == 0:
-                continue
-            offset = end - int(self.buf_start[0][row])
-            self.tokens[row, end:end + count] = copied
-            one_hot = self.buf_probs[0][row, offset:offset + count]
-            one_hot.zero_()
-            one_hot.scatter_(-1, copied.unsqueeze(-1), 1.0)
-            self.seq_len[row] = end + count
-        stats.seconds += time.perf_counter() - start_time
 
     def draft_tokens(self, rows: torch.Tensor, base: torch.Tensor, features_upto: torch.Tensor) -> None:
         """Level 0 drafts for ``rows`` (bool [B]) one token at a time into ``tokens`` and
@@ -347,7 +319,7 @@ class _Run:
         advance(self.level_group[k], self.tokens, self.seq_len)
         offsets = torch.arange(width + 1, device=idx.device)
         p = self.level_probs(k, idx, (start - 1).unsqueeze(-1) + offsets)  # [R, width + 1, V]
-        accepted, emitted = self._verify_rows(k, idx, start, draft_len, width, p)
+        accepted, emitted = verify_rows(self, k, idx, start, draft_len, width, p)
         if k == 1:  # the drafter's round is over: its next cap from this round's outcome
             rule = self.gen.config.draft_length
             self.draft_caps[idx] = rule.next_caps(self.draft_caps[idx], draft_len, accepted)
@@ -370,34 +342,6 @@ class _Run:
         stats.proposed += int(draft_len.sum())
         stats.accepted += int(accepted.sum())
         stats.seconds += time.perf_counter() - start_time
-
-    def _verify_rows(self, k, idx, start, draft_len, width, p) -> tuple[torch.Tensor, torch.Tensor]:
-        """Level k's chain rule on the drafts of rows ``idx`` (ragged: ``draft_len`` [R], at most
-        ``width``; p [R, width + 1, V]). Returns (accepted drafts [R], the token after them [R]).
-        A row with an empty draft (a lookup that found nothing) samples its token from p's first
-        row: verifying nothing keeps nothing of the level below and draws from the level's law."""
-        empty = draft_len == 0
-        if not bool(empty.any()):
-            return self._chain(k, idx, start, draft_len, width, p)
-        accepted = torch.zeros_like(draft_len)
-        emitted = torch.empty_like(draft_len)
-        emitted[empty] = self._sample(p[empty, 0])
-        drafted = (~empty).nonzero().squeeze(-1)
-        if drafted.numel():
-            accepted[drafted], emitted[drafted] = self._chain(
-                k, idx[drafted], start[drafted], draft_len[drafted], width, p[drafted])
-        return accepted, emitted
-
-    def _chain(self, k, idx, start, draft_len, width, p) -> tuple[torch.Tensor, torch.Tensor]:
-        """``verify_chain`` with level k's rule on rows ``idx`` (every draft non-empty)."""
-        offsets = torch.arange(width, device=idx.device)
-        draft_pos = (start.unsqueeze(-1) + offsets).clamp(max=self.max_len - 1)
-        res = verify_chain(
-            self.tokens[idx.unsqueeze(-1), draft_pos], self.buf_probs[k - 1][idx, :width], p,
-            method=self.levels[k].method, generator=self.generator, validate=self.gen.validate,
-            draft_lengths=draft_len,
-        )
-        return res.num_accepted, res.tokens.gather(1, res.num_accepted.unsqueeze(-1)).squeeze(-1)
 
     def _append_to_buffer(self, k, idx, start, accepted, p) -> None:
         """Store level k's rows for the kept tokens (positions start .. start + accepted)."""

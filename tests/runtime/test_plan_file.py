@@ -250,5 +250,5 @@ def test_generate_checks_a_plans_precision_against_its_levels():
     from sglang_hsd.runtime.cli import generate_options
 
     plan = PlanFile.from_json({"levels": "exit:4,target", "buffers": "2", "drafter_precision": "bf16"}).best
-    with pytest.raises(ValueError, match="--drafter-precision bf16 needs a model:<name> drafter"):
+    with pytest.raises(ValueError, match="--drafter-precision bf16 needs a model:<name> level"):
         generate_options(_generate_args(), plan)
