@@ -48,8 +48,7 @@ def test_accepted_copies_save_forwards_of_the_middle_model(target):
     gen = SpeculativeGenerator(target, parse_levels("lookup:3,model:self,target", buffers=[4, 6]), drafter=target)
     result = gen.generate([[3, 9, 4] * 6], SamplingParams(temperature=0.0), max_new_tokens=24)
     lookup, middle = result.levels[0], result.levels[1]
-    assert lookup.proposed > 0 and middle.accepted > 0
-    assert middle.rounds < middle.accepted + middle.rounds
+    assert lookup.proposed > 0 and middle.accepted > 0  # tokens handed up: accepted + rounds > rounds
 
 
 @pytest.mark.statistical
