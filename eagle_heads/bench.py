@@ -44,11 +44,13 @@ def record_accepted_lengths():
     Yields a list that receives one ``(draft_lengths int64 [R], num_accepted int64 [R])`` pair per
     ``verify_chain`` call. Meaningful per level only for 2-level configurations (one verifier).
     """
-    from sglang_hsd.runtime import engine
+    # The engine verifies its chains through runtime/lookup_rounds.py (``_chain``).
+    from sglang_hsd.runtime import lookup_rounds as caller
 
-    if not callable(getattr(engine, "verify_chain", None)):
-        raise RuntimeError("sglang_hsd.runtime.engine no longer calls verify_chain by name: update record_accepted_lengths")
-    original, calls = engine.verify_chain, []
+    if not callable(getattr(caller, "verify_chain", None)):
+        raise RuntimeError("sglang_hsd.runtime.lookup_rounds no longer calls verify_chain by name: "
+                           "update record_accepted_lengths")
+    original, calls = caller.verify_chain, []
 
     def recording(draft, *args, **kwargs):
         result = original(draft, *args, **kwargs)
@@ -57,11 +59,11 @@ def record_accepted_lengths():
         calls.append((lengths.clone(), result.num_accepted.clone()))
         return result
 
-    engine.verify_chain = recording
+    caller.verify_chain = recording
     try:
         yield calls
     finally:
-        engine.verify_chain = original
+        caller.verify_chain = original
 
 
 def per_position_acceptance(calls, positions: int = DRAFTS) -> tuple[list, list]:

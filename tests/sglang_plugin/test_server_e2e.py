@@ -61,7 +61,7 @@ def test_hsd_server_end_to_end(tiny_models):
 
         chat = post_json(url, "/v1/chat/completions", {
             "model": "tiny", "messages": [{"role": "user", "content": "Say hello"}],
-            "max_tokens": 8, "temperature": 1.0})
+            "max_tokens": 8, "temperature": 1.0, "ignore_eos": True})
         assert chat["choices"][0]["message"]["content"] is not None
         assert chat["usage"]["completion_tokens"] == 8
 
