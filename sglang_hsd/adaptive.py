@@ -28,6 +28,12 @@ that cannot come that close is not explored while the rates say so. At large bat
 B (L + 1) rows costs more than the tokens it adds and the choice falls to 0: speculation backs off to
 off.
 
+Drafting may first owe a one-time cost (:class:`DraftSetup`: on the server, catching the draft
+model's cache up over requests whose draft prefill and extends were skipped while they decoded
+plainly). It is spread over the rounds drafting would serve (the batch's remaining tokens over the
+tokens a round of L commits) and added to every positive length's seconds, so a batch near its end,
+or one whose catch-up would be long, keeps decoding plainly unless drafting earns the catch-up back.
+
 Why it is lossless: L for round n is a function of rounds 1..n-1 only (their drafted and accepted
 counts and their timings), never of round n's drafts, so every round is a verification of a draft
 whose length was fixed before it was drawn, and each such round is exact (``docs/verification.md``).
@@ -38,11 +44,13 @@ would not be (``verify/oracles/adaptive_rounds_exact.py`` checks both over sever
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "RoundCosts", "batch_bucket",
-           "expected_tokens"]
+from sglang_hsd.adaptive_costs import RoundCosts, batch_bucket
+
+__all__ = ["AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "DraftSetup", "RoundCosts",
+           "batch_bucket", "expected_tokens"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,36 @@ def expected_tokens(rate: float, length: int) -> float:
     return (1.0 - rate ** (length + 1)) / (1.0 - rate)
 
 
+@dataclass(frozen=True)
+class DraftSetup:
+    """What a round that drafts must pay once before its drafts (module docstring).
+
+    Fields:
+        seconds: the one-time cost (0: none).
+        remaining_tokens: the mean number of tokens the batch's requests may still generate.
+    """
+
+    seconds: float = 0.0
+    remaining_tokens: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not self.seconds >= 0.0:
+            raise ValueError(f"seconds must be >= 0, got {self.seconds}")
+        if not self.remaining_tokens > 0.0:
+            raise ValueError(f"remaining_tokens must be > 0, got {self.remaining_tokens}")
+
+    def share(self, rates: Sequence[float], length: int) -> float:
+        """The seconds one round of ``length`` drafts carries: ``seconds`` over the rounds of
+        that length the remaining tokens take (at least one)."""
+        if self.seconds == 0.0 or length <= 0:
+            return 0.0
+        per_round = sum(expected_tokens(r, length) for r in rates) / len(rates)
+        return self.seconds / max(self.remaining_tokens / per_round, 1.0)
+
+
+NO_SETUP = DraftSetup()
+
+
 @dataclass
 class AcceptanceEstimate:
     """One request's discounted acceptance counts (per drafted token)."""
@@ -139,105 +177,6 @@ class AcceptanceEstimate:
     def rate(self, prior_rate: float, prior_rounds: float) -> float:
         """Posterior-mean style estimate, shrunk towards ``prior_rate`` with weight ``prior_rounds``."""
         return (self.successes + prior_rate * prior_rounds) / (self.trials + prior_rounds)
-
-
-def batch_bucket(batch: int) -> int:
-    """The power of two at or above ``batch`` (>= 1): rounds of similar batch share costs."""
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    return 1 << (batch - 1).bit_length()
-
-
-@dataclass
-class RoundCosts:
-    """Measured seconds of a decode round per (batch bucket, draft length).
-
-    A key's estimate is the lower median of its last ``window`` measurements once it has
-    ``min_samples``: the first round after a switch or a prefill can cost several times a steady
-    one (a lazy initialisation, a cold cache), and one such outlier must not decide for the next
-    64 rounds.
-    """
-
-    window: int = 5
-    min_samples: int = 2
-    samples: dict[tuple[int, int], list[float]] = field(default_factory=dict)
-    last_run: dict[tuple[int, int], int] = field(default_factory=dict)
-
-    def observe(self, bucket: int, length: int, seconds: float, round_index: int) -> None:
-        key = (bucket, length)
-        recent = self.samples.setdefault(key, [])
-        recent.append(seconds)
-        del recent[:-self.window]
-        self.last_run[key] = round_index
-
-    def measured(self, bucket: int, length: int) -> float | None:
-        """The lower median of the key's recent measurements (of two, the smaller: the first
-        round of a length at a batch size can cost twenty times a steady one, oneDNN creating
-        kernels for its new row count, and must not count half), None with fewer than
-        ``min_samples``."""
-        recent = self.samples.get((bucket, length), [])
-        if len(recent) < self.min_samples:
-            return None
-        return sorted(recent)[(len(recent) - 1) // 2]
-
-    @property
-    def seconds(self) -> dict[tuple[int, int], float]:
-        """Every key with an estimate -> its median seconds."""
-        out = {}
-        for bucket, length in self.samples:
-            value = self.measured(bucket, length)
-            if value is not None:
-                out[(bucket, length)] = value
-        return out
-
-    def least(self, bucket: int, length: int) -> float | None:
-        """The smallest of the key's recent measurements; None with fewer than ``min_samples``
-        (one round may be a cold one and bounds nothing from below)."""
-        recent = self.samples.get((bucket, length), [])
-        return min(recent) if len(recent) >= self.min_samples else None
-
-    def floor(self, bucket: int, length: int) -> float | None:
-        """The least a round drafting ``length`` can be expected to cost at ``bucket``: the
-        largest of (a) its own least measurement here, (b) the least measurement here of a shorter
-        length (a longer round does all a shorter one does, and more), (c) from the largest
-        smaller bucket b where it and plain decoding ran: its least measurement there plus, for
-        each of its L + 1 verify rows per request, what a request's row added to plain decoding's
-        cost from b to here, and (d) that measurement scaled as plain decoding's cost grew from b
-        to here. None without any. (c) and (d) are lower bounds only in the sense of a round's
-        rows turning compute bound no later than plain decoding's: on the 2-core CPU a 1-draft
-        round at batch 16 cost 3.4 plain rounds there but 1.2 at batch 4.)"""
-        bounds = [v for v in (self.least(bucket, l) for l in range(length + 1)) if v is not None]
-        plain_here = self.least(bucket, 0)
-        if plain_here is not None and length > 0:
-            smaller = [b for (b, l) in self.samples if l == length and b < bucket
-                       and self.least(b, length) is not None and self.least(b, 0)]
-            if smaller:
-                b = max(smaller)
-                there, plain_there = self.least(b, length), self.least(b, 0)
-                bounds.append(there + (length + 1) * max(plain_here - plain_there, 0.0))
-                bounds.append(there * plain_here / plain_there)
-        return max(bounds) if bounds else None
-
-    def estimate(self, bucket: int, length: int) -> float | None:
-        """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
-        nearest measured positive lengths (extrapolated from the two nearest), else None."""
-        measured = self.measured(bucket, length)
-        if measured is not None:
-            return measured
-        if length == 0:
-            return None
-        points = sorted((l, s) for (b, l), s in self.seconds.items() if b == bucket and l > 0)
-        if len(points) < 2:
-            return None
-        below = [p for p in points if p[0] < length]
-        above = [p for p in points if p[0] > length]
-        if below and above:
-            (l0, s0), (l1, s1) = below[-1], above[0]
-        elif above:
-            (l0, s0), (l1, s1) = above[0], above[1]
-        else:
-            (l0, s0), (l1, s1) = below[-2], below[-1]
-        return max(s0 + (s1 - s0) * (length - l0) / (l1 - l0), 0.0)
 
 
 class BudgetController:
@@ -273,20 +212,23 @@ class BudgetController:
         weight = self.config.memory
         self.server_rate = min(max(weight * self.server_rate + (1 - weight) * round_rate, 1e-3), 1 - 1e-3)
 
-    def _fastest(self, bucket: int, rates: Sequence[float]) -> tuple[int, float]:
+    def _fastest(self, bucket: int, rates: Sequence[float],
+                 setup: DraftSetup = NO_SETUP) -> tuple[int, float]:
         """The candidate with the highest expected tokens per second at ``bucket`` from the costs
-        known there, and that speed (-inf when no cost is known)."""
+        known there (with ``setup``'s share), and that speed (-inf when no cost is known)."""
         best, best_speed = self.config.candidates[0], -math.inf
         for candidate in self.config.candidates:
             seconds = self.costs.estimate(bucket, candidate)
             if seconds is None or seconds <= 0:
                 continue
+            seconds += setup.share(rates, candidate)
             speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
             if speed > best_speed:
                 best, best_speed = candidate, speed
         return best, best_speed
 
-    def _due_anchor(self, bucket: int, rates: Sequence[float]) -> tuple[int, float | None] | None:
+    def _due_anchor(self, bucket: int, rates: Sequence[float],
+                    setup: DraftSetup = NO_SETUP) -> tuple[int, float | None] | None:
         """The anchor to measure now at ``bucket`` and, for a probe paid from the exploration
         budget, the best choice's seconds (what the probe's extra cost is counted against); None
         when no anchor is due or none can pay. An anchor is due with fewer than two measurements
@@ -302,41 +244,44 @@ class BudgetController:
             floor = self.costs.floor(bucket, length) if length > 0 else None
             if floor is None or floor <= 0:
                 return length, None  # plain decoding, or nothing bounds what it costs: measure
+            floor += setup.share(rates, length)
             if fastest is None:
-                fastest = self._fastest(bucket, rates)
+                fastest = self._fastest(bucket, rates, setup)
             best, best_speed = fastest
             speed = sum(expected_tokens(r, length) for r in rates) / floor
             if best_speed == -math.inf or speed >= best_speed:
                 return length, None  # it may be the best: measure it now
             if speed < self.config.contention * best_speed:
                 continue  # it cannot come close while the rates stay as they are
-            best_seconds = self.costs.estimate(bucket, best)
+            best_seconds = self.costs.estimate(bucket, best) + setup.share(rates, best)
             extra = max(floor - best_seconds, 0.0)
             budget = self.config.explore_share * self.bucket_seconds.get(bucket, 0.0)
             if self.explore_spent.get(bucket, 0.0) + extra <= budget:
                 return length, best_seconds
         return None
 
-    def choose(self, rates: Sequence[float], batch: int) -> int:
+    def choose(self, rates: Sequence[float], batch: int, setup: DraftSetup = NO_SETUP) -> int:
         """The draft length of the next round for a batch whose requests have acceptance
-        ``rates`` (one per request, ``len(rates) == batch``); the choice is recorded."""
-        length, probe_against = self._plan(rates, batch)
+        ``rates`` (one per request, ``len(rates) == batch``) and which must pay ``setup`` before
+        it drafts; the choice is recorded."""
+        length, probe_against = self._plan(rates, batch, setup)
         bucket = batch_bucket(batch)
         self._probe = None if probe_against is None else (bucket, length, probe_against)
         self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
         self.request_rounds_by_length[length] = self.request_rounds_by_length.get(length, 0) + batch
         return length
 
-    def decide(self, rates: Sequence[float], batch: int) -> int:
+    def decide(self, rates: Sequence[float], batch: int, setup: DraftSetup = NO_SETUP) -> int:
         """The length ``choose`` would return now, recording nothing (no state changes)."""
-        return self._plan(rates, batch)[0]
+        return self._plan(rates, batch, setup)[0]
 
-    def _plan(self, rates: Sequence[float], batch: int) -> tuple[int, float | None]:
+    def _plan(self, rates: Sequence[float], batch: int,
+              setup: DraftSetup) -> tuple[int, float | None]:
         if len(rates) != batch:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
-        due = self._due_anchor(bucket, rates)
-        return (self._fastest(bucket, rates)[0], None) if due is None else due
+        due = self._due_anchor(bucket, rates, setup)
+        return (self._fastest(bucket, rates, setup)[0], None) if due is None else due
 
     def observe_round(self, batch: int, length: int, seconds: float) -> None:
         """A decode round of ``batch`` requests drafting ``length`` took ``seconds``."""

@@ -27,11 +27,13 @@ default turns itself off there and says so in the log).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
 
-from sglang_hsd.adaptive import AcceptanceEstimate, AdaptiveConfig, BudgetController
+from sglang_hsd.adaptive import (NO_SETUP, AcceptanceEstimate, AdaptiveConfig, BudgetController,
+                                 DraftSetup)
 from sglang_hsd.sglang_plugin.config import on_off_from_env
 
 logger = logging.getLogger(__name__)
@@ -131,8 +133,9 @@ class AdaptiveRounds:
         self.overhead = 0.0  # seconds between a decode round's end and the next one's start (EMA)
         self._logged_length: int | None = None  # the last length logged (logged on change)
 
-    def begin(self, reqs) -> int:
-        """Choose the length for a decode batch of ``reqs`` (SGLang ``Req`` s); returns it."""
+    def begin(self, reqs, setup_seconds: float = 0.0) -> int:
+        """Choose the length for a decode batch of ``reqs`` (SGLang ``Req`` s) that must spend
+        ``setup_seconds`` (a draft-cache catch-up) before it drafts; returns it."""
         started = time.perf_counter()
         if self._last_end is not None:
             gap = started - self._last_end
@@ -145,7 +148,9 @@ class AdaptiveRounds:
             self.length = self.lengths_cycle[rounds_taken % len(self.lengths_cycle)]
         else:
             rates = [self.controller.request_rate(_estimate(req)) for req in reqs]
-            self.length = self.controller.choose(rates, len(reqs))
+            setup = NO_SETUP if setup_seconds <= 0 else DraftSetup(
+                setup_seconds, sum(_remaining_tokens(req) for req in reqs) / len(reqs))
+            self.length = self.controller.choose(rates, len(reqs), setup)
         for req in reqs:
             if req.customized_info is None:
                 req.customized_info = {}
@@ -201,6 +206,15 @@ def _estimate(req) -> AcceptanceEstimate:
         estimate = AcceptanceEstimate()
         setattr(req, ESTIMATE_ATTR, estimate)
     return estimate
+
+
+def _remaining_tokens(req) -> float:
+    """Tokens ``req`` may still generate (its max_new_tokens less its output; inf without a
+    limit), at least 1."""
+    limit = getattr(req.sampling_params, "max_new_tokens", None)
+    if limit is None:
+        return math.inf
+    return float(max(limit - len(req.output_ids), 1))
 
 
 class HSDAdaptivePolicy:

@@ -18,7 +18,20 @@ controller chose L = 0 because speculation does not pay. :class:`DraftCatchUp` s
   slots the target already holds for them, and samples each such request's first draft from the
   last row exactly as SGLang's decode-time draft extend does (``sample_draft_proposal`` with the
   request's temperature and top-k; a greedy request's top-k of 1 proposes the argmax);
-* a prefill (a new or re-admitted request) clears the mark: the draft prefill covers it.
+* a prefill (a new or re-admitted request) skips the draft model's prefill too: the request is
+  marked from the first position its draft cache lacks, so a request that never drafts (a batch
+  where the controller keeps L = 0) never pays for the draft's prefill, and one that drafts pays
+  it in its first catch-up (the controller weighs that cost, ``pending_seconds``, against what
+  drafting would gain over the request's remaining tokens).
+
+Which KV slots hold the draft's KV is tracked per slot (``_valid``, bool over the pool's slots):
+a deferred prefill and a skipped extend clear the slots they leave without draft KV, a catch-up
+and a drafting round's extend set the slots they write. A prefill whose prefix comes from the
+radix cache is marked from the first cached position whose slot lacks draft KV (a finished
+request that never drafted left its whole sequence without it), so a later request sharing that
+prefix catches it up instead of drafting from whatever those slots held. A slot can only be
+cleared too often (freed, then written by a drafting round's extend that was not the one that
+set it), which costs a longer catch-up, never a stale cache.
 
 Draft KV layout (SGLang's EAGLE convention, kept by its STANDALONE worker): draft position p
 reads the committed token p + 1, so at the start of a round whose committed length is n the
@@ -36,9 +49,6 @@ overlap scheduler, no draft CUDA graph, both of which bypass the hooks used here
 ``--hsd-adaptive`` on. Elsewhere the default turns itself off (logged); an explicit ``on`` is
 refused before models load, naming the flag.
 
-Known limit: a finished request's skipped positions stay stale in the prefix cache; a later
-request whose prompt extends that output (multi-turn chat) drafts from the stale entries for
-those positions (its acceptance drops there; its output law does not change).
 """
 
 from __future__ import annotations
@@ -57,6 +67,9 @@ CATCH_UP_ENV = "SGLANG_HSD_DRAFT_CATCH_UP"
 CATCH_UP_FLAG = "--hsd-draft-catch-up"
 # Attribute of SGLang's Req: the first draft-cache position its skipped extends left missing.
 STALE_ATTR = "hsd_draft_stale_from"
+# Catch-ups of at least this many rows price pending ones (smaller ones cost mostly their fixed
+# part: one pass over the draft's weights).
+LARGE_CATCH_UP = 32
 
 
 @dataclass(frozen=True)
@@ -117,8 +130,9 @@ class DraftCatchUp:
     """Skips the draft extend of rounds that draft nothing and catches the draft cache up later.
 
     Driven by the HSD worker (``begin_round`` / ``end_round`` around each decode round) and its
-    draft worker (``skip_extend`` in the decode-time extend, ``forget`` in the prefill-time one,
-    ``run`` before the first draft step). See the module docstring.
+    draft worker (``skip_extend`` or, after a drafting round, ``mark_extended`` in the decode-time
+    extend, ``defer_prefill`` instead of the prefill-time one, ``run`` before the first draft
+    step). See the module docstring.
 
     Args:
         device: where the batch's tensors live.
@@ -131,9 +145,14 @@ class DraftCatchUp:
         # Reported in /server_info.
         self.skipped_extends = 0  # L = 0 rounds whose extend was skipped
         self.skipped_rows = 0  # request-rounds those extends would have run
+        self.deferred_prefills = 0  # prefill batches whose draft prefill was skipped
+        self.deferred_rows = 0  # prompt rows those draft prefills would have run
         self.catch_ups = 0  # extends run to catch up
         self.caught_up_tokens = 0  # rows they ran
         self.seconds = 0.0  # their forwards and sampling
+        self._large_rows = 0  # rows and seconds of catch-ups of at least LARGE_CATCH_UP rows,
+        self._large_seconds = 0.0  # whose cost per row prices a pending catch-up
+        self._valid: torch.Tensor | None = None  # bool [slots]: the slot holds the draft's KV
 
     # -- the round, from the HSD worker ------------------------------------------------------
 
@@ -159,18 +178,60 @@ class DraftCatchUp:
                 # Before this round the draft cache held positions < committed; the extend
                 # would have written position committed (reading the new bonus token).
                 setattr(req, STALE_ATTR, int(committed))
+        table = batch.req_to_token_pool.req_to_token
+        self._set(table[batch.req_pool_indices.to(torch.int64), batch.seq_lens.to(torch.int64)],
+                  False)
         _stub_next_draft_input(batch_result.next_draft_input, batch.spec_info, len(batch.reqs))
         self.skipped_extends += 1
         self.skipped_rows += len(batch.reqs)
         return True
 
-    @staticmethod
-    def forget(reqs) -> None:
-        """A prefill's draft extend covers these requests (new, or re-admitted after a
-        retraction): they are no longer missing anything."""
-        for req in reqs:
-            if getattr(req, STALE_ATTR, None) is not None:
-                setattr(req, STALE_ATTR, None)
+    def mark_extended(self, batch, accept_lens: torch.Tensor) -> None:
+        """After a drafting round's draft extend: it wrote positions n .. n + a of each
+        request (n: ``batch.seq_lens`` before the round, a + 1: ``accept_lens`` [B])."""
+        if batch.forward_mode.is_idle():
+            return
+        offsets = torch.arange(int(accept_lens.max()), device=accept_lens.device)
+        positions = batch.seq_lens.to(torch.int64).unsqueeze(-1) + offsets  # [B, max a + 1]
+        keep = offsets < accept_lens.to(torch.int64).unsqueeze(-1)
+        rows = batch.req_pool_indices.to(torch.int64).unsqueeze(-1).expand_as(positions)
+        self._set(batch.req_to_token_pool.req_to_token[rows[keep], positions[keep]], True)
+
+    def defer_prefill(self, batch, next_token_ids: torch.Tensor, vocab: int):
+        """In the prefill-time draft extend: skip it. Marks each request from the first
+        position its draft cache lacks and clears the prefill's slots (module docstring);
+        returns the next-draft input (SGLang ``EagleDraftInput``) with zero stubs of the usual
+        shapes (``vocab``: q's width), which ``run`` replaces before any draft reads them."""
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        self._set(batch.out_cache_loc, False)
+        valid = self._slots()
+        table = batch.req_to_token_pool.req_to_token
+        for req, pool_row, prefix in zip(batch.reqs, batch.req_pool_indices.tolist(),
+                                         batch.prefix_lens):
+            missing = (~valid[table[pool_row, :prefix].to(torch.int64)]).nonzero()
+            setattr(req, STALE_ATTR, int(missing[0, 0]) if missing.numel() else int(prefix))
+        self.deferred_prefills += 1
+        self.deferred_rows += int(sum(batch.extend_lens))
+        size, device = len(batch.reqs), next_token_ids.device
+        return EagleDraftInput(
+            topk_p=torch.zeros(size, 1, dtype=torch.float32, device=device),
+            topk_index=torch.zeros(size, 1, dtype=torch.int64, device=device),
+            draft_probs=torch.zeros(1, vocab, dtype=torch.float32, device=device).expand(size, vocab),
+            hidden_states=None, bonus_tokens=next_token_ids, num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1)
+
+    def pending_seconds(self, batch) -> float:
+        """What catching up ``batch``'s marked requests would cost now: their missing rows
+        times the cost per row of past large catch-ups (0 before one ran)."""
+        if self._large_rows == 0:
+            return 0.0
+        rows = 0
+        for req, committed in zip(batch.reqs, batch.seq_lens.tolist()):
+            stale = getattr(req, STALE_ATTR, None)
+            if stale is not None:
+                rows += max(int(committed) - stale, 0)
+        return rows * self._large_seconds / self._large_rows
 
     @torch.no_grad()
     def run(self, draft_worker, forward_batch) -> None:
@@ -202,18 +263,41 @@ class DraftCatchUp:
         spec_info.topk_p = spec_info.topk_p.index_copy(0, plan.rows, p.to(spec_info.topk_p.dtype))
         spec_info.topk_index = spec_info.topk_index.index_copy(
             0, plan.rows, ids.to(spec_info.topk_index.dtype))
-        self.forget(plan.reqs)
+        for req in plan.reqs:
+            setattr(req, STALE_ATTR, None)
+        self._set(plan.out_cache_loc, True)
+        rows, seconds = int(plan.input_ids.numel()), time.perf_counter() - started
         self.catch_ups += 1
-        self.caught_up_tokens += int(plan.input_ids.numel())
-        self.seconds += time.perf_counter() - started
+        self.caught_up_tokens += rows
+        self.seconds += seconds
+        if rows >= LARGE_CATCH_UP:
+            self._large_rows += rows
+            self._large_seconds += seconds
 
     def as_dict(self) -> dict:
         return {"enabled": True, "skipped_extends": self.skipped_extends,
-                "skipped_rows": self.skipped_rows, "catch_ups": self.catch_ups,
+                "skipped_rows": self.skipped_rows, "deferred_prefills": self.deferred_prefills,
+                "deferred_rows": self.deferred_rows, "catch_ups": self.catch_ups,
                 "caught_up_tokens": self.caught_up_tokens,
                 "catch_up_ms": round(1000 * self.seconds, 2)}
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _slots(self, needed: int = 0) -> torch.Tensor:
+        """The per-slot flags, grown (new slots: True, never written) to at least ``needed``."""
+        if self._valid is None or self._valid.numel() < needed:
+            grown = torch.ones(max(needed, 1 << 16, 2 * (0 if self._valid is None
+                                                          else self._valid.numel())),
+                               dtype=torch.bool, device=self.device)
+            if self._valid is not None:
+                grown[: self._valid.numel()] = self._valid
+            self._valid = grown
+        return self._valid
+
+    def _set(self, slots: torch.Tensor, value: bool) -> None:
+        slots = slots.to(torch.int64)
+        if slots.numel():
+            self._slots(int(slots.max()) + 1)[slots] = value
 
     def _plan_for(self, batch) -> CatchUpPlan | None:
         rows, prefix, lengths, tokens, reqs = [], [], [], [], []

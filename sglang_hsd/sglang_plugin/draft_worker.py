@@ -236,14 +236,20 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
                                   token_to_kv_pool_allocator)
         self._hsd_record_vocab()
 
-    def _draft_extend_for_prefill(self, batch, *args, **kwargs):
+    def _draft_extend_for_prefill(self, batch, target_hidden_states, next_token_ids, *args,
+                                  **kwargs):
         if self.hsd_catch_up is not None and not batch.forward_mode.is_idle():
-            self.hsd_catch_up.forget(batch.reqs)
-        return super()._draft_extend_for_prefill(batch, *args, **kwargs)
+            return self.hsd_catch_up.defer_prefill(batch, next_token_ids,
+                                                   self.hsd_target_vocab_size)
+        return super()._draft_extend_for_prefill(batch, target_hidden_states, next_token_ids,
+                                                 *args, **kwargs)
 
     def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
-        if self.hsd_catch_up is not None and self.hsd_catch_up.skip_extend(batch, batch_result):
+        catch_up = self.hsd_catch_up
+        if catch_up is not None and catch_up.skip_extend(batch, batch_result):
             return None
+        if catch_up is not None:  # before the extend, which may move the batch's lengths
+            catch_up.mark_extended(batch, batch_result.accept_lens)
         return super()._draft_extend_for_decode(batch, batch_result, *args, **kwargs)
 
     def draft_forward(self, forward_batch):

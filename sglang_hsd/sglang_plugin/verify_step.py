@@ -36,15 +36,15 @@ class HSDVerify:
         ``adaptive_spec.AdaptiveRounds``) a decode round's draft length is chosen first (SGLang's
         adaptive controller then activates it) and the round is timed; with ``hsd_catch_up`` (a
         ``draft_catch_up.DraftCatchUp``) a round of length 0 skips the draft extend and a later
-        one catches the draft cache up."""
+        one catches the draft cache up, a cost the controller weighs before choosing."""
         rounds = getattr(self, "hsd_adaptive", None)
         if rounds is None:
             return super().forward_batch_generation(batch, *args, **kwargs)
         if not batch.forward_mode.is_decode() or not batch.reqs:
             rounds.interrupt()
             return super().forward_batch_generation(batch, *args, **kwargs)
-        length = rounds.begin(batch.reqs)
         catch_up = getattr(self, "hsd_catch_up", None)
+        length = rounds.begin(batch.reqs, 0.0 if catch_up is None else catch_up.pending_seconds(batch))
         caught_up = 0.0
         if catch_up is not None:
             catch_up.begin_round(batch, length)

@@ -147,8 +147,8 @@ def test_a_large_batch_does_not_pay_for_long_exploration_rounds():
     plain = 64 * _batch_costs(16, 0)
     assert sum(_batch_costs(16, l) for l in chosen) <= 1.05 * plain
 
-    def explore_everything(bucket, rates):  # the wrong variant: every due anchor runs
-        return BudgetController._due_anchor(wrong, bucket, [1.0] * len(rates))
+    def explore_everything(bucket, rates, setup):  # the wrong variant: every due anchor runs
+        return BudgetController._due_anchor(wrong, bucket, [1.0] * len(rates), setup)
 
     wrong = BudgetController(config)
     wrong._due_anchor = explore_everything
@@ -186,3 +186,30 @@ def test_an_anchor_close_to_the_best_is_explored_from_the_budget_and_comes_back(
         return (10.0 if first[length] == 1 else 1.0) + 0.1 * length
 
     assert _run(cold, 0.9, cold_first, 8) == [0, 0, 1, 1, 2, 2, 4, 4]  # every anchor measured twice
+
+
+def test_a_pending_catch_up_is_spread_over_the_remaining_tokens():
+    """Drafting that must first pay a one-time cost (the server's deferred draft-cache catch-up)
+    carries its share per round: worth it with many tokens left, not near the end."""
+    from sglang_hsd.adaptive import DraftSetup
+
+    config = AdaptiveConfig.up_to(4)
+    controller = BudgetController(config)
+    costs = {0: 0.25, 1: 0.30, 2: 0.34, 3: 0.38, 4: 0.42}  # seconds per round at batch 1
+    for index in range(6):
+        for length, seconds in costs.items():
+            controller.costs.observe(1, length, seconds, index)
+    controller.bucket_rounds[1] = 6
+    rates = [0.8]
+    assert controller.decide(rates, 1) == 4
+    # 0.7 s (a 150-token prompt's draft prefill) over 500 tokens: drafting still wins.
+    assert controller.decide(rates, 1, DraftSetup(0.7, 500.0)) == 4
+    # The same over the 3 tokens left: one round of 4 drafts would carry all of it.
+    assert controller.decide(rates, 1, DraftSetup(0.7, 3.0)) == 0
+    share = DraftSetup(0.7, 3.0).share(rates, 4)
+    assert share == pytest.approx(0.7)  # 3.36 expected tokens >= 3 left: one round
+    assert DraftSetup(0.7, 3.0).share(rates, 0) == 0.0
+    with pytest.raises(ValueError, match="seconds"):
+        DraftSetup(-1.0)
+    with pytest.raises(ValueError, match="remaining_tokens"):
+        DraftSetup(1.0, 0.0)

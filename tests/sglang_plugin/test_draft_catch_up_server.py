@@ -16,8 +16,11 @@ anywhere shows as different drafts:
 * T = 1: the law of the first generated tokens is the target's (the PIT chi-square of
   ``test_draft_model_server``); the same test rejects the law of another model (the tiny pair's
   one-layer draft), since this server's draft model is the target;
-* ``/server_info`` reports the skipped extends and the catch-ups, and the KV pools return to
-  their start.
+* with the radix cache on, a request extending the cached sequence of one that never drafted
+  catches the draft up over the cached prefix as well (the same rounds and accepted drafts as
+  the server that always extends);
+* ``/server_info`` reports the skipped extends, the deferred prefills and the catch-ups, and
+  the KV pools return to their start.
 """
 
 from __future__ import annotations
@@ -51,15 +54,17 @@ def reference(pair):
     return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
 
 
-def _server(pair, catch_up: str):
+def _server(pair, catch_up: str, radix_cache: bool = False):
     from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         draft_model_server_command, free_port, running_server, server_env)
 
     root, target, _ = pair
-    extra = ["--dtype", "float32", "--disable-radix-cache", "--hsd-draft-precision", "fp32",
-             "--hsd-draft-lengths-cycle", CYCLE, "--hsd-draft-catch-up", catch_up]
+    extra = ["--dtype", "float32", "--hsd-draft-precision", "fp32",
+             "--hsd-draft-lengths-cycle", CYCLE, "--hsd-draft-catch-up", catch_up,
+             *([] if radix_cache else ["--disable-radix-cache"])]
     cmd = draft_model_server_command(target, free_port(), target, num_steps=NUM_STEPS, extra=extra)
-    return running_server(cmd, server_env(), str(root / f"catch_up_{catch_up}.log"))
+    log = root / f"catch_up_{catch_up}{'_radix' if radix_cache else ''}.log"
+    return running_server(cmd, server_env(), str(log))
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +73,16 @@ def servers(pair):
         yield on_url, off_url
     for name in ("on", "off"):
         with open(pair[0] / f"catch_up_{name}.log") as f:
+            assert "Traceback" not in f.read()
+
+
+@pytest.fixture(scope="module")
+def cached_servers(pair):
+    """The same two servers with SGLang's radix (prefix) cache on."""
+    with _server(pair, "on", True) as on_url, _server(pair, "off", True) as off_url:
+        yield on_url, off_url
+    for name in ("on", "off"):
+        with open(pair[0] / f"catch_up_{name}_radix.log") as f:
             assert "Traceback" not in f.read()
 
 
@@ -94,6 +109,31 @@ def test_catch_up_leaves_the_draft_cache_the_skipped_extends_would_have(servers,
     assert state["skipped_extends"] > start["draft_catch_up"]["skipped_extends"]
     assert state["catch_ups"] > start["draft_catch_up"]["catch_ups"]
     assert state["caught_up_tokens"] >= state["catch_ups"]
+
+
+def test_catch_up_covers_a_cached_prefix_that_never_drafted(cached_servers):
+    """A request whose rounds all draft nothing (the cycle starts 0, 0) leaves its sequence in
+    the radix cache without the draft's KV (its draft prefill was deferred, its extends
+    skipped). A later request extending that sequence reuses the target's cached KV and must
+    catch the draft up over the cached prefix too: it takes the same rounds and accepts the same
+    drafts as on the server that always extends. (Marking it from the cached prefix's end
+    instead drafts from slots the draft never wrote, and its accepted drafts differ.)"""
+    on_url, off_url = cached_servers
+    first = [1, *range(100, 140)]
+    results = []
+    for url in (on_url, off_url):
+        head = _generate(url, first, 2)  # the prefill's token and one L = 0 round
+        assert head["meta_info"]["hsd_draft_budget"] == [0], head["meta_info"]
+        results.append(_generate(url, first + head["output_ids"] + [7, 8, 9], MAX_NEW_TOKENS))
+    on, off = results
+    assert on["meta_info"]["cached_tokens"] >= len(first), on["meta_info"]
+    assert on["output_ids"] == off["output_ids"]
+    assert on["meta_info"]["hsd_draft_budget"] == off["meta_info"]["hsd_draft_budget"]
+    assert (on["meta_info"]["spec_correct_drafts_histogram"]
+            == off["meta_info"]["spec_correct_drafts_histogram"])
+    assert on["meta_info"]["spec_num_correct_drafts"] >= 4  # a stale draft cache would show
+    state = _hsd_state(on_url)["draft_catch_up"]
+    assert state["deferred_prefills"] >= 2 and state["deferred_rows"] >= len(first)
 
 
 def test_catch_up_greedy_with_staggered_arrivals(servers, reference):

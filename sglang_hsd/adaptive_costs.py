@@ -1,0 +1,110 @@
+"""Measured seconds of the server's decode rounds, per batch bucket and draft length, for the
+adaptive controller (``sglang_hsd/adaptive.py``): estimates (lower medians, interpolated between
+measured lengths) and floors (the least a round can be expected to cost, from what it, a shorter
+round or the same round at a smaller batch measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RoundCosts", "batch_bucket"]
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above ``batch`` (>= 1): rounds of similar batch share costs."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    return 1 << (batch - 1).bit_length()
+
+
+@dataclass
+class RoundCosts:
+    """Measured seconds of a decode round per (batch bucket, draft length).
+
+    A key's estimate is the lower median of its last ``window`` measurements once it has
+    ``min_samples``: the first round after a switch or a prefill can cost several times a steady
+    one (a lazy initialisation, a cold cache), and one such outlier must not decide for the next
+    64 rounds.
+    """
+
+    window: int = 5
+    min_samples: int = 2
+    samples: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    last_run: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def observe(self, bucket: int, length: int, seconds: float, round_index: int) -> None:
+        key = (bucket, length)
+        recent = self.samples.setdefault(key, [])
+        recent.append(seconds)
+        del recent[:-self.window]
+        self.last_run[key] = round_index
+
+    def measured(self, bucket: int, length: int) -> float | None:
+        """The lower median of the key's recent measurements (of two, the smaller: the first
+        round of a length at a batch size can cost twenty times a steady one, oneDNN creating
+        kernels for its new row count, and must not count half), None with fewer than
+        ``min_samples``."""
+        recent = self.samples.get((bucket, length), [])
+        if len(recent) < self.min_samples:
+            return None
+        return sorted(recent)[(len(recent) - 1) // 2]
+
+    @property
+    def seconds(self) -> dict[tuple[int, int], float]:
+        """Every key with an estimate -> its median seconds."""
+        out = {}
+        for bucket, length in self.samples:
+            value = self.measured(bucket, length)
+            if value is not None:
+                out[(bucket, length)] = value
+        return out
+
+    def least(self, bucket: int, length: int) -> float | None:
+        """The smallest of the key's recent measurements; None with fewer than ``min_samples``
+        (one round may be a cold one and bounds nothing from below)."""
+        recent = self.samples.get((bucket, length), [])
+        return min(recent) if len(recent) >= self.min_samples else None
+
+    def floor(self, bucket: int, length: int) -> float | None:
+        """The least a round drafting ``length`` can be expected to cost at ``bucket``: the
+        largest of (a) its own least measurement here, (b) the least measurement here of a shorter
+        length (a longer round does all a shorter one does, and more), (c) from the largest
+        smaller bucket b where it and plain decoding ran: its least measurement there plus, for
+        each of its L + 1 verify rows per request, what a request's row added to plain decoding's
+        cost from b to here, and (d) that measurement scaled as plain decoding's cost grew from b
+        to here. None without any. (c) and (d) are lower bounds only in the sense of a round's
+        rows turning compute bound no later than plain decoding's: on the 2-core CPU a 1-draft
+        round at batch 16 cost 3.4 plain rounds there but 1.2 at batch 4.)"""
+        bounds = [v for v in (self.least(bucket, l) for l in range(length + 1)) if v is not None]
+        plain_here = self.least(bucket, 0)
+        if plain_here is not None and length > 0:
+            smaller = [b for (b, l) in self.samples if l == length and b < bucket
+                       and self.least(b, length) is not None and self.least(b, 0)]
+            if smaller:
+                b = max(smaller)
+                there, plain_there = self.least(b, length), self.least(b, 0)
+                bounds.append(there + (length + 1) * max(plain_here - plain_there, 0.0))
+                bounds.append(there * plain_here / plain_there)
+        return max(bounds) if bounds else None
+
+    def estimate(self, bucket: int, length: int) -> float | None:
+        """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
+        nearest measured positive lengths (extrapolated from the two nearest), else None."""
+        measured = self.measured(bucket, length)
+        if measured is not None:
+            return measured
+        if length == 0:
+            return None
+        points = sorted((l, s) for (b, l), s in self.seconds.items() if b == bucket and l > 0)
+        if len(points) < 2:
+            return None
+        below = [p for p in points if p[0] < length]
+        above = [p for p in points if p[0] > length]
+        if below and above:
+            (l0, s0), (l1, s1) = below[-1], above[0]
+        elif above:
+            (l0, s0), (l1, s1) = above[0], above[1]
+        else:
+            (l0, s0), (l1, s1) = below[-2], below[-1]
+        return max(s0 + (s1 - s0) * (length - l0) / (l1 - l0), 0.0)
