@@ -24,7 +24,10 @@ or the same round at a smaller batch measured) the controller bounds the speed i
 the current rates; an anchor that could beat the best known speed is explored at once, one that
 could only come within ``contention`` of it is explored from a budget (its expected extra seconds
 over the best choice, paid out of ``explore_share`` of the seconds this bucket has run), and one
-that cannot come that close is not explored while the rates say so. At large batches the verify of
+that cannot come that close is not explored while the rates say so. A probe of a batch that
+decodes plainly and owes a :class:`DraftSetup` always comes from the budget, setup included: on
+the 2-core CPU a probe at batch 16 made 16 HumanEval requests catch their draft prompts up, then
+the batch drafted no further (0.83x plain decoding for the row, ``benchmarks/README.md``). At large batches the verify of
 B (L + 1) rows costs more than the tokens it adds and the choice falls to 0: speculation backs off to
 off.
 
@@ -249,15 +252,20 @@ class BudgetController:
                 fastest = self._fastest(bucket, rates, setup)
             best, best_speed = fastest
             speed = sum(expected_tokens(r, length) for r in rates) / floor
-            if best_speed == -math.inf or speed >= best_speed:
+            if best_speed == -math.inf:
+                return length, None  # nothing known to compare with: measure it now
+            # A probe from plain decoding must pay the whole setup first, all of it wasted if
+            # the probe shows drafting does not pay: it is explored from the budget only.
+            wasted = setup.seconds if best == 0 else 0.0
+            if speed >= best_speed and wasted == 0.0:
                 return length, None  # it may be the best: measure it now
             if speed < self.config.contention * best_speed:
                 continue  # it cannot come close while the rates stay as they are
             best_seconds = self.costs.estimate(bucket, best) + setup.share(rates, best)
-            extra = max(floor - best_seconds, 0.0)
+            extra = max(floor - best_seconds, 0.0) + wasted
             budget = self.config.explore_share * self.bucket_seconds.get(bucket, 0.0)
             if self.explore_spent.get(bucket, 0.0) + extra <= budget:
-                return length, best_seconds
+                return length, best_seconds - wasted  # observe_round charges the setup too
         return None
 
     def choose(self, rates: Sequence[float], batch: int, setup: DraftSetup = NO_SETUP) -> int:

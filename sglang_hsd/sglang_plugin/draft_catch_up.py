@@ -29,9 +29,9 @@ a deferred prefill and a skipped extend clear the slots they leave without draft
 and a drafting round's extend set the slots they write. A prefill whose prefix comes from the
 radix cache is marked from the first cached position whose slot lacks draft KV (a finished
 request that never drafted left its whole sequence without it), so a later request sharing that
-prefix catches it up instead of drafting from whatever those slots held. A slot can only be
-cleared too often (freed, then written by a drafting round's extend that was not the one that
-set it), which costs a longer catch-up, never a stale cache.
+prefix catches it up instead of drafting from whatever those slots held. Every path that gives
+a committed position a slot (prefill, L = 0 round, drafting round's extend, catch-up) sets or
+clears its flag, so the flags of a sequence's slots are exact.
 
 Draft KV layout (SGLang's EAGLE convention, kept by its STANDALONE worker): draft position p
 reads the committed token p + 1, so at the start of a round whose committed length is n the

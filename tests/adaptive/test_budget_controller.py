@@ -213,3 +213,31 @@ def test_a_pending_catch_up_is_spread_over_the_remaining_tokens():
         DraftSetup(-1.0)
     with pytest.raises(ValueError, match="remaining_tokens"):
         DraftSetup(1.0, 0.0)
+
+
+def test_a_probe_from_plain_decoding_pays_its_setup_from_the_budget():
+    """At a bucket where plain decoding is the best known choice, an anchor whose floor could
+    beat it is measured at once when drafting owes nothing first, but not when the batch would
+    first have to catch its draft cache up: that setup is wasted if the probe loses, so the
+    probe waits until the exploration budget covers it, setup included."""
+    from sglang_hsd.adaptive import DraftSetup
+
+    def controller():
+        made = BudgetController(AdaptiveConfig.up_to(4))
+        for index in range(4):
+            made.costs.observe(4, 0, 0.25, index)
+            made.costs.observe(4, 1, 0.30, index)
+            made.costs.observe(16, 0, 0.45, index)
+        made.bucket_rounds[16] = 4
+        made.bucket_seconds[16] = 40.0  # a budget of 1.2 s
+        return made
+
+    rates = [0.9] * 16
+    assert controller().decide(rates, 16) == 1  # its floor could beat plain: measured at once
+    assert controller().decide(rates, 16, DraftSetup(0.5, 60.0)) == 1  # setup within budget
+    assert controller().decide(rates, 16, DraftSetup(6.0, 60.0)) == 0  # 6 s of catch-up: waits
+    rich = controller()
+    rich.bucket_seconds[16] = 400.0  # a budget of 12 s
+    assert rich.choose(rates, 16, DraftSetup(6.0, 60.0)) == 1
+    rich.observe_round(16, 1, 0.9)
+    assert rich.explore_spent[16] > 6.0  # charged the setup as well as the round's extra
