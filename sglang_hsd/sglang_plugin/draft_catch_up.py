@@ -279,6 +279,8 @@ class DraftCatchUp:
                 "skipped_rows": self.skipped_rows, "deferred_prefills": self.deferred_prefills,
                 "deferred_rows": self.deferred_rows, "catch_ups": self.catch_ups,
                 "caught_up_tokens": self.caught_up_tokens,
+                "large_catch_up_ms_per_row": (round(1000 * self._large_seconds / self._large_rows, 3)
+                                              if self._large_rows else None),
                 "catch_up_ms": round(1000 * self.seconds, 2)}
 
     # -- internals ---------------------------------------------------------------------------
