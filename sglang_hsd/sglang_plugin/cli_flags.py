@@ -107,9 +107,10 @@ HSD_FLAGS = (
      "tests the switches between them (fixed before any draft, so lossless)"),
     (CATCH_UP_FLAG, CATCH_UP_ENV, {"choices": ON_OFF},
      "on (default with --hsd-draft-kind model on CPU under --hsd-adaptive): a round that drafts "
-     "nothing skips the draft model's extend, and the draft cache catches up in one batched "
-     "extend when drafting resumes; reported in /server_info (hsd.draft_catch_up). off: every "
-     "round extends the draft cache (SGLang's way)"),
+     "nothing skips the draft model's extend and a prefill the draft model's prefill, and the "
+     "draft cache catches up in one batched extend when drafting resumes; reported in "
+     "/server_info (hsd.draft_catch_up). off: every round and prefill runs the draft model "
+     "(SGLang's way)"),
     (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": DRAFTER_PRECISION_OPTIONS},
      "CPU: the weight copy a separate draft model's (--hsd-draft-kind model) few-row forwards "
      "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "
