@@ -43,8 +43,10 @@ def test_hsd_server_end_to_end(tiny_models):
 
     target, head = str(tiny_models / "target"), str(tiny_models / "eagle3")
     base_cmd = cpu_server_command(target, free_port())
+    # A fixed draft length: with a random head the greedy requests reject most drafts, and the
+    # adaptive default would then decode the sampled ones plainly (its choice is tested elsewhere).
     hsd_cmd = cpu_server_command(target, free_port(), "HSD", head, num_steps=3,
-                                 extra=["--hsd-verify-method", "hsd"])
+                                 extra=["--hsd-verify-method", "hsd", "--hsd-adaptive", "off"])
     hsd_log = str(tiny_models / "hsd_server.log")
     with running_server(base_cmd, server_env(), str(tiny_models / "base.log")) as base_url:
         baseline = [_generate(base_url, p, 0.0)["output_ids"] for p in PROMPTS]
