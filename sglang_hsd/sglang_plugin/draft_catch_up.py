@@ -213,13 +213,9 @@ class DraftCatchUp:
             setattr(req, STALE_ATTR, int(missing[0, 0]) if missing.numel() else int(prefix))
         self.deferred_prefills += 1
         self.deferred_rows += int(sum(batch.extend_lens))
-        size, device = len(batch.reqs), next_token_ids.device
         return EagleDraftInput(
-            topk_p=torch.zeros(size, 1, dtype=torch.float32, device=device),
-            topk_index=torch.zeros(size, 1, dtype=torch.int64, device=device),
-            draft_probs=torch.zeros(1, vocab, dtype=torch.float32, device=device).expand(size, vocab),
-            hidden_states=None, bonus_tokens=next_token_ids, num_tokens_per_req=1,
-            num_tokens_for_logprob_per_req=1)
+            **_zero_stubs(len(batch.reqs), vocab, next_token_ids.device), hidden_states=None,
+            bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
     def pending_seconds(self, batch) -> float:
         """What catching up ``batch``'s marked requests would cost now: their missing rows
@@ -335,18 +331,24 @@ class DraftCatchUp:
                            positions=positions, out_cache_loc=slots.to(torch.int64), reqs=reqs)
 
 
-def _stub_next_draft_input(next_draft_input, verify_input, batch_size: int) -> None:
-    """Zero stubs, shaped as SGLang's decode-time extend leaves them, on a skipped round's
-    next-draft input (batches merge and filter them; none is read before ``run`` replaces it).
-    ``verify_input`` (the round's verify input) gives the device and the vocabulary width."""
-    device = next_draft_input.bonus_tokens.device
-    next_draft_input.topk_p = torch.zeros(batch_size, 1, dtype=torch.float32, device=device)
-    next_draft_input.topk_index = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)
-    vocab = _vocab_width(verify_input)
+def _zero_stubs(batch_size: int, vocab: int | None, device) -> dict:
+    """``topk_p`` [B, 1], ``topk_index`` [B, 1] and ``draft_probs`` [B, vocab] (None without a
+    width) of zeros, shaped as SGLang's draft extends leave them (batches merge and filter them;
+    none is read before ``run`` replaces it)."""
     # One zero row broadcast over the batch: merges and filters copy it, nothing writes to it.
-    next_draft_input.draft_probs = (None if vocab is None else
-                                    torch.zeros(1, vocab, dtype=torch.float32,
-                                                device=device).expand(batch_size, vocab))
+    probs = (None if vocab is None else
+             torch.zeros(1, vocab, dtype=torch.float32, device=device).expand(batch_size, vocab))
+    return {"topk_p": torch.zeros(batch_size, 1, dtype=torch.float32, device=device),
+            "topk_index": torch.zeros(batch_size, 1, dtype=torch.int64, device=device),
+            "draft_probs": probs}
+
+
+def _stub_next_draft_input(next_draft_input, verify_input, batch_size: int) -> None:
+    """``_zero_stubs`` on a skipped round's next-draft input; ``verify_input`` (the round's
+    verify input) gives the vocabulary width."""
+    stubs = _zero_stubs(batch_size, _vocab_width(verify_input), next_draft_input.bonus_tokens.device)
+    for name, value in stubs.items():
+        setattr(next_draft_input, name, value)
 
 
 def _vocab_width(verify_input) -> int | None:
