@@ -25,9 +25,8 @@ the current rates; an anchor that could beat the best known speed is explored at
 could only come within ``contention`` of it is explored from a budget (its expected extra seconds
 over the best choice, paid out of ``explore_share`` of the seconds this bucket has run), and one
 that cannot come that close is not explored while the rates say so. A probe of a batch that
-decodes plainly and owes a :class:`DraftSetup` always comes from the budget, setup included: on
-the 2-core CPU a probe at batch 16 made 16 HumanEval requests catch their draft prompts up, then
-the batch drafted no further (0.83x plain decoding for the row, ``benchmarks/README.md``). At large batches the verify of
+decodes plainly and owes a :class:`DraftSetup` always comes from the budget, setup included (the
+setup is wasted in full if the probe loses). At large batches the verify of
 B (L + 1) rows costs more than the tokens it adds and the choice falls to 0: speculation backs off to
 off.
 
