@@ -3,10 +3,10 @@ cleaned up. The one home of the CPU server's command line.
 
 The flags are the ones SGLang 0.5.23 needs on a CPU host without sgl_kernel / AMX
 (``cpu_host_flags``): ``--device cpu`` with ``SGLANG_USE_CPU_ENGINE=1``; prefill on
-``torch_native``; target verify (``--speculative-attention-mode decode``), target decode and draft
-on ``intel_amx`` (the only CPU backend SGLang's EAGLE draft path accepts; ``cpu_shims`` supplies
-its ops in torch); ``--max-total-tokens 8192`` (the CPU memory probe otherwise sizes the KV pool
-from host RAM); ``--sleep-on-idle``.
+``torch_native``; decode (plain servers too), target verify (``--speculative-attention-mode
+decode``) and draft on ``intel_amx`` (the only CPU backend SGLang's EAGLE draft path accepts;
+``cpu_shims`` supplies its ops in torch, batched over requests); ``--max-total-tokens 8192``
+(the CPU memory probe otherwise sizes the KV pool from host RAM); ``--sleep-on-idle``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,13 @@ def free_port() -> int:
 # KV pool capacity of every CPU server: SGLang's CPU memory probe would otherwise size the pool
 # from host RAM; 8192 tokens hold a few concurrent requests of a CPU server's speed.
 CPU_MAX_TOTAL_TOKENS = 8192
-# The CPU draft path's attention: target verify runs as decode steps, on the backend the shims serve.
-_SPECULATIVE_CPU_ATTENTION = ["--decode-attention-backend", "intel_amx", "--speculative-attention-mode",
-                              "decode", "--speculative-draft-attention-backend", "intel_amx"]
+# Decoding on the backend the shims serve (``kernel_ops``: one batched attention call per layer,
+# ``batched_attention``), plain servers included, so that a plain round and a speculative round
+# that drafts nothing pay the same attention.
+_CPU_DECODE_ATTENTION = ["--decode-attention-backend", "intel_amx"]
+# The CPU draft path's attention: target verify runs as decode steps, on the same backend.
+_SPECULATIVE_CPU_ATTENTION = ["--speculative-attention-mode", "decode",
+                              "--speculative-draft-attention-backend", "intel_amx"]
 
 
 def cpu_host_flags(speculative: bool) -> list[str]:
@@ -48,7 +52,7 @@ def cpu_host_flags(speculative: bool) -> list[str]:
              # An idle scheduler otherwise polls at 100% of a core: with several servers up (tests)
              # or a client beside one (benchmarks) that takes the 2 cores' time from the busy one.
              "--sleep-on-idle"]
-    return flags + (_SPECULATIVE_CPU_ATTENTION if speculative else [])
+    return flags + _CPU_DECODE_ATTENTION + (_SPECULATIVE_CPU_ATTENTION if speculative else [])
 
 
 def cpu_linear_flags(path: str, mem_fraction_static: float = 0.9) -> list[str]:

@@ -14,6 +14,9 @@ import ctypes
 import torch
 
 from sglang_hsd.counter_rng import murmur_hash32
+from sglang_hsd.sglang_plugin.cpu.batched_attention import (batchable, decode_batched,
+                                                           dequantized,
+                                                           extend_batched)
 
 
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
@@ -77,14 +80,6 @@ def _attend_capped(q, keys, values, sm_scale, logit_cap, mask):
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
 
 
-def _dequantized(rows, scale):
-    """Cache rows in float32 times the cache's scale (a number or tensor; 1 / None: none)."""
-    rows = rows.float()
-    if scale is None or (isinstance(scale, (int, float)) and scale == 1):
-        return rows
-    return rows * scale
-
-
 def _check_plain_attention(is_cross, window, sinks, what):
     if is_cross or (window is not None and window > 0) or sinks is not None:
         raise NotImplementedError(
@@ -106,10 +101,14 @@ def decode_attention_cpu(q, k_buffer, v_buffer, k_scale, v_scale, o, k_new, v_ne
     if k_new is not None and v_new is not None:
         k_buffer[loc.long()] = k_new.to(k_buffer.dtype).view(-1, *k_buffer.shape[1:])
         v_buffer[loc.long()] = v_new.to(v_buffer.dtype).view(-1, *v_buffer.shape[1:])
+    if batchable(logit_cap, k_scale, v_scale) and decode_batched(
+            q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token, req_pool_indices, seq_lens,
+            sm_scale):
+        return
     for b in range(q.shape[0]):
         slots = req_to_token[req_pool_indices[b], : int(seq_lens[b])].long()
-        keys = _dequantized(k_buffer[slots], k_scale)
-        values = _dequantized(v_buffer[slots], v_scale)
+        keys = dequantized(k_buffer[slots], k_scale)
+        values = dequantized(v_buffer[slots], v_scale)
         o[b] = _attend(q[b : b + 1], keys, values, sm_scale, logit_cap)[0].to(o.dtype)
 
 
@@ -130,14 +129,19 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     """
     _check_plain_attention(is_cross, window_plus_one - 1, sinks, "extend_attention_cpu")
     masked = tree_mask is not None and tree_mask.numel() > 0
+    if batchable(logit_cap, k_scale, v_scale) and extend_batched(
+            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale,
+            req_to_token, req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, sm_scale,
+            tree_mask if masked else None, is_causal):
+        return
     mask_begin = 0
     for b in range(seq_lens.shape[0]):
         start, length = int(extend_start_loc[b]), int(extend_seq_lens[b])
         prefix = int(seq_lens[b]) - length
         slots = req_to_token[req_pool_indices[b], :prefix].long()
-        keys = torch.cat([_dequantized(k_buffer[slots], k_scale),
+        keys = torch.cat([dequantized(k_buffer[slots], k_scale),
                           k_extend[start : start + length].float()])
-        values = torch.cat([_dequantized(v_buffer[slots], v_scale),
+        values = torch.cat([dequantized(v_buffer[slots], v_scale),
                             v_extend[start : start + length].float()])
         visible = None
         if masked:
