@@ -111,13 +111,15 @@ class AdaptiveConfig:
     @property
     def anchors(self) -> tuple[int, ...]:
         """The lengths measured at every bucket before costs are compared: the shortest, the
-        shortest and longest positive ones and, with at least four positive ones, the one in
-        between (the first draft costs more than each later one, since it brings the draft
-        model's extend and the verify's fixed costs, so a line from the shortest to the longest
-        overestimates the lengths between them by 15-20% on the Qwen pair)."""
+        shortest and longest positive ones and, with at least four positive ones, the second
+        shortest and the one in between (the first draft costs more than each later one, since
+        it brings the draft model's extend and the verify's fixed costs, so a line from the
+        shortest to the longest overestimates the lengths between them by 15-20% on the Qwen
+        pair; the two shortest give the slope that bounds longer rounds from below,
+        ``RoundCosts.floor``)."""
         positive = [c for c in self.candidates if c > 0]
-        middle = [positive[(len(positive) - 1) // 2]] if len(positive) >= 4 else []
-        return tuple(sorted({self.candidates[0], positive[0], *middle, positive[-1]}))
+        more = [positive[1], positive[(len(positive) - 1) // 2]] if len(positive) >= 4 else []
+        return tuple(sorted({self.candidates[0], positive[0], *more, positive[-1]}))
 
 
 def expected_tokens(rate: float, length: int) -> float:

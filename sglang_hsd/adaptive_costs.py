@@ -75,8 +75,20 @@ class RoundCosts:
         cost from b to here, and (d) that measurement scaled as plain decoding's cost grew from b
         to here. None without any. (c) and (d) are lower bounds only in the sense of a round's
         rows turning compute bound no later than plain decoding's: on the 2-core CPU a 1-draft
-        round at batch 16 cost 3.4 plain rounds there but 1.2 at batch 4.)"""
+        round at batch 16 cost 3.4 plain rounds there but 1.2 at batch 4.) Also (e) with two
+        shorter positive lengths measured here, the line through the least of the shortest and
+        of the longest of them, extended to ``length``: each further draft adds a draft step
+        and a request's row to the verify and to the draft extend, and a row costs no less as
+        rows grow (kernels turn compute bound), so beyond the first draft (which alone brings
+        the drafter's fixed costs) a round's cost grows at least linearly with its length. At
+        batch 16 the cross-bucket bounds put 4 and 8 drafts at 1.3 s and 2.3 s; they cost
+        2.6 s and 4.4 s, close to this line's 2.6 s and 4.6 s."""
         bounds = [v for v in (self.least(bucket, l) for l in range(length + 1)) if v is not None]
+        shorter = [l for l in range(1, length) if self.least(bucket, l) is not None]
+        if len(shorter) >= 2:
+            low, high = shorter[0], shorter[-1]
+            slope = (self.least(bucket, high) - self.least(bucket, low)) / (high - low)
+            bounds.append(self.least(bucket, high) + (length - high) * max(slope, 0.0))
         plain_here = self.least(bucket, 0)
         if plain_here is not None and length > 0:
             smaller = [b for (b, l) in self.samples if l == length and b < bucket

@@ -22,7 +22,7 @@ def test_config_checks_name_the_field():
         AdaptiveConfig((0, 1), refresh_rounds=0)
     assert AdaptiveConfig.up_to(4).candidates == (0, 1, 2, 3, 4)
     assert AdaptiveConfig.up_to(4).anchors == (0, 1, 2, 4)
-    assert AdaptiveConfig.up_to(8).anchors == (0, 1, 4, 8)
+    assert AdaptiveConfig.up_to(8).anchors == (0, 1, 2, 4, 8)
     assert AdaptiveConfig.up_to(3).anchors == (0, 1, 3)
 
 
@@ -164,10 +164,11 @@ def test_an_anchor_close_to_the_best_is_explored_from_the_budget_and_comes_back(
     until the rates make it a contender again. A single slow first round does not rule a length
     out: its floor needs two measurements."""
     share = 0.05
-    controller = BudgetController(AdaptiveConfig.up_to(4, contention=0.6, explore_share=share))
+    controller = BudgetController(AdaptiveConfig.up_to(4, contention=0.5, explore_share=share))
     seconds = lambda batch, length: 1.0 + 0.5 * length
     chosen = _run(controller, 0.4, seconds, 220, batch=4)
-    assert chosen[:6] == [0, 0, 1, 1, 2, 2]  # 4 can only come close (its floor: 2's cost)
+    # 4 can only come close: its floor, the line through 1 and 2, gives it 0.55 of plain's speed
+    assert chosen[:6] == [0, 0, 1, 1, 2, 2]
     assert chosen.index(4) >= 8  # measured once the budget has filled
     assert chosen.count(4) <= 4
     assert controller.explore_spent[4] <= share * controller.bucket_seconds[4] + seconds(4, 4)
@@ -241,3 +242,37 @@ def test_a_probe_from_plain_decoding_pays_its_setup_from_the_budget():
     assert rich.choose(rates, 16, DraftSetup(6.0, 60.0)) == 1
     rich.observe_round(16, 1, 0.9)
     assert rich.explore_spent[16] > 6.0  # charged the setup as well as the round's extra
+
+
+def test_a_compute_bound_batch_bounds_long_rounds_by_its_short_ones():
+    """Batch 16 at high acceptance (a code prompt set at T = 0), rounds costed as the server
+    measured them (each draft adds ~0.52 s there, ~0.05 s at batch 1): the cross-bucket floors
+    alone put 4 drafts at 1.5 s, so a controller without the line through the two shortest
+    lengths runs the 4- and 8-draft anchors (2.6 s and 4.7 s rounds, against 0.47 s plain); with
+    it, 4 and 8 are bounded at their true cost and never run."""
+    def seconds(batch, length):
+        if batch == 1:
+            return 0.27 + (0.03 + 0.05 * length if length else 0.0)
+        return 0.47 + (0.05 + 0.52 * length if length else 0.0)
+
+    class FirstDraftsOnly(AdaptiveConfig):
+        anchors = property(lambda self: (0, 1, 4, 8))  # the wrong variant: no second-shortest
+
+    for config, wrong in ((AdaptiveConfig.up_to(8), False), (FirstDraftsOnly(tuple(range(9))), True)):
+        controller = BudgetController(config)
+        _run(controller, 0.96, seconds, 40, batch=1)
+        chosen = _run(controller, 0.96, seconds, 64, batch=16)
+        assert (4 in chosen) == wrong and (wrong or 8 not in chosen)
+        if not wrong:
+            assert sum(seconds(16, l) for l in chosen) <= 1.12 * 64 * seconds(16, 0)
+
+
+def test_floor_extends_the_line_through_two_shorter_lengths():
+    costs = RoundCosts(window=5, min_samples=2)
+    for index, (length, seconds) in enumerate([(1, 1.0), (1, 1.2), (2, 1.5), (2, 1.6)]):
+        costs.observe(8, length, seconds, index)
+    assert costs.floor(8, 4) == pytest.approx(2.5)  # 1.5 + 2 * (1.5 - 1.0)
+    assert costs.floor(8, 2) == 1.5  # needs two shorter lengths: only 1 is shorter
+    costs.observe(8, 3, 0.9, 4)
+    costs.observe(8, 3, 0.9, 5)  # a line that falls (1 to 3) bounds nothing beyond 3's cost
+    assert costs.floor(8, 6) == pytest.approx(1.5)  # 2's own cost still bounds 6 from below
