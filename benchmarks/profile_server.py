@@ -31,9 +31,11 @@ from __future__ import annotations
 import json
 import os
 import pstats
+import shlex
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.bench_serving_standalone import (
@@ -110,8 +112,14 @@ def scheduler_profile(folder: Path) -> pstats.Stats:
     return best
 
 
-def send_prompts(url: str, texts: list[str], output_len: int, temperature: float) -> list[dict]:
-    """One request at a time; per request: seconds, completion tokens, accept length."""
+def send_prompts(url: str, texts: list[str], output_len: int, temperature: float,
+                 concurrency: int = 1) -> list[dict]:
+    """Up to ``concurrency`` requests at a time (each prompt once, in order of submission); per
+    request: seconds, completion tokens, accept length."""
+    if concurrency > 1:
+        with ThreadPoolExecutor(concurrency) as pool:
+            return list(pool.map(lambda text: send_prompts(url, [text], output_len, temperature)[0],
+                                 texts))
     out = []
     for text in texts:
         body = {"text": text, "sampling_params": {"temperature": temperature, "ignore_eos": True,
@@ -132,8 +140,9 @@ def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [f"# Server profile: `{meta['config']}` on {meta['prompt_set']}", "",
              f"{meta['target']} (draft {meta['draft']}), dtype {meta['dtype']}, CPU linear path "
-             f"{meta['cpu_linear']}, {meta['num_prompts']} prompts x {meta['output_len']} tokens one "
-             f"at a time, T = {meta['temperature']:g}; {result['rounds']} rounds "
+             f"{meta['cpu_linear']}, {meta['num_prompts']} prompts x {meta['output_len']} tokens, "
+             f"{meta.get('concurrency', 1)} at a time, T = {meta['temperature']:g}"
+             f"{' (server args: ' + meta['extra_server_args'] + ')' if meta.get('extra_server_args') else ''}; {result['rounds']} rounds "
              f"({result['tokens']} tokens, {result['tokens'] / max(result['rounds'], 1):.2f} per "
              "round). cProfile seconds in the scheduler process (cumulative, or the call's own "
              "time for kernels).", "",
@@ -144,6 +153,9 @@ def markdown(result: dict) -> str:
             continue
         lines.append(f"| {row} | {cell['seconds']:.2f} | {cell['seconds'] / total:.0%} | "
                      f"{1e3 * cell['seconds'] / max(result['rounds'], 1):.0f} | {cell['calls']} |")
+    if result.get("hottest"):
+        lines += ["", "Functions with the most own time (ms per round, calls):", ""]
+        lines += [f"- `{h['function']}`: {h['ms_per_round']:.1f} ms, {h['calls']}" for h in result["hottest"]]
     lines += ["", "Requests: " + ", ".join(
         f"{r['completion_tokens']} tokens in {r['seconds']} s (accept length "
         f"{r['accept_length'] if r['accept_length'] is not None else 'n/a'})"
@@ -159,7 +171,16 @@ def parse_args(argv=None):
     parser.add_argument("--num-prompts", type=int, default=3)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
-    return parser.parse_args(argv)
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="requests in flight at once (the server's batch)")
+    parser.add_argument("--extra-server-args", default="",
+                        help="more server arguments, e.g. '--hsd-draft-lengths-cycle 0'")
+    parser.add_argument("--name", default=None,
+                        help="results file stem (default profile_server_<config>_<prompt set>)")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1:
+        parser.error(f"--concurrency must be >= 1, got {args.concurrency}")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -179,11 +200,14 @@ def main(argv=None) -> dict:
             every=DUMP_EVERY_S))
         env = server_env()
         env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
-        cmd = server_command(CONFIGS[args.config], target, draft, ServerOptions.from_args(args, 1))
+        cmd = server_command(CONFIGS[args.config], target, draft,
+                             ServerOptions.from_args(args, args.concurrency),
+                             shlex.split(args.extra_server_args))
         with cpu_server(ServerSpec(args.config, cmd, {}, args.server_timeout, env), work) as server:
             send_prompts(server.url, texts[:1], WARMUP_TOKENS, args.temperature)  # profiled too
             started = time.monotonic()
-            requests = send_prompts(server.url, texts, args.output_len, args.temperature)
+            requests = send_prompts(server.url, texts, args.output_len, args.temperature,
+                                    args.concurrency)
             wall = time.monotonic() - started
             time.sleep(3 * DUMP_EVERY_S)  # let every process dump after the last request
         stats = scheduler_profile(profiles).stats
@@ -196,14 +220,17 @@ def main(argv=None) -> dict:
                  "draft": "tiny random" if args.tiny else Path(draft).name, "dtype": args.dtype,
                  "cpu_linear": args.cpu_linear, "num_prompts": len(texts),
                  "output_len": args.output_len, "temperature": args.temperature,
-                 "num_steps": args.num_steps},
+                 "num_steps": args.num_steps, "concurrency": args.concurrency,
+                 "extra_server_args": args.extra_server_args},
         "wall_s": round(wall, 1), "rounds": rounds,
         "tokens": sum(r["completion_tokens"] for r in requests) + WARMUP_TOKENS,
         "requests": requests,
         "phases": {row: {"seconds": s, "calls": c} for row, (s, c) in phases.items()},
+        "hottest": hottest(stats, rounds),
     }
     table = markdown(result)
-    write_results(args.out_dir / f"profile_server_{args.config}_{args.prompt_set}", result, table, run)
+    name = args.name or f"profile_server_{args.config}_{args.prompt_set}"
+    write_results(args.out_dir / name, result, table, run)
     print(table)
     return result
 
@@ -214,5 +241,15 @@ def phase_seconds_calls(stats: dict, suffix: str, name: str) -> int:
                if suffix in path and func == name)
 
 
+def hottest(stats: dict, rounds: int, top: int = 25) -> list[dict]:
+    """The ``top`` functions by own (not cumulative) time: where a round's milliseconds go when no
+    phase above explains them."""
+    rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return [{"function": f"{Path(path).name}:{line}({func})", "calls": ncalls,
+             "ms_per_round": round(1e3 * tottime / max(rounds, 1), 2)}
+            for (path, line, func), (_, ncalls, tottime, _, _) in rows]
+
+
 if __name__ == "__main__":
     main()
+

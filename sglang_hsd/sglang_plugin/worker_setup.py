@@ -65,10 +65,11 @@ def setup_draft_copies(worker) -> dict | None:
         return None
     from sglang_hsd.sglang_plugin.cpu.draft_copies import (
         DRAFT_PRECISION_FLAG, DraftPrecisionConfig, attach_draft_copies, log_report)
-    from sglang_hsd.sglang_plugin.cpu.linear_path import refuse_weight_updates
+    from sglang_hsd.sglang_plugin.cpu.linear_path import refuse_weight_updates, release_unpacked_weights
 
     report = attach_draft_copies(draft.draft_runner.model, worker.target_worker.model_runner.model,
                                  DraftPrecisionConfig.from_env())
+    release_unpacked_weights(draft.draft_runner.model)  # the copies are built: packed layers only
     log_report(report)
     if report.layers:
         refuse_weight_updates(f"{DRAFT_PRECISION_FLAG} {report.precision}: the draft model's weight "

@@ -10,8 +10,8 @@ from torch import nn
 
 from sglang_hsd.runtime.layers import pack_linear_weight
 from sglang_hsd.sglang_plugin.cpu.linear_path import (
-    CPU_LINEAR_ENV, PACKED_ATTR, CpuLinearConfig, CpuLinearError, _packed_rows, check_model_dtype,
-    pack_model)
+    CPU_LINEAR_ENV, PACKED_ATTR, RELEASED_ATTR, CpuLinearConfig, CpuLinearError, _packed_rows,
+    check_model_dtype, install_cpu_linear_path, pack_model, release_unpacked_weights)
 
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.sglang
@@ -53,9 +53,41 @@ def test_pack_model_packs_unquantized_float32_linears_and_the_lm_head():
     model.other = _Layer(object())  # another quantization method keeps SGLang's path
     model.embed = _Layer(UnquantizedEmbeddingMethod())  # an embedding that is not the lm_head
     model.lm_head = _Layer(UnquantizedEmbeddingMethod(), out_features=40)
+    shapes = {name: m.weight.shape for name, m in model.named_modules() if hasattr(m, "weight")}
+    qkv_weight = model.qkv.weight.detach().clone()
     assert pack_model(model) == 2
     packed = {name for name, m in model.named_modules() if hasattr(m, PACKED_ATTR)}
     assert packed == {"qkv", "lm_head"}
+    # The packed linear layer's float32 weight is released (shape kept, reads NaN); the LM head
+    # (possibly the embedding table) and every unpacked layer keep theirs.
+    released = {name for name, m in model.named_modules() if getattr(m, RELEASED_ATTR, False)}
+    assert released == {"qkv"}
+    assert model.qkv.weight.isnan().all() and model.qkv.weight.untyped_storage().nbytes() == 4
+    assert {name: m.weight.shape for name, m in model.named_modules() if hasattr(m, "weight")} == shapes
+    assert not model.lm_head.weight.isnan().any() and not model.other.weight.isnan().any()
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(_packed_rows(x, getattr(model.qkv, PACKED_ATTR), None),
+                               F.linear(x, qkv_weight), atol=1e-5, rtol=1e-5)
+    assert release_unpacked_weights(model) == 0  # idempotent
+
+
+def test_a_released_layer_refuses_an_input_the_packed_kernel_does_not_take():
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    install_cpu_linear_path(CpuLinearConfig("mkl"))  # the layer kernels only: packing is by hand here
+    model = nn.Module()
+    model.qkv = _Layer(UnquantizedLinearMethod())
+    pack_model(model)
+    method = model.qkv.quant_method
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(method.apply(model.qkv, x),
+                               _packed_rows(x, getattr(model.qkv, PACKED_ATTR), None))
+    with pytest.raises(RuntimeError, match="hsd-cpu-linear onednn-packed.*released.*bfloat16"):
+        method.apply(model.qkv, x.to(torch.bfloat16))
+    kept = nn.Module()
+    kept.qkv = _Layer(UnquantizedLinearMethod())
+    pack_model(kept, release=False)  # a draft model's, until its weight copies are built
+    assert not getattr(kept.qkv, RELEASED_ATTR, False) and not kept.qkv.weight.isnan().any()
 
 
 @pytest.mark.parametrize("shape", [(1, 16), (5, 16), (2, 3, 16)])

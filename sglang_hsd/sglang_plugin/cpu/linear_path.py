@@ -14,10 +14,17 @@ then cost about one MKL row instead of 3.6-4.3 (``docs/cpu.md``;
 summation order; it applies to every server in the process (no speculation, STANDALONE, HSD, the
 draft model too), so a comparison between them runs the same kernels.
 
+Once a linear layer is packed its float32 weight is released (``release_unpacked_weights``):
+the packed copy computes every call, and two copies of the 1.5B's weights in the process left the
+2-core host's 24 GB so short that the linear layers themselves ran 14-23% slower (the speculative
+server, with its draft model, held 18.5 GB). A released weight keeps its shape and dtype (a
+one-element NaN expanded) and the layer a mark: the patched apply refuses to compute with it. The
+LM head keeps its weight (with tied embeddings it is the embedding table). A draft model's layers
+are released after their weight copies are built from them (``worker_setup.setup_draft_copies``).
+
 Limits: float32 models only (``--dtype float32``; refused before the weights load otherwise);
-the packed copies double the weights' memory; weights changed after loading would leave the
-packed copies stale, so SGLang's weight-update requests are answered with a failure naming the
-flag (``WEIGHT_UPDATES``).
+weights changed after loading would leave the packed copies stale, so SGLang's weight-update
+requests are answered with a failure naming the flag (``WEIGHT_UPDATES``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ CPU_LINEAR_FLAG = "--hsd-cpu-linear"
 CPU_LINEAR_PATHS = (PATH_MKL, PATH_PACKED)
 # Attribute holding a layer's packed weight (set after loading, read by the patched apply).
 PACKED_ATTR = "hsd_packed_weight"
+# Attribute marking a layer whose float32 weight was released after packing.
+RELEASED_ATTR = "hsd_weight_released"
 # Attribute of a draft model's layer holding its weight copy (a ``draft_copies.LayerCopy``, set at
 # worker start); the patched apply and lm_head take it first.
 COPY_ATTR = "hsd_weight_copy"
@@ -109,12 +118,35 @@ def float32_linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def pack_model(model: torch.nn.Module) -> int:
-    """Give every layer of ``float32_linear_layers(model)`` a packed weight; returns how many."""
+def pack_model(model: torch.nn.Module, release: bool = True) -> int:
+    """Give every layer of ``float32_linear_layers(model)`` a packed weight and, with ``release``,
+    release the linear layers' float32 weights (``release_unpacked_weights``); returns how many
+    layers were packed."""
     layers = float32_linear_layers(model)
     for module in layers:
         setattr(module, PACKED_ATTR, pack_linear_weight(module.weight))
+    if release:
+        release_unpacked_weights(model)
     return len(layers)
+
+
+def release_unpacked_weights(model: torch.nn.Module) -> int:
+    """Free the float32 weight of every packed linear layer of ``model`` (not the LM head, which
+    may be the embedding table): the parameter keeps its shape and dtype as a one-element NaN
+    expanded, so that anything reading it by mistake computes NaN, and the layer is marked
+    (``RELEASED_ATTR``) so that the patched apply refuses to use it. Returns how many."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    released = 0
+    for module in model.modules():
+        if (getattr(module, PACKED_ATTR, None) is None or getattr(module, RELEASED_ATTR, False)
+                or not isinstance(getattr(module, "quant_method", None), UnquantizedLinearMethod)):
+            continue
+        weight = module.weight
+        weight.data = torch.full((1, 1), float("nan"), dtype=weight.dtype).expand(weight.shape)
+        setattr(module, RELEASED_ATTR, True)
+        released += 1
+    return released
 
 
 def _packed_rows(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -153,6 +185,10 @@ def _install_layer_kernels() -> None:
                 return out
         packed = getattr(layer, PACKED_ATTR, None)
         if packed is None or x.dtype != torch.float32:
+            if getattr(layer, RELEASED_ATTR, False):
+                raise RuntimeError(f"{CPU_LINEAR_FLAG} {PATH_PACKED}: a linear layer whose float32 "
+                                   f"weight was released after packing got a {x.dtype} input "
+                                   "(only float32 inputs take the packed kernel)")
             return original_apply(self, layer, x, bias)
         return _packed_rows(x, packed, bias)
 
@@ -183,7 +219,9 @@ def _install_packing() -> None:
     def load_model(self):
         check_model_dtype(self.model_config.dtype, self.device)
         original_load(self)
-        count = pack_model(self.model)
+        # A draft model's weight copies are built from its float32 weights after it loads
+        # (worker_setup.setup_draft_copies), which then releases them.
+        count = pack_model(self.model, release=not getattr(self, "is_draft_worker", False))
         if count == 0:
             raise CpuLinearError(f"{CPU_LINEAR_FLAG} {PATH_PACKED}: no float32 linear layer to "
                                  f"pack in {type(self.model).__name__}")
