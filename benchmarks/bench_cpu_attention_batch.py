@@ -42,6 +42,7 @@ def round_calls(batch: int, context: int, queries: int, gen: torch.Generator, la
     ``queries == 0`` (one new token already in the cache), else an extend of ``queries`` rows per
     request; returns the last layer's output."""
     lengths = torch.randint(context // 2, context * 3 // 2 + 1, (batch,), generator=gen)
+    pool = max(pool, int(lengths.sum()))  # every request's tokens in distinct slots
     caches = [torch.randn(2, pool, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(layers)]
     slots = torch.randperm(pool, generator=gen)
     req_to_token = torch.zeros(batch, int(lengths.max()) + max(queries, 1), dtype=torch.int64)

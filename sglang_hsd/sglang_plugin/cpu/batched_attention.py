@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import torch
 
+# Below this many requests the callers keep their loop: one request's fused attention call
+# costs less than the batched form's extra steps (at batch 1, 5-9 ms a 28-layer round against
+# 7-18 ms, benchmarks/results/cpu_attention_batch.md).
+BATCHED_MIN_REQUESTS = 2
 # Above this many score entries (B * Hq * Lq * (P + Ln)) the callers keep their per-request loop:
 # padding a long prefill to its batch's longest request would waste memory and work.
 BATCHED_MAX_SCORES = 1 << 24
@@ -111,7 +115,7 @@ def extend_batched(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k
     ``is_causal``, else all)."""
     batch, heads = seq_lens.shape[0], q_extend.shape[1]
     lengths = extend_seq_lens.long()
-    if batch == 0 or int(lengths.min()) < 1:
+    if batch < BATCHED_MIN_REQUESTS or int(lengths.min()) < 1:
         return False
     prefix = seq_lens.long() - lengths
     width, new = int(prefix.max()), int(lengths.max())
@@ -152,7 +156,7 @@ def decode_batched(q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token, req
     batch, heads = q.shape[0], q.shape[1]
     lengths = seq_lens.long()
     width = int(lengths.max()) if batch else 0
-    if not 0 < padded_scores(batch, heads, 1, width) <= BATCHED_MAX_SCORES:
+    if batch < BATCHED_MIN_REQUESTS or not 0 < padded_scores(batch, heads, 1, width) <= BATCHED_MAX_SCORES:
         return False
     slots = req_to_token[req_pool_indices.long(), :width].long()
     part = (dequantized(gather_rows(k_buffer, slots), k_scale),
