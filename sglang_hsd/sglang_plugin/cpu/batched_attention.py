@@ -3,9 +3,9 @@
 
 Why: a per-request loop pays a dozen small torch calls per request and layer; at batch 16 on the
 2-core EPYC that Python overhead, the per-request cache gather and ``scaled_dot_product_attention``
-on one query row cost ~180 ms a round of the 28-layer Qwen2.5-Coder-1.5B over 500-token contexts,
-and the extend variant (a one-token verify) ~310 ms, against ~45 ms for this batched form
-(``benchmarks/README.md``, "CPU attention"). Here every request's keys are gathered at once,
+on one query row cost ~250 ms a round of the 28-layer Qwen2.5-Coder-1.5B over ~512-token contexts,
+and the extend variant (a one-token verify, which also concatenated the gathered keys) ~330 ms,
+against ~120 ms for this batched form (``benchmarks/results/cpu_attention_batch.md``). Here every request's keys are gathered at once,
 as whole token rows (one ``index_select``), padded to the longest request, and each KV head's
 scores are two batched matmuls with an additive mask.
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 # Below this many requests the callers keep their loop: one request's fused attention call
-# costs less than the batched form's extra steps (at batch 1, 5-9 ms a 28-layer round against
-# 7-18 ms, benchmarks/results/cpu_attention_batch.md).
+# costs less than the batched form's extra steps (at batch 1, 5-14 ms a 28-layer round of the
+# 1.5B's attention against 7-18 ms batched, in a first run of bench_cpu_attention_batch.py).
 BATCHED_MIN_REQUESTS = 2
 # Above this many score entries (B * Hq * Lq * (P + Ln)) the callers keep their per-request loop:
 # padding a long prefill to its batch's longest request would waste memory and work.
