@@ -22,12 +22,11 @@ an idle machine.
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.bench_cpu_attention import median_ms
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
 from sglang_hsd.sglang_plugin.cpu import batched_attention
 from sglang_hsd.sglang_plugin.cpu.kernel_ops import decode_attention_cpu, extend_attention_cpu
@@ -72,16 +71,6 @@ def round_calls(batch: int, context: int, queries: int, gen: torch.Generator, la
         return out.clone()
 
     return decode if queries == 0 else verify
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
 
 
 def measure(batches: list[int], contexts: list[int], queries: list[int], repeats: int,
