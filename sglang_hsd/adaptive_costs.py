@@ -81,8 +81,9 @@ class RoundCosts:
         and a request's row to the verify and to the draft extend, and a row costs no less as
         rows grow (kernels turn compute bound), so beyond the first draft (which alone brings
         the drafter's fixed costs) a round's cost grows at least linearly with its length. At
-        batch 16 the cross-bucket bounds put 4 and 8 drafts at 1.3 s and 2.3 s; they cost
-        2.6 s and 4.4 s, close to this line's 2.6 s and 4.6 s."""
+        batch 16 the cross-bucket bounds put 4 and 8 drafts at 1.3 s and 2.3 s where they cost
+        2.6 s and 4.4 s (eighth goodput run); 1 and 2 drafts there cost 0.95 s and 1.41 s
+        (eleventh run), a line through 2.3 s and 4.1 s."""
         bounds = [v for v in (self.least(bucket, l) for l in range(length + 1)) if v is not None]
         shorter = [l for l in range(1, length) if self.least(bucket, l) is not None]
         if len(shorter) >= 2:

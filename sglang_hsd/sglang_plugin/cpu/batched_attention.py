@@ -98,24 +98,26 @@ def dequantized(rows, scale):
     return rows * scale
 
 
-def batchable(logit_cap, k_scale, v_scale) -> bool:
-    """Whether ``batched_attention`` computes this call: no logit cap, and cache scales that are
-    one number (a per-head scale would need the loop's [T, Hkv, D] layout)."""
+def _batchable(logit_cap, k_scale, v_scale) -> bool:
+    """No logit cap, and cache scales that are one number (a per-head scale would need the
+    loop's [T, Hkv, D] layout)."""
     scalar = all(s is None or isinstance(s, (int, float)) or s.numel() == 1 for s in (k_scale, v_scale))
     return not (logit_cap and logit_cap > 0) and scalar
 
 
 def extend_batched(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale,
                     req_to_token, req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc,
-                    sm_scale, tree_mask, is_causal) -> bool:
-    """``extend_attention_cpu`` for all requests at once (``batched_attention``); False, having
-    written nothing, when the padded scores would be too large or a request extends by nothing.
+                    sm_scale, logit_cap, tree_mask, is_causal) -> bool:
+    """``extend_attention_cpu`` for all requests at once; False, having written nothing, for
+    fewer than ``BATCHED_MIN_REQUESTS`` requests, a logit cap or per-head cache scale, padded
+    scores above ``BATCHED_MAX_SCORES`` or a request that extends by nothing.
     Query row i of request b is row ``extend_start_loc[b] + i``; it sees the request's cached
     prefix and, among its new tokens, those ``tree_mask`` allows (None: i' <= i when
     ``is_causal``, else all)."""
     batch, heads = seq_lens.shape[0], q_extend.shape[1]
     lengths = extend_seq_lens.long()
-    if batch < BATCHED_MIN_REQUESTS or int(lengths.min()) < 1:
+    if (batch < BATCHED_MIN_REQUESTS or not _batchable(logit_cap, k_scale, v_scale)
+            or int(lengths.min()) < 1):
         return False
     prefix = seq_lens.long() - lengths
     width, new = int(prefix.max()), int(lengths.max())
@@ -148,15 +150,16 @@ def extend_batched(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k
 
 
 def decode_batched(q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token, req_pool_indices,
-                   seq_lens, sm_scale) -> bool:
+                   seq_lens, sm_scale, logit_cap) -> bool:
     """``decode_attention_cpu``'s attention for all requests at once (the new token already
     written): q ``[B, Hq, D]``, request b attends its first ``seq_lens[b]`` slots; output into
-    ``o`` ``[B, Hq, Dv]``. False, having written nothing, when the padded scores would be too
-    large."""
+    ``o`` ``[B, Hq, Dv]``. False, having written nothing, in the cases ``extend_batched``
+    lists."""
     batch, heads = q.shape[0], q.shape[1]
     lengths = seq_lens.long()
     width = int(lengths.max()) if batch else 0
-    if batch < BATCHED_MIN_REQUESTS or not 0 < padded_scores(batch, heads, 1, width) <= BATCHED_MAX_SCORES:
+    if (batch < BATCHED_MIN_REQUESTS or not _batchable(logit_cap, k_scale, v_scale)
+            or not 0 < padded_scores(batch, heads, 1, width) <= BATCHED_MAX_SCORES):
         return False
     slots = req_to_token[req_pool_indices.long(), :width].long()
     part = (dequantized(gather_rows(k_buffer, slots), k_scale),

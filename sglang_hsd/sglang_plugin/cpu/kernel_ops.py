@@ -14,9 +14,7 @@ import ctypes
 import torch
 
 from sglang_hsd.counter_rng import murmur_hash32
-from sglang_hsd.sglang_plugin.cpu.batched_attention import (batchable, decode_batched,
-                                                           dequantized,
-                                                           extend_batched)
+from sglang_hsd.sglang_plugin.cpu.batched_attention import decode_batched, dequantized, extend_batched
 
 
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc) -> None:
@@ -101,9 +99,8 @@ def decode_attention_cpu(q, k_buffer, v_buffer, k_scale, v_scale, o, k_new, v_ne
     if k_new is not None and v_new is not None:
         k_buffer[loc.long()] = k_new.to(k_buffer.dtype).view(-1, *k_buffer.shape[1:])
         v_buffer[loc.long()] = v_new.to(v_buffer.dtype).view(-1, *v_buffer.shape[1:])
-    if batchable(logit_cap, k_scale, v_scale) and decode_batched(
-            q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token, req_pool_indices, seq_lens,
-            sm_scale):
+    if decode_batched(q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token, req_pool_indices,
+                      seq_lens, sm_scale, logit_cap):
         return
     for b in range(q.shape[0]):
         slots = req_to_token[req_pool_indices[b], : int(seq_lens[b])].long()
@@ -129,10 +126,9 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     """
     _check_plain_attention(is_cross, window_plus_one - 1, sinks, "extend_attention_cpu")
     masked = tree_mask is not None and tree_mask.numel() > 0
-    if batchable(logit_cap, k_scale, v_scale) and extend_batched(
-            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale,
-            req_to_token, req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, sm_scale,
-            tree_mask if masked else None, is_causal):
+    if extend_batched(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale, v_scale,
+                      req_to_token, req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc,
+                      sm_scale, logit_cap, tree_mask if masked else None, is_causal):
         return
     mask_begin = 0
     for b in range(seq_lens.shape[0]):

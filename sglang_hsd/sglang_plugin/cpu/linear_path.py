@@ -15,9 +15,10 @@ summation order; it applies to every server in the process (no speculation, STAN
 draft model too), so a comparison between them runs the same kernels.
 
 Once a linear layer is packed its float32 weight is released (``release_unpacked_weights``):
-the packed copy computes every call, and two copies of the 1.5B's weights in the process left the
-2-core host's 24 GB so short that the linear layers themselves ran 14-23% slower (the speculative
-server, with its draft model, held 18.5 GB). A released weight keeps its shape and dtype (a
+the packed copy computes every call. With both copies the speculative server held 18.5 GB of the
+2-core host's 24 GB, and its target's linear layers took 352 ms a round against a plain server's
+259 ms for the same calls (``benchmarks/results/profile_server_c4_*_l0_sharegpt.md``; memory
+pressure is the likely cause). Released, it holds 12.8 GB. A released weight keeps its shape and dtype (a
 one-element NaN expanded) and the layer a mark: the patched apply refuses to compute with it. The
 LM head keeps its weight (with tied embeddings it is the embedding table). A draft model's layers
 are released after their weight copies are built from them (``worker_setup.setup_draft_copies``).
