@@ -2,7 +2,8 @@
 
 For every tree shape (``--speculative-num-steps`` D, ``--speculative-eagle-topk`` k,
 ``--speculative-num-draft-tokens`` N) and every configuration below, one CPU server
-(``sglang_hsd.sglang_plugin.cpu.cpu_server``) is started with the same target and EAGLE-3 head;
+(``sglang_hsd.sglang_plugin.cpu.cpu_server``) is started with the same target and drafter (its
+EAGLE-3 head, or with ``--draft-model`` a draft language model; prompts: ``--prompt-set``);
 SGLang's own client (``sglang.benchmark.serving``) then sends the same prompts at every
 temperature. Per request SGLang reports ``spec_accept_length`` (completion tokens / verify passes,
 bonus token included): the client here records it for every request (the client module is run
@@ -19,17 +20,26 @@ Configurations (same head, same (D, k, N) for every tree row):
 * ``hsd-tree-sharp`` ``hsd-tree`` with ``--hsd-draft-temperature-scale S`` (``--sharp-scale``,
                   default 0.5): children drawn from (and verified with) q at temperature T * S.
 * ``hsd-tree-beam`` ``hsd-tree`` with ``--hsd-tree-rule beam`` (wide, shallow trees).
+* ``argmax-first-tree`` ``--hsd-tree-draft argmax-first --hsd-verify-method hsd``: each node's
+                  first child is q's argmax (as in the stock tree), its later siblings are drawn
+                  without replacement from q without it; traversal verification tests each child
+                  against the proposal it was drawn from.
 * ``hsd-chain``   ``--speculative-eagle-topk 1`` with D steps (D + 1 verified tokens), hsd.
 
-Below the table, every sampled configuration is paired with ``stock-tree`` prompt by prompt (the
-client sends the same prompts in the same order): mean difference ± standard error, the prompts
-it wins, and the means over the thirds of prompts ranked by the stock tree's accept length at
-T = 0 (how often the head's top token is right on that prompt; a ranking independent of the
-sampled rows' noise; the row's own stock values when T = 0 was not run).
+Below the table, every drawn tree (sampled or argmax-first children) is paired with
+``stock-tree`` prompt by prompt (the client sends the same prompts in the same order): mean
+difference ± standard error, the prompts it wins, and the means over the thirds of prompts
+ranked by the stock tree's accept length at T = 0 (how often the drafter's top token is right on
+that prompt; a ranking independent of the sampled rows' noise; the row's own stock values when
+T = 0 was not run).
 
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --model smollm2-135m \\
         --shapes 5,4,8 4,2,8 --temperatures 0 0.7 1.0 --num-prompts 64 --output-len 64 \\
         --configs stock-tree,hsd-tree,hsd-tree-sharp,hsd-chain
+    PYTHONPATH=. python benchmarks/bench_sglang_tree.py --model qwen2.5-coder-1.5b \\
+        --draft-model qwen2.5-coder-0.5b --prompt-set humaneval --shapes 5,4,8 4,2,8 \\
+        --configs stock-tree,hsd-tree,argmax-first-tree --num-prompts 32 --output-len 64 \\
+        --extra-server-args '--hsd-cpu-linear onednn-packed --hsd-draft-precision int4'
     PYTHONPATH=. python benchmarks/bench_sglang_tree.py --num-prompts 4 --output-len 8   # tiny smoke
 
 Results: ``benchmarks/results/<name>.{json,md,png}`` (default name ``sglang_tree_<model>``),
@@ -47,6 +57,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass, replace
@@ -55,9 +66,10 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run, write_results
 from benchmarks.serving_client import mean_se
 from benchmarks.serving_harness import (
-    ClientSpec, ModelSetup, ResultBook, Server, ServerSpec, measure_rows, run_client, setup_models,
-    shown_command, write_prompt_file)
-from sglang_hsd.sglang_plugin.cpu.cpu_server import cpu_server_command, free_port
+    ClientSpec, ModelSetup, ResultBook, Server, ServerSpec, measure_rows, resolve_models,
+    run_client, setup_models, shown_command, write_prompt_file)
+from sglang_hsd.sglang_plugin.cpu.cpu_server import (
+    cpu_server_command, draft_model_server_command, free_port)
 
 
 @dataclass(frozen=True)
@@ -87,8 +99,13 @@ CONFIGS = {c.name: c for c in (
     TreeConfig("hsd-tree-beam", "sampled", "hsd",
                "sampled tree under the beam rule (--hsd-tree-rule beam: wide and shallow), hsd",
                tree_rule="beam"),
+    TreeConfig("argmax-first-tree", "argmax-first", "hsd",
+               "each node's first child q's argmax, the others without replacement from q without "
+               "it (--hsd-tree-draft argmax-first), traversal verification"),
     TreeConfig("hsd-chain", None, "hsd", "chain (topk 1) of D drafts, verify_chain(method='hsd')"),
 )}
+# Tree configurations whose children are drawn from q: each is paired with ``stock-tree``.
+DRAWN_TREE_DRAFTS = ("sampled", "argmax-first")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -134,10 +151,15 @@ def measure(server: Server, temperature: float, setup: ModelSetup, dataset: Path
 
 
 def server_spec(config: TreeConfig, shape, setup: ModelSetup, args, workdir: Path) -> ServerSpec:
-    """The server of (config, shape); its records' common fields."""
-    cmd = cpu_server_command(str(setup.target), free_port(), "HSD", str(setup.head),
-                             num_steps=shape[0],
-                             extra=server_flags(config, shape) + ["--dtype", args.dtype])
+    """The server of (config, shape); its records' common fields. With ``--draft-model`` the
+    drafter is that language model (``--hsd-draft-kind model``) instead of the EAGLE-3 head."""
+    extra = server_flags(config, shape) + ["--dtype", args.dtype, *args.extra_server_args]
+    if args.draft_model is not None:
+        cmd = draft_model_server_command(str(setup.target), free_port(), str(setup.head),
+                                         num_steps=shape[0], extra=extra)
+    else:
+        cmd = cpu_server_command(str(setup.target), free_port(), "HSD", str(setup.head),
+                                 num_steps=shape[0], extra=extra)
     fields = {"config": config.name, "shape": list(shape), "note": config.note,
               "draft_temperature_scale": config.draft_temperature_scale,
               "tree_rule": config.tree_rule, "server_command": shown_command(cmd, workdir)}
@@ -192,8 +214,8 @@ def markdown_table(records: list[dict], meta: dict) -> str:
 
 
 def paired_lines(records: list[dict], meta: dict) -> list[str]:
-    """Per-prompt comparison of every sampled tree configuration with ``stock-tree`` (T > 0)."""
-    names = [n for n in meta["configs"] if CONFIGS[n].tree_draft == "sampled"]
+    """Per-prompt comparison of every drawn tree configuration with ``stock-tree`` (T > 0)."""
+    names = [n for n in meta["configs"] if CONFIGS[n].tree_draft in DRAWN_TREE_DRAFTS]
     if "stock-tree" not in meta["configs"] or not names:
         return []
     lines = ["", "Per prompt against `stock-tree` (paired; thirds of prompts ranked by stock-tree's "
@@ -261,6 +283,14 @@ def parse_args(argv=None):
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7, 1.0])
     parser.add_argument("--model", default="tiny",
                         help="'tiny' (random, built here) or a cached model, e.g. smollm2-135m")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft with this language model (a cached model name or a folder, "
+                             "same vocabulary as --model) instead of --model's EAGLE-3 head")
+    parser.add_argument("--prompt-set", default="sharegpt",
+                        help="prompt set of sglang_hsd.assets (sharegpt, humaneval, mtbench, ...)")
+    parser.add_argument("--extra-server-args", default="",
+                        help="more arguments for every server, e.g. '--hsd-cpu-linear "
+                             "onednn-packed --hsd-draft-precision int4'")
     parser.add_argument("--name", default=None, help="results stem (default sglang_tree_<model>)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--num-prompts", type=int, default=16)
@@ -277,7 +307,9 @@ def parse_args(argv=None):
     parser.add_argument("--combine", nargs="+", type=Path, default=None,
                         help="no server: join the rows of earlier results JSON files (same model, "
                              "prompts, output length, concurrency) into one table")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.extra_server_args = shlex.split(args.extra_server_args)
+    return args
 
 
 COMBINE_KEYS = ("model", "num_prompts", "output_len", "max_concurrency", "prompt_source")
@@ -346,17 +378,25 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="hsd_tree_bench_") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        setup = setup_models(args.model, workdir)
+        if args.draft_model is None:
+            setup = setup_models(args.model, workdir)
+        else:  # the target and its draft language model; ModelSetup.head holds the draft
+            target, draft = resolve_models(args.model, args.draft_model, workdir,
+                                           tiny=args.model == "tiny")
+            setup = ModelSetup(args.model, target, draft, None, 0,
+                               "random" if args.model == "tiny" else "sharegpt")
         dataset = workdir / "sharegpt_format.json"
         config = json.loads((setup.target / "config.json").read_text())
-        meta = {"model": f"{setup.name} ({config['num_hidden_layers']} layers) + "
-                         f"{'random' if setup.name == 'tiny' else 'trained'} EAGLE-3 head",
+        drafter = (f"draft model {setup.head.name}" if args.draft_model is not None else
+                   f"{'random' if setup.name == 'tiny' else 'trained'} EAGLE-3 head")
+        meta = {"model": f"{setup.name} ({config['num_hidden_layers']} layers) + {drafter}",
                 "sglang_version": sglang.__version__, "cpu_count": os.cpu_count(),
                 "configs": names, "shapes": shapes, "temperatures": args.temperatures,
                 "config_notes": {n: c.note for n, c in configs.items()},
                 "num_prompts": args.num_prompts, "output_len": args.output_len,
                 "max_concurrency": args.max_concurrency,
-                "prompt_source": write_prompt_file(dataset, "sharegpt", 200, fallback=True),
+                "prompt_source": write_prompt_file(dataset, args.prompt_set, 200, fallback=True),
+                "extra_server_args": args.extra_server_args,
                 "command": run.command}
         stem = args.out_dir / (args.name or f"sglang_tree_{args.model}")
         book = ResultBook(stem, run, meta, markdown_table, key=tree_row_key, plot=plot)

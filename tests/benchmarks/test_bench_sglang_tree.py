@@ -26,6 +26,8 @@ def test_parse_shape_and_flags():
     assert "--hsd-draft-temperature-scale" not in server_flags(CONFIGS["hsd-tree"], (5, 4, 8))
     assert server_flags(CONFIGS["hsd-tree-beam"], (5, 4, 8))[-2:] == ["--hsd-tree-rule", "beam"]
     assert "--hsd-tree-rule" not in server_flags(CONFIGS["hsd-tree"], (5, 4, 8))
+    assert server_flags(CONFIGS["argmax-first-tree"], (5, 4, 8))[-4:] == [
+        "--hsd-tree-draft", "argmax-first", "--hsd-verify-method", "hsd"]
 
 
 def test_mean_and_standard_error():
