@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_hsd.runtime.layers import pack_linear_weight
+from sglang_hsd.runtime.row_padding import RowPadding
 from sglang_hsd.sglang_plugin.cpu.linear_path import (
-    CPU_LINEAR_ENV, PACKED_ATTR, RELEASED_ATTR, CpuLinearConfig, CpuLinearError, _packed_rows,
+    CPU_LINEAR_ENV, PACKED_ATTR, PADDING_ATTR, RELEASED_ATTR, CpuLinearConfig, CpuLinearError, _packed_rows,
     check_model_dtype, install_cpu_linear_path, pack_model, release_unpacked_weights)
 
 pytest.importorskip("sglang")
@@ -58,6 +59,8 @@ def test_pack_model_packs_unquantized_float32_linears_and_the_lm_head():
     assert pack_model(model) == 2
     packed = {name for name, m in model.named_modules() if hasattr(m, PACKED_ATTR)}
     assert packed == {"qkv", "lm_head"}
+    # One padding, measured on the largest packed layer but the LM head, for every packed layer.
+    assert model.qkv.__dict__[PADDING_ATTR] is model.lm_head.__dict__[PADDING_ATTR]
     # The packed linear layer's float32 weight is released (shape kept, reads NaN); the LM head
     # (possibly the embedding table) and every unpacked layer keep theirs.
     released = {name for name, m in model.named_modules() if getattr(m, RELEASED_ATTR, False)}
@@ -90,12 +93,13 @@ def test_a_released_layer_refuses_an_input_the_packed_kernel_does_not_take():
     assert not getattr(kept.qkv, RELEASED_ATTR, False) and not kept.qkv.weight.isnan().any()
 
 
-@pytest.mark.parametrize("shape", [(1, 16), (5, 16), (2, 3, 16)])
-def test_packed_product_is_f_linear(shape):
+@pytest.mark.parametrize("padding", [RowPadding(), RowPadding((4, 4, 4))])
+@pytest.mark.parametrize("shape", [(1, 16), (5, 16), (2, 3, 16), (3, 16)])
+def test_packed_product_is_f_linear(shape, padding):
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(24, 16, generator=gen), torch.randn(24, generator=gen)
     x = torch.randn(*shape, generator=gen)
-    out = _packed_rows(x, pack_linear_weight(weight), bias)
+    out = _packed_rows(x, pack_linear_weight(weight), bias, padding)
     assert out.shape == (*shape[:-1], 24)
     torch.testing.assert_close(out, F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
     # A wrong weight is caught by the same comparison.

@@ -1,0 +1,106 @@
+"""Few-row calls of oneDNN's packed linear kernel padded with zero rows up to a cheaper row count.
+
+On some CPUs oneDNN picks, for a packed float32 weight, a slower kernel for 1-3 rows than for 4:
+on the 2-core Zen 4 EPYC one forward's worth of Qwen2.5-1.5B's linear layers (28 decoder layers
+in SGLang's merged layout plus the LM head) costs 211 / 259 / 185 ms for 1 / 2 / 3 rows and
+170 ms for 4 (``benchmarks/results/linear_paths_qwen2.5-coder-1.5b_zen4.md`` has the per-shape
+table: 1536 x 8960 costs 2.73 ms for one row and 1.75 ms for four). Other EPYCs measured flat
+(one row about four rows' price), so whether to pad is measured where the model runs:
+:func:`measure_row_padding` times one packed layer at each few-row count and at ``PAD_TARGET``
+rows, and :class:`RowPadding` pads a call only where the padded call measured faster.
+
+Exactness: a zero row adds nothing to another row's product; the real rows' outputs are those of
+the kernel oneDNN runs for the padded row count (equal up to summation order to the unpadded
+ones, as any two row counts are).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from sglang_hsd.runtime.layers import packed_linear
+
+# Few-row calls are compared against this row count (the smallest cheap one measured above).
+PAD_TARGET = 4
+# The padded call must be at least this much cheaper than the unpadded one to be chosen
+# (timing noise between two nearly equal kernels must not flip the choice).
+MIN_GAIN = 0.9
+
+
+@dataclass(frozen=True)
+class RowPadding:
+    """Row counts a packed linear call is padded to.
+
+    Fields:
+        pad_to: ``pad_to[r - 1]`` is the row count a call of ``r`` rows runs with (``>= r``);
+            row counts beyond the tuple run as they are. Empty: no padding.
+    """
+
+    pad_to: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for rows, padded in enumerate(self.pad_to, start=1):
+            if not isinstance(padded, int) or padded < rows:
+                raise ValueError(f"pad_to[{rows - 1}] (the row count for {rows} rows) must be an "
+                                 f"int >= {rows}, got {padded!r}")
+
+    def rows_for(self, rows: int) -> int:
+        """The row count a call of ``rows`` rows runs with."""
+        return self.pad_to[rows - 1] if 1 <= rows <= len(self.pad_to) else rows
+
+    def describe(self) -> str:
+        padded = [f"{r} -> {p}" for r, p in enumerate(self.pad_to, start=1) if p != r]
+        return "rows padded: " + ", ".join(padded) if padded else "no row padding"
+
+
+NO_PADDING = RowPadding()
+
+
+def padded_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                  padding: RowPadding = NO_PADDING) -> torch.Tensor:
+    """``packed_linear`` of ``x`` ``[rows, in]`` with ``padding``'s zero rows appended for the
+    call; returns ``[rows, out]``."""
+    rows = x.shape[0]
+    padded = padding.rows_for(rows)
+    if padded == rows:
+        return packed_linear(x, packed, bias)
+    full = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
+    return packed_linear(full, packed, bias)[:rows]
+
+
+def choose_row_padding(cost: Callable[[int], float], target: int = PAD_TARGET,
+                       min_gain: float = MIN_GAIN) -> RowPadding:
+    """The padding from measured costs: ``cost(r)`` seconds of a call of ``r`` rows; a row count
+    below ``target`` is padded to it when ``cost(target) < min_gain * cost(r)``."""
+    if not isinstance(target, int) or target < 1:
+        raise ValueError(f"target must be a positive int, got {target!r}")
+    if not 0 < min_gain <= 1:
+        raise ValueError(f"min_gain must be in (0, 1], got {min_gain!r}")
+    at_target = cost(target)
+    return RowPadding(tuple(target if at_target < min_gain * cost(rows) else rows
+                            for rows in range(1, target)))
+
+
+def measure_row_padding(packed: torch.Tensor, in_features: int, repeats: int = 7,
+                        target: int = PAD_TARGET) -> RowPadding:
+    """``choose_row_padding`` from the median time of ``repeats`` calls (after one untimed) of
+    the packed weight ``packed`` (``pack_linear_weight`` of an ``[out, in_features]`` weight) at
+    each row count up to ``target``, on random input."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+
+    def cost(rows: int) -> float:
+        x = torch.randn(rows, in_features)
+        packed_linear(x, packed, None)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            packed_linear(x, packed, None)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    return choose_row_padding(cost, target)
