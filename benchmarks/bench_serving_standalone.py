@@ -20,6 +20,7 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
 * ``none``        no speculation (throughput reference);
 * ``none-bf16``   no speculation in bfloat16 with SGLang's own F.linear: plain decoding as a user
                   runs it here without this package's kernels (a second reference);
+* ``none-unpadded`` ``none`` with ``--hsd-cpu-linear-padding off`` (few-row packed calls not padded);
 * ``hsd``         ``--speculative-algorithm HSD --hsd-verify-method hsd``: drafts sampled from the
                   draft model's q, sequence-level verification, fixed draft length;
 * ``hsd-adaptive`` ``hsd`` with ``--hsd-adaptive on`` (the draft budget chosen per round);
@@ -100,6 +101,9 @@ CONFIGS = {c.name: c for c in (
     DraftModelConfig("none-bf16", "no speculative decoding, bfloat16 weights and SGLang's own "
                      "F.linear whatever --dtype / --cpu-linear say (plain decoding without this "
                      "package's kernels)", algorithm=None, plain_bf16=True),
+    DraftModelConfig("none-unpadded", "no speculative decoding, packed linear calls never padded "
+                     "(--hsd-cpu-linear-padding off): what the row padding gains",
+                     algorithm=None, server_args=("--hsd-cpu-linear-padding", "off")),
     DraftModelConfig("hsd", "HSD, draft LM, sampled drafts with q, verify_chain(method='hsd'), fixed K = --num-steps (--hsd-adaptive off)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "off")),
     DraftModelConfig("hsd-adaptive", "hsd with the draft budget chosen per round "

@@ -30,7 +30,8 @@ from sglang_hsd.sglang_plugin.adaptive_spec import (
     ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG)
 from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, CATCH_UP_FLAG
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
-from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS
+from sglang_hsd.sglang_plugin.cpu.linear_path import (
+    CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS, PADDING_CHOICES, PADDING_ENV, PADDING_FLAG)
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
 from sglang_hsd.sglang_plugin.request_seeds import REQUEST_SEEDS_CHOICES, REQUEST_SEEDS_ENV, REQUEST_SEEDS_FLAG
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
@@ -93,7 +94,11 @@ HSD_FLAGS = (
      "CPU kernel of the unquantized linear layers and lm_head of every model the server loads, "
      "with or without speculation: mkl (SGLang's F.linear, the default) or onednn-packed "
      "(oneDNN pre-packed float32 weights, much cheaper for the few rows of a verification "
-     "forward; needs --dtype float32, doubles the weights' memory)"),
+     "forward; needs --dtype float32; the float32 weights are released once packed)"),
+    (PADDING_FLAG, PADDING_ENV, {"choices": PADDING_CHOICES},
+     "with --hsd-cpu-linear onednn-packed: auto (default) pads packed calls of 1-3 rows with zero "
+     "rows to 4 where each model's measurement at load says that is faster (oneDNN's few-row "
+     "kernel is slower on some CPUs); off never pads"),
     (ADAPTIVE_FLAG, ADAPTIVE_ENV, {"choices": ON_OFF},
      "on (default for chains): each decode round drafts the length (0 = plain decoding up to "
      "--speculative-num-steps) that maximises expected tokens per second for the batch, from the "

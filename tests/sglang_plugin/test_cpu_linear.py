@@ -26,6 +26,13 @@ def test_config_reads_the_environment(monkeypatch):
     monkeypatch.setenv(CPU_LINEAR_ENV, "int8")
     with pytest.raises(CpuLinearError, match=r"--hsd-cpu-linear \(SGLANG_HSD_CPU_LINEAR\).*'int8'"):
         CpuLinearConfig.from_env()
+    monkeypatch.setenv(CPU_LINEAR_ENV, "onednn-packed")
+    assert CpuLinearConfig.from_env().row_padding == "auto"
+    monkeypatch.setenv("SGLANG_HSD_CPU_LINEAR_PADDING", "OFF")
+    assert CpuLinearConfig.from_env().row_padding == "off"
+    monkeypatch.setenv("SGLANG_HSD_CPU_LINEAR_PADDING", "always")
+    with pytest.raises(CpuLinearError, match=r"--hsd-cpu-linear-padding .*auto, off, got 'always'"):
+        CpuLinearConfig.from_env()
 
 
 def test_packed_path_refuses_what_it_cannot_run():
@@ -89,8 +96,9 @@ def test_a_released_layer_refuses_an_input_the_packed_kernel_does_not_take():
         method.apply(model.qkv, x.to(torch.bfloat16))
     kept = nn.Module()
     kept.qkv = _Layer(UnquantizedLinearMethod())
-    pack_model(kept, release=False)  # a draft model's, until its weight copies are built
+    pack_model(kept, release=False, row_padding="off")  # a draft model's, until its copies exist
     assert not getattr(kept.qkv, RELEASED_ATTR, False) and not kept.qkv.weight.isnan().any()
+    assert getattr(kept.qkv, PADDING_ATTR) == RowPadding()
 
 
 @pytest.mark.parametrize("padding", [RowPadding(), RowPadding((4, 4, 4))])

@@ -53,6 +53,10 @@ CPU_LINEAR_ENV = "SGLANG_HSD_CPU_LINEAR"
 CPU_LINEAR_FLAG = "--hsd-cpu-linear"
 # ``mkl``: SGLang's own F.linear / matmul (nothing is patched).
 CPU_LINEAR_PATHS = (PATH_MKL, PATH_PACKED)
+PADDING_ENV = "SGLANG_HSD_CPU_LINEAR_PADDING"
+PADDING_FLAG = "--hsd-cpu-linear-padding"
+# ``auto``: measured per model when it loads (runtime.row_padding); ``off``: never padded.
+PADDING_CHOICES = ("auto", "off")
 # Attribute holding a layer's packed weight (set after loading, read by the patched apply).
 PACKED_ATTR = "hsd_packed_weight"
 # Attribute holding the RowPadding of a packed layer (measured once per model, runtime.row_padding).
@@ -79,18 +83,25 @@ class CpuLinearConfig:
 
     Fields:
         path: a key of ``CPU_LINEAR_PATHS`` (``mkl``: SGLang's own; ``onednn-packed``).
+        row_padding: one of ``PADDING_CHOICES``: whether packed calls of few rows may be padded
+            (``auto``: where the model's own measurement says it is faster).
     """
 
     path: str = PATH_MKL
+    row_padding: str = "auto"
 
     def __post_init__(self) -> None:
         if self.path not in CPU_LINEAR_PATHS:
             raise CpuLinearError(f"{CPU_LINEAR_FLAG} ({CPU_LINEAR_ENV}) must be one of "
                                  f"{', '.join(CPU_LINEAR_PATHS)}, got {self.path!r}")
+        if self.row_padding not in PADDING_CHOICES:
+            raise CpuLinearError(f"{PADDING_FLAG} ({PADDING_ENV}) must be one of "
+                                 f"{', '.join(PADDING_CHOICES)}, got {self.row_padding!r}")
 
     @classmethod
     def from_env(cls) -> "CpuLinearConfig":
-        return cls(os.environ.get(CPU_LINEAR_ENV, "").strip().lower() or PATH_MKL)
+        return cls(os.environ.get(CPU_LINEAR_ENV, "").strip().lower() or PATH_MKL,
+                   os.environ.get(PADDING_ENV, "").strip().lower() or "auto")
 
     @property
     def packed(self) -> bool:
@@ -128,15 +139,15 @@ def float32_linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def pack_model(model: torch.nn.Module, release: bool = True) -> int:
-    """Give every layer of ``float32_linear_layers(model)`` a packed weight and the row padding
-    measured on the largest of them (``model_row_padding``) and, with ``release``, release the
-    linear layers' float32 weights (``release_unpacked_weights``); returns how many layers were
-    packed."""
+def pack_model(model: torch.nn.Module, release: bool = True, row_padding: str = "auto") -> int:
+    """Give every layer of ``float32_linear_layers(model)`` a packed weight and (``row_padding``
+    ``auto``) the row padding measured on the largest of them (``model_row_padding``) and, with
+    ``release``, release the linear layers' float32 weights (``release_unpacked_weights``);
+    returns how many layers were packed."""
     layers = float32_linear_layers(model)
     for module in layers:
         setattr(module, PACKED_ATTR, pack_linear_weight(module.weight))
-    padding = model_row_padding(model, layers)
+    padding = model_row_padding(model, layers) if row_padding == "auto" else NO_PADDING
     for module in layers:
         setattr(module, PADDING_ATTR, padding)
     if release:
@@ -196,7 +207,7 @@ def install_cpu_linear_path(config: CpuLinearConfig) -> None:
     """
     _install_layer_kernels()
     if config.packed:
-        _install_packing()
+        _install_packing(config)
 
 
 def _install_layer_kernels() -> None:
@@ -241,7 +252,7 @@ def _install_layer_kernels() -> None:
               (LogitsProcessor, "_compute_lm_head", _compute_lm_head)])
 
 
-def _install_packing() -> None:
+def _install_packing(config: CpuLinearConfig) -> None:
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     if getattr(ModelRunner.__dict__["load_model"], "__sglang_hsd_original__", None) is not None:
@@ -253,7 +264,8 @@ def _install_packing() -> None:
         original_load(self)
         # A draft model's weight copies are built from its float32 weights after it loads
         # (worker_setup.setup_draft_copies), which then releases them.
-        count = pack_model(self.model, release=not getattr(self, "is_draft_worker", False))
+        count = pack_model(self.model, release=not getattr(self, "is_draft_worker", False),
+                           row_padding=config.row_padding)
         if count == 0:
             raise CpuLinearError(f"{CPU_LINEAR_FLAG} {PATH_PACKED}: no float32 linear layer to "
                                  f"pack in {type(self.model).__name__}")
