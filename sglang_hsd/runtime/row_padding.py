@@ -1,13 +1,16 @@
 """Few-row calls of oneDNN's packed linear kernel padded with zero rows up to a cheaper row count.
 
 On some CPUs oneDNN picks, for a packed float32 weight, a slower kernel for 1-3 rows than for 4:
-on the 2-core Zen 4 EPYC one forward's worth of Qwen2.5-1.5B's linear layers (28 decoder layers
-in SGLang's merged layout plus the LM head) costs 211 / 259 / 185 ms for 1 / 2 / 3 rows and
-170 ms for 4 (``benchmarks/results/linear_paths_qwen2.5-coder-1.5b_zen4.md`` has the per-shape
-table: 1536 x 8960 costs 2.73 ms for one row and 1.75 ms for four). Other EPYCs measured flat
-(one row about four rows' price), so whether to pad is measured where the model runs:
-:func:`measure_row_padding` times one packed layer at each few-row count and at ``PAD_TARGET``
-rows, and :class:`RowPadding` pads a call only where the padded call measured faster.
+on the 2-core Zen 4 EPYC Qwen2.5-1.5B's 1536 x 8960 projection cost 2.73 ms for one row and 1.75
+ms for four, its LM head 35.2 ms and 26.6 ms (``benchmarks/results/linear_paths_qwen2.5-coder-
+1.5b_zen4.md``), and a plain server decoding one request at a time ran faster once its one-row
+calls were padded (``benchmarks/README.md``, "Server goodput, twelfth run"). Other EPYCs measured
+flat (one row about four rows' price), and how a kernel is timed matters (with a cache flush
+before every call the difference shrinks), so whether to pad is measured where the model runs,
+the way a forward calls it (the same layer back to back, its weight streamed from memory each
+time): :func:`measure_row_padding` times one packed layer at each few-row count and at
+``PAD_TARGET`` rows, and :class:`RowPadding` pads a call only where the padded call measured
+faster.
 
 Exactness: a zero row adds nothing to another row's product; the real rows' outputs are those of
 the kernel oneDNN runs for the padded row count (equal up to summation order to the unpadded
