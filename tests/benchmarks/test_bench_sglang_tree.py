@@ -143,3 +143,19 @@ def test_combine_takes_runs_from_before_the_shared_harness(tmp_path):
                                          "run": {"commit": "c", "command": "x"}}))
     records, _ = combine(paths)
     assert len(records) == 2
+
+
+def test_a_draft_language_model_server_gets_the_tree_flags_and_extra_arguments(tmp_path):
+    from benchmarks.bench_sglang_tree import parse_args, server_spec
+    from benchmarks.serving_harness import ModelSetup
+
+    args = parse_args(["--draft-model", "d", "--extra-server-args", "--hsd-draft-precision int4"])
+    setup = ModelSetup("m", tmp_path / "target", tmp_path / "draft", None, 0, "sharegpt")
+    cmd = server_spec(CONFIGS["argmax-first-tree"], (5, 4, 8), setup, args, tmp_path).command
+    assert cmd[cmd.index("--speculative-draft-model-path") + 1] == str(tmp_path / "draft")
+    assert cmd[cmd.index("--hsd-draft-kind") + 1] == "model"
+    assert cmd[cmd.index("--hsd-tree-draft") + 1] == "argmax-first"
+    assert cmd[cmd.index("--speculative-eagle-topk") + 1] == "4"
+    assert cmd[-2:] == ["--hsd-draft-precision", "int4"]
+    head = server_spec(CONFIGS["stock-tree"], (5, 4, 8), setup, parse_args([]), tmp_path).command
+    assert "--hsd-draft-kind" not in head  # the EAGLE-3 head: SGLang detects it
