@@ -5,8 +5,8 @@ on the 2-core Zen 4 EPYC Qwen2.5-1.5B's 1536 x 8960 projection cost 2.73 ms for 
 ms for four, its LM head 35.2 ms and 26.6 ms (``benchmarks/results/linear_paths_qwen2.5-coder-
 1.5b_zen4.md``), and a plain server decoding one request at a time ran faster once its one-row
 calls were padded (``benchmarks/README.md``, "Server goodput, twelfth run"). Other EPYCs measured
-flat (one row about four rows' price), and how a kernel is timed matters (with a cache flush
-before every call the difference shrinks), so whether to pad is measured where the model runs,
+flat (one row about four rows' price), and single-call timings with a cache flush before each
+call disagree between runs, so whether to pad is measured where the model runs,
 the way a forward calls it (the same layer back to back, its weight streamed from memory each
 time): :func:`measure_row_padding` times one packed layer at each few-row count and at
 ``PAD_TARGET`` rows, and :class:`RowPadding` pads a call only where the padded call measured
