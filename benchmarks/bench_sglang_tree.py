@@ -10,7 +10,7 @@ bonus token included): the client here records it for every request (the client 
 unchanged: ``benchmarks/serving_client.py``; servers and client: ``benchmarks/serving_harness.py``),
 and the tables give the mean with its standard error over requests.
 
-Configurations (same head, same (D, k, N) for every tree row):
+Configurations (same drafter, same (D, k, N) for every tree row):
 * ``stock-tree``  ``--hsd-tree-draft topk --hsd-verify-method target-only``: SGLang's stock tree
                   semantics (deterministic top-k children, score pruning, target-only verify).
 * ``hsd-tree``    ``--hsd-tree-draft sampled --hsd-verify-method hsd``: sampled tree, traversal

@@ -15,13 +15,12 @@ from sglang_hsd.runtime.row_padding import (
 def test_padding_is_chosen_where_the_padded_call_measured_cheaper():
     zen4 = {1: 2.73, 2: 2.98, 3: 2.48, 4: 1.75}  # ms, 1536 x 8960 on the Zen 4 EPYC
     assert choose_row_padding(zen4.__getitem__) == RowPadding((4, 4, 4))
-    flat = {1: 1.33, 2: 1.51, 3: 1.54, 4: 1.30}  # another EPYC: one row within the noise margin
+    # Another EPYC: one row within the noise margin of four, so it is not padded (padding every
+    # few-row call, the plausible slip of trusting one machine's table, fails here).
+    flat = {1: 1.33, 2: 1.51, 3: 1.54, 4: 1.30}
     assert choose_row_padding(flat.__getitem__) == RowPadding((1, 4, 4))
     mixed = {1: 1.0, 2: 3.0, 3: 1.2, 4: 1.5}
     assert choose_row_padding(mixed.__getitem__) == RowPadding((1, 4, 3))
-    # The rule compares against the padded cost: padding every few-row call (the plausible
-    # slip of trusting one machine's table) would pick a dearer call on the flat machine.
-    assert choose_row_padding(flat.__getitem__) != RowPadding((4, 4, 4))
 
 
 def test_row_padding_checks_its_settings():

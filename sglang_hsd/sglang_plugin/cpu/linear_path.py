@@ -165,8 +165,8 @@ def model_row_padding(model: torch.nn.Module, layers: list[torch.nn.Module]) -> 
     candidates = [m for m in layers if m is not lm_head]
     if not candidates:
         return NO_PADDING
-    probe = max(candidates, key=lambda m: m.weight.shape[0] * m.weight.shape[1])
-    if probe.weight.shape[0] * probe.weight.shape[1] * 4 < MIN_MEASURED_BYTES:
+    probe = max(candidates, key=lambda m: m.weight.numel())
+    if probe.weight.numel() * probe.weight.element_size() < MIN_MEASURED_BYTES:
         # Small enough to stay in the cache between calls: timing it says nothing about a
         # forward, and a choice by noise would differ between two servers of the same model.
         return NO_PADDING
