@@ -71,6 +71,15 @@ class AdaptiveConfig:
         explore_share: exploration rounds of anchors that can only come close to the best
             (within ``contention``) may cost, beyond the best choice, at most this share of the
             seconds the bucket has run, in [0, 1).
+        draft_margin: a round that drafts is priced at this factor times its estimated seconds
+            when lengths are compared (>= 1): what the medians of its rounds do not show. On the
+            2-core Xeon at batch 4, rounds drafting 2 tokens cost on average 13% more than the
+            median of their recent rounds (707 vs 625 ms, a tail of slow rounds after the batch
+            changes), plain rounds on the speculative server cost 7% more than on a plain
+            server, and the draft model's prefill (deferred to the first drafting round) cost 34
+            s over 350 rounds; drafting that the medians put 1.3x ahead of plain decoding ran at
+            0.94-0.98x (``benchmarks/README.md``, "Server goodput, thirteenth run"). So drafting
+            is chosen only where it is expected to win by more than this factor.
     """
 
     candidates: tuple[int, ...]
@@ -81,6 +90,7 @@ class AdaptiveConfig:
     refresh_rounds: int = 64
     contention: float = 0.9
     explore_share: float = 0.03
+    draft_margin: float = 1.1
 
     def __post_init__(self) -> None:
         c = tuple(self.candidates)
@@ -100,6 +110,13 @@ class AdaptiveConfig:
             raise ValueError(f"contention must be in (0, 1], got {self.contention}")
         if not 0.0 <= self.explore_share < 1.0:
             raise ValueError(f"explore_share must be in [0, 1), got {self.explore_share}")
+        if not self.draft_margin >= 1.0:
+            raise ValueError(f"draft_margin must be >= 1, got {self.draft_margin}")
+
+    def priced(self, length: int, seconds: float) -> float:
+        """The seconds a round of ``length`` is compared at: ``draft_margin`` times ``seconds``
+        for a round that drafts, ``seconds`` for plain decoding."""
+        return seconds * self.draft_margin if length > 0 else seconds
 
     @classmethod
     def up_to(cls, longest: int, **kwargs) -> "AdaptiveConfig":
@@ -203,6 +220,9 @@ class BudgetController:
         self._probe: tuple[int, int, float] | None = None  # (bucket, length, best's seconds)
         self.choices: dict[tuple[int, int], int] = {}  # (bucket, length) -> rounds chosen
         self.request_rounds_by_length: dict[int, int] = {}
+        # (bucket, length) -> [rounds, seconds] of every round observed: the medians decide, the
+        # totals show what the rounds cost on average (a slow first round after a switch).
+        self.totals: dict[tuple[int, int], list[float]] = {}
 
     def request_rate(self, estimate: AcceptanceEstimate) -> float:
         return estimate.rate(self.server_rate, self.config.prior_rounds)
@@ -225,7 +245,7 @@ class BudgetController:
             seconds = self.costs.estimate(bucket, candidate)
             if seconds is None or seconds <= 0:
                 continue
-            seconds += setup.share(rates, candidate)
+            seconds = self.config.priced(candidate, seconds + setup.share(rates, candidate))
             speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
             if speed > best_speed:
                 best, best_speed = candidate, speed
@@ -248,7 +268,7 @@ class BudgetController:
             floor = self.costs.floor(bucket, length) if length > 0 else None
             if floor is None or floor <= 0:
                 return length, None  # plain decoding, or nothing bounds what it costs: measure
-            floor += setup.share(rates, length)
+            floor = self.config.priced(length, floor + setup.share(rates, length))
             if fastest is None:
                 fastest = self._fastest(bucket, rates, setup)
             best, best_speed = fastest
@@ -299,6 +319,9 @@ class BudgetController:
         self.costs.observe(bucket, length, seconds, index)
         self.bucket_rounds[bucket] = index + 1
         self.bucket_seconds[bucket] = self.bucket_seconds.get(bucket, 0.0) + seconds
+        total = self.totals.setdefault((bucket, length), [0, 0.0])
+        total[0] += 1
+        total[1] += seconds
         if self._probe is not None and self._probe[:2] == (bucket, length):
             self.explore_spent[bucket] = (self.explore_spent.get(bucket, 0.0)
                                           + max(seconds - self._probe[2], 0.0))
@@ -320,10 +343,14 @@ class BudgetController:
         costs: dict[str, dict[str, float]] = {}
         for (bucket, length), s in sorted(self.costs.seconds.items()):
             costs.setdefault(str(bucket), {})[str(length)] = round(1000 * s, 2)
+        totals: dict[str, dict[str, list]] = {}
+        for (bucket, length), (n, s) in sorted(self.totals.items()):
+            totals.setdefault(str(bucket), {})[str(length)] = [int(n), round(1000 * s, 1)]
         mean = self.mean_length()
         return {"candidates": list(self.config.candidates), "rounds": self.rounds,
                 "mean_steps": None if mean is None else round(mean, 3),
                 "server_accept_rate": round(self.server_rate, 4),
                 "explore_ms_by_batch_bucket": {str(b): round(1000 * v, 2)
                                                for b, v in sorted(self.explore_spent.items())},
-                "choices_by_batch_bucket": choices, "round_ms_by_batch_bucket": costs}
+                "choices_by_batch_bucket": choices, "round_ms_by_batch_bucket": costs,
+                "rounds_and_total_ms_by_batch_bucket": totals}

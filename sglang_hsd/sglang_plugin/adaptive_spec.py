@@ -132,6 +132,8 @@ class AdaptiveRounds:
         self._last_forward = 0.0
         self.overhead = 0.0  # seconds between a decode round's end and the next one's start (EMA)
         self._logged_length: int | None = None  # the last length logged (logged on change)
+        # length -> request-rounds by accepted draft count (index 0..length), for /server_info.
+        self.accepted_counts: dict[int, list[int]] = {}
 
     def begin(self, reqs, setup_seconds: float = 0.0) -> int:
         """Choose the length for a decode batch of ``reqs`` (SGLang ``Req`` s) that must spend
@@ -186,8 +188,10 @@ class AdaptiveRounds:
             return
         accepted = rejections = 0
         memory = self.controller.config.memory
+        counts = self.accepted_counts.setdefault(length, [0] * (length + 1))
         for req, correct in zip(reqs, num_correct_drafts_per_req):
             correct = min(int(correct), length)
+            counts[correct] += 1
             _estimate(req).observe(length, correct, memory)
             accepted += correct
             rejections += correct < length
@@ -196,7 +200,9 @@ class AdaptiveRounds:
     def as_dict(self) -> dict:
         state = self.controller.as_dict()
         state.update(enabled=True, current_steps=self.length, lengths_cycle=self.lengths_cycle,
-                     overhead_ms=round(1000 * self.overhead, 2))
+                     overhead_ms=round(1000 * self.overhead, 2),
+                     accepted_drafts_by_length={str(length): list(counts) for length, counts
+                                                in sorted(self.accepted_counts.items())})
         return state
 
 

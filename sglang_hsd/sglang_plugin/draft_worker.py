@@ -27,12 +27,15 @@ it, once SGLang builds the HSD worker (after ``register()`` checked every signat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
+import torch
 from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
+from sglang_hsd.sglang_plugin.cpu.linear_path import LogitRows, only_logit_rows
 from sglang_hsd.sglang_plugin.draft_probs import is_identity_map, scatter_draft_probs
 from sglang_hsd.sglang_plugin.tree_draft import draft_sampled_tree
 
@@ -250,7 +253,25 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
             return None
         if catch_up is not None:  # before the extend, which may move the batch's lengths
             catch_up.mark_extended(batch, batch_result.accept_lens)
-        return super()._draft_extend_for_decode(batch, batch_result, *args, **kwargs)
+        with self._kept_logit_rows(batch, batch_result):
+            return super()._draft_extend_for_decode(batch, batch_result, *args, **kwargs)
+
+    def _kept_logit_rows(self, batch, batch_result):
+        """On CPU (eager draft extend), the draft LM head computes only the rows SGLang's
+        ``_draft_extend_for_decode`` keeps: request b's last accepted position,
+        ``b * num_draft_tokens + accept_lens[b] - 1`` (its ``select_index``), one row per request
+        instead of the whole verified window (``cpu.linear_path.only_logit_rows``)."""
+        if str(self.device) != "cpu" or batch.forward_mode.is_idle():
+            return contextlib.nullcontext()
+        width = self.speculative_num_draft_tokens
+        size = int(batch.seq_lens.shape[0])
+        prepared = batch_result.prepared_draft_extend_inputs
+        if prepared is not None:
+            index = prepared[1]
+        else:
+            index = torch.arange(0, size * width, width) + batch_result.accept_lens - 1
+        return only_logit_rows(self.draft_runner.model.lm_head,
+                               LogitRows(index.to(torch.int64), size * width))
 
     def draft_forward(self, forward_batch):
         if self.hsd_catch_up is not None:

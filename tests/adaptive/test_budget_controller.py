@@ -138,7 +138,7 @@ def test_a_large_batch_does_not_pay_for_long_exploration_rounds():
     runs the 8-draft anchor, and runs the 1-draft one at most once, from its exploration budget:
     what its rounds cost beyond plain decoding stays within a few percent. The controller that
     explored every anchor twice, as before, spent the equivalent of dozens of plain rounds there."""
-    config = AdaptiveConfig.up_to(8)
+    config = AdaptiveConfig.up_to(8, draft_margin=1.0)
     controller = BudgetController(config)
     _run(controller, 0.8, _batch_costs, 30, batch=1)
     _run(controller, 0.8, _batch_costs, 40, batch=4)
@@ -164,7 +164,7 @@ def test_an_anchor_close_to_the_best_is_explored_from_the_budget_and_comes_back(
     until the rates make it a contender again. A single slow first round does not rule a length
     out: its floor needs two measurements."""
     share = 0.05
-    controller = BudgetController(AdaptiveConfig.up_to(4, contention=0.5, explore_share=share))
+    controller = BudgetController(AdaptiveConfig.up_to(4, contention=0.5, explore_share=share, draft_margin=1.0))
     seconds = lambda batch, length: 1.0 + 0.5 * length
     chosen = _run(controller, 0.4, seconds, 220, batch=4)
     # 4 can only come close: its floor, the line through 1 and 2, gives it 0.55 of plain's speed
@@ -174,12 +174,12 @@ def test_an_anchor_close_to_the_best_is_explored_from_the_budget_and_comes_back(
     assert controller.explore_spent[4] <= share * controller.bucket_seconds[4] + seconds(4, 4)
     assert 4 in _run(controller, 0.99, seconds, 30, batch=4)  # a clear contender: at once
 
-    out = BudgetController(AdaptiveConfig.up_to(4, refresh_rounds=16))
+    out = BudgetController(AdaptiveConfig.up_to(4, refresh_rounds=16, draft_margin=1.0))
     _run(out, 0.9, seconds, 12, batch=4)  # every anchor measured
     assert 4 not in _run(out, 0.15, seconds, 200, batch=4)  # no refresh while it cannot come close
     assert 4 in _run(out, 0.99, seconds, 30, batch=4)
 
-    cold = BudgetController(AdaptiveConfig.up_to(4))
+    cold = BudgetController(AdaptiveConfig.up_to(4, draft_margin=1.0))
     first = {}
 
     def cold_first(batch, length):
@@ -224,7 +224,7 @@ def test_a_probe_from_plain_decoding_pays_its_setup_from_the_budget():
     from sglang_hsd.adaptive import DraftSetup
 
     def controller():
-        made = BudgetController(AdaptiveConfig.up_to(4))
+        made = BudgetController(AdaptiveConfig.up_to(4, draft_margin=1.0))
         for index in range(4):
             made.costs.observe(4, 0, 0.25, index)
             made.costs.observe(4, 1, 0.30, index)
@@ -276,3 +276,19 @@ def test_floor_extends_the_line_through_two_shorter_lengths():
     costs.observe(8, 3, 0.9, 4)
     costs.observe(8, 3, 0.9, 5)  # a line that falls (1 to 3) bounds nothing beyond 3's cost
     assert costs.floor(8, 6) == pytest.approx(1.5)  # 2's own cost still bounds 6 from below
+
+
+def test_drafting_must_win_by_the_margin():
+    """A length measured 5% ahead of plain decoding is not chosen under the default margin (what
+    the rounds' medians do not show), one 20% ahead is; without a margin the 5% wins."""
+    def settled(margin, draft_seconds):
+        controller = BudgetController(AdaptiveConfig((0, 2), draft_margin=margin))
+        for length, seconds in ((0, 1.0), (0, 1.0), (2, draft_seconds), (2, draft_seconds)):
+            controller.observe_round(4, length, seconds)
+        return controller.decide([0.5] * 4, 4)  # a round of 2 commits 1.75 tokens a request
+
+    assert settled(AdaptiveConfig((0, 2)).draft_margin, 1.75 / 1.05) == 0
+    assert settled(AdaptiveConfig((0, 2)).draft_margin, 1.75 / 1.2) == 2
+    assert settled(1.0, 1.75 / 1.05) == 2
+    with pytest.raises(ValueError, match="draft_margin"):
+        AdaptiveConfig((0, 2), draft_margin=0.9)

@@ -115,3 +115,31 @@ def test_packed_product_is_f_linear(shape, padding):
     # A wrong weight is caught by the same comparison.
     wrong = _packed_rows(x, pack_linear_weight(weight.roll(1, 0)), bias)
     assert (wrong - F.linear(x, weight, bias)).abs().max() > 1e-2
+
+
+def test_only_logit_rows_computes_the_kept_rows_of_the_lm_head():
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+
+    from sglang_hsd.sglang_plugin.cpu.linear_path import LOGIT_ROWS_ATTR, LogitRows, only_logit_rows
+
+    install_cpu_linear_path(CpuLinearConfig("mkl"))
+    model = nn.Module()
+    model.lm_head = _Layer(UnquantizedEmbeddingMethod(), out_features=40)
+    pack_model(model, release=False, row_padding="off")
+    compute = LogitsProcessor._compute_lm_head
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(12, 16, generator=gen)
+    full = compute(None, hidden, model.lm_head)
+    index = torch.tensor([2, 3, 7, 11])  # one row per request of a window of 3
+    with only_logit_rows(model.lm_head, LogitRows(index, 12)):
+        kept = compute(None, hidden, model.lm_head)
+        other = compute(None, hidden[:5], model.lm_head)  # another call's size: every row
+    assert kept.shape == full.shape
+    torch.testing.assert_close(kept[index], full[index], atol=1e-6, rtol=1e-6)
+    dropped = torch.ones(12, dtype=torch.bool)
+    dropped[index] = False
+    assert kept[dropped].abs().max() == 0
+    torch.testing.assert_close(other, full[:5], atol=1e-6, rtol=1e-6)
+    assert not hasattr(model.lm_head, LOGIT_ROWS_ATTR)  # the selection ends with the block
+    torch.testing.assert_close(compute(None, hidden, model.lm_head), full)

@@ -96,3 +96,31 @@ def test_patched_apply_takes_the_copy_for_its_rows():
     many = torch.randn(20, 32)  # beyond the copy's rows: float32
     torch.testing.assert_close(method.apply(draft.qkv, many), many @ draft.qkv.weight.T)
     assert isinstance(method, UnquantizedLinearMethod)
+
+
+def test_copy_rows_stop_at_the_first_loss():
+    from sglang_hsd.sglang_plugin.cpu.draft_copies import choose_copy_rows
+
+    rows = (1, 2, 4, 8, 12, 16)
+    float_cost = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.2, 12: 1.3, 16: 1.5}.__getitem__
+    # The copy wins up to 8 rows, loses at 12 and wins again at 16: 16 is not trusted.
+    copy_cost = {1: 0.3, 2: 0.4, 4: 0.6, 8: 1.1, 12: 1.6, 16: 1.4}.__getitem__
+    assert choose_copy_rows(copy_cost, float_cost, rows) == 8
+    assert choose_copy_rows(lambda r: 0.5, float_cost, rows) == 16  # wins everywhere
+    assert choose_copy_rows(lambda r: 2.0, float_cost, rows) == 1  # an explicit copy serves one row
+
+
+def test_a_large_draft_measures_the_rows_its_copy_serves():
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from sglang_hsd.sglang_plugin.cpu.draft_copies import COMPARED_ROWS
+
+    target, draft = _models()
+    draft.big = _Layer(UnquantizedLinearMethod(), torch.randn(2048, 2048) * 0.02)  # 16 MiB
+    report = attach_draft_copies(draft, target, DraftPrecisionConfig("int4"))
+    assert report.copy_rows["layers"] in COMPARED_ROWS
+    rows = getattr(draft.qkv, COPY_ATTR).rows
+    assert report.copy_rows["layers"] in rows and report.copy_rows["layers"] + 1 not in rows
+    assert "lm_head" not in report.copy_rows  # shared with the target: no copy
+    small = _models()
+    assert attach_draft_copies(small[1], small[0], DraftPrecisionConfig("int4")).copy_rows == {}

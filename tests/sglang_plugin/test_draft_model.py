@@ -265,3 +265,27 @@ def test_server_args_refuse_a_mismatched_pair_before_models_load(hsd, pair, tmp_
     other = _with_vocab(pair.root / "draft", tmp_path / "big", vocab_size=1024)
     with pytest.raises(DraftKindError, match="1024"):
         hsd.handle_server_args(_args(pair.target, other))
+
+
+def test_draft_extend_keeps_the_logits_of_each_requests_last_accepted_token():
+    """SGLang's eager draft extend keeps row ``b * num_draft_tokens + accept_lens[b] - 1`` of its
+    logits (its ``select_index``); on CPU the draft LM head computes only those rows."""
+    import torch
+    from torch import nn
+
+    from sglang_hsd.sglang_plugin.cpu.linear_path import LOGIT_ROWS_ATTR
+    from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
+
+    lm_head = nn.Module()
+    worker = types.SimpleNamespace(device="cpu", speculative_num_draft_tokens=3,
+                                   draft_runner=types.SimpleNamespace(model=types.SimpleNamespace(lm_head=lm_head)))
+    mode = types.SimpleNamespace(is_idle=lambda: False)
+    batch = types.SimpleNamespace(seq_lens=torch.tensor([9, 5, 7]), forward_mode=mode)
+    result = types.SimpleNamespace(accept_lens=torch.tensor([1, 3, 2]), prepared_draft_extend_inputs=None)
+    with HSDStandaloneDraftWorker._kept_logit_rows(worker, batch, result):
+        rows = getattr(lm_head, LOGIT_ROWS_ATTR)
+        assert rows.total == 9 and rows.index.tolist() == [0, 5, 7]
+    assert not hasattr(lm_head, LOGIT_ROWS_ATTR)
+    worker.device = "cuda"  # elsewhere the extend keeps SGLang's own path
+    with HSDStandaloneDraftWorker._kept_logit_rows(worker, batch, result):
+        assert not hasattr(lm_head, LOGIT_ROWS_ATTR)

@@ -10,10 +10,11 @@ model served by SGLang (``--hsd-draft-kind model``) the same copies.
 ``fp16``, ``int8``, ``int4`` or ``auto`` (the default): the copy whose single-row products,
 summed over the draft model's linear layers and LM head, measure fastest here at start-up
 (``runtime.kernel_setup.fastest_precision_for_shapes``, a few seconds; the choice and every
-total are logged and reported in ``/server_info``). Each layer then computes the row counts its
-kind serves (``WeightCopyKind.rows``: int4 up to 16 rows, int8 up to 8, the half copies one row:
-where a forward of the 0.5B was measured faster on the copy than on packed float32) on the copy,
-and every other call (a long draft extend, a prefill) on its float32 kernel.
+total are logged and reported in ``/server_info``). Each layer then computes on the copy the
+row counts where the copy measured faster than its float32 kernel at start-up
+(``measured_copy_rows``: the layers and the LM head each timed at 1 to 32 rows; the kind's
+default ``WeightCopyKind.rows`` for a draft too small to time), and every other call (a long
+draft extend, a prefill) on its float32 kernel.
 
 Why it is lossless: only the *drafter's* numbers change. The draft tokens are drawn from the q the
 copy produced and the verifier reads that same q, so the output law is the target's whatever q
@@ -32,21 +33,29 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from sglang_hsd.runtime.kernel_setup import (AUTO_PRECISION, DRAFTER_PRECISION_OPTIONS, DRAFTER_PRECISIONS,
                                              fastest_precision_for_shapes)
 from sglang_hsd.runtime.layers import PackedRows
-from sglang_hsd.sglang_plugin.cpu.linear_path import COPY_ATTR, float32_linear_layers
+from sglang_hsd.runtime.row_padding import NO_PADDING, padded_linear
+from sglang_hsd.sglang_plugin.cpu.linear_path import (COPY_ATTR, MIN_MEASURED_BYTES, PACKED_ATTR, PADDING_ATTR,
+                                                      float32_linear_layers)
 from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, WeightCopy, build_weight_copy
 
 logger = logging.getLogger(__name__)
 
 DRAFT_PRECISION_ENV = "SGLANG_HSD_DRAFT_PRECISION"
 DRAFT_PRECISION_FLAG = "--hsd-draft-precision"
+
+
+# Row counts at which the copy and the float32 kernel are compared when the server starts.
+COMPARED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)
 
 
 class DraftPrecisionError(ValueError):
@@ -108,6 +117,8 @@ class DraftCopyReport:
         layers: layers given a copy.
         skipped_shared: layers left in float32 because the target shares their weight.
         measured_ms: with ``auto``, one draft step's single-row projections per precision (ms).
+        copy_rows: ``{"layers": m, "lm_head": m}``: calls of 1..m rows take the copy, as
+            measured at start-up (``measured_copy_rows``); the kind's default where not measured.
     """
 
     precision: str
@@ -115,10 +126,11 @@ class DraftCopyReport:
     layers: int = 0
     skipped_shared: int = 0
     measured_ms: dict[str, float] = field(default_factory=dict)
+    copy_rows: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"precision": self.precision, "requested": self.requested, "layers": self.layers,
-                "skipped_shared": self.skipped_shared,
+                "skipped_shared": self.skipped_shared, "copy_rows": dict(self.copy_rows),
                 "measured_ms": {k: round(v, 3) for k, v in self.measured_ms.items()}}
 
 
@@ -148,17 +160,82 @@ def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Mod
     kind = DRAFTER_PRECISIONS[precision]
     if kind is None:
         return report
-    rows = PackedRows((WEIGHT_COPIES[kind].rows,))
-    for module in own:
-        setattr(module, COPY_ATTR, LayerCopy(build_weight_copy(kind, module.weight.detach()), rows))
+    default = PackedRows((WEIGHT_COPIES[kind].rows,))
+    copies = {module: build_weight_copy(kind, module.weight.detach()) for module in own}
+    lm_head = getattr(draft_model, "lm_head", None)
+    for group, modules in (("layers", [m for m in own if m is not lm_head]),
+                           ("lm_head", [m for m in own if m is lm_head])):
+        last = measured_copy_rows(modules, copies) if modules else None
+        if last is not None:
+            report.copy_rows[group] = last
+        rows = default if last is None else PackedRows(((1, last),))
+        for module in modules:
+            setattr(module, COPY_ATTR, LayerCopy(copies[module], rows))
     report.layers = len(own)
     return report
 
 
+def choose_copy_rows(copy_seconds: Callable[[int], float], float_seconds: Callable[[int], float],
+                     rows: tuple[int, ...] = COMPARED_ROWS) -> int:
+    """The largest of ``rows`` (ascending) up to which the copy cost less than float32 at every
+    one of them (``copy_seconds(r)`` / ``float_seconds(r)``: seconds of a call of ``r`` rows);
+    at least 1. A count beyond the first loss is not trusted to win again: between measured
+    counts the cost is not known, and the copy's cost grows faster with rows."""
+    last = 1
+    for count in rows:
+        if copy_seconds(count) >= float_seconds(count):
+            break
+        last = count
+    return last
+
+
+def measured_copy_rows(modules: list[torch.nn.Module], copies: dict, rows: tuple[int, ...] = COMPARED_ROWS,
+                       repeats: int = 3) -> int | None:
+    """``choose_copy_rows`` from one pass over ``modules`` in order on their ``copies`` (module
+    -> ``WeightCopy``) against one on their float32 kernel (packed and padded as the server runs
+    them, else ``F.linear``), the median of ``repeats`` after an untimed one; None when the
+    modules' float32 weights total less than ``MIN_MEASURED_BYTES`` (cache-resident timings say
+    nothing about a forward).
+
+    Which row counts a copy wins depends on the CPU, so it is measured where the server runs.
+    Each pass reads every weight once, as a forward does: timed alone, back to back, a 35 MB
+    float32 projection stays in the 260 MB L3 of the 2-core Xeon and looked faster than int4
+    from 8 rows, where the passes over the 0.5B draft model measured int4 faster up to 16 rows
+    (its LM head up to 12).
+    """
+    if sum(m.weight.numel() * m.weight.element_size() for m in modules) < MIN_MEASURED_BYTES:
+        return None
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def timed(product: Callable, count: int) -> float:
+        xs = [inputs.setdefault((count, m.weight.shape[1]), torch.randn(count, m.weight.shape[1]))
+              for m in modules]
+        times = []
+        for _ in range(repeats + 1):  # the first pass is not timed (oneDNN creates its kernels)
+            started = time.perf_counter()
+            for module, x in zip(modules, xs):
+                product(module, x)
+            times.append(time.perf_counter() - started)
+        return sorted(times[1:])[repeats // 2]
+
+    return choose_copy_rows(lambda count: timed(lambda m, x: copies[m](x), count),
+                            lambda count: timed(_float32_product, count), rows)
+
+
+def _float32_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The float32 product the server computes for ``module`` when its copy does not serve."""
+    packed = getattr(module, PACKED_ATTR, None)
+    if packed is not None:
+        return padded_linear(x, packed, None, getattr(module, PADDING_ATTR, NO_PADDING))
+    return torch.nn.functional.linear(x, module.weight)
+
+
 def log_report(report: DraftCopyReport) -> None:
     measured = ", ".join(f"{k} {v:.1f} ms" for k, v in report.measured_ms.items())
-    logger.info("sglang-hsd: draft model weight copy %s (%s %s%s): %d layers%s", report.precision,
+    rows = ", ".join(f"{group} 1-{last} rows" for group, last in report.copy_rows.items())
+    logger.info("sglang-hsd: draft model weight copy %s (%s %s%s): %d layers%s%s", report.precision,
                 DRAFT_PRECISION_FLAG, report.requested,
                 f"; one draft step's single rows measured {measured}" if measured else "",
                 report.layers,
-                f", {report.skipped_shared} shared with the target kept float32" if report.skipped_shared else "")
+                f", {report.skipped_shared} shared with the target kept float32" if report.skipped_shared else "",
+                f"; the copy serves (measured) {rows}" if rows else "")
