@@ -54,20 +54,27 @@ PHASES = {
 MAIN_LOOP = "Scheduler.run_event_loop"
 
 
-def phase_shares(raw: str) -> dict:
-    """py-spy's ``raw`` output (``frame;frame;... count`` per line) -> main-thread samples and
-    each phase's share of them."""
+def phase_shares(raw: str, top: int = 8) -> dict:
+    """py-spy's ``raw`` output (``frame;frame;... count`` per line) -> main-thread samples, each
+    phase's share of them and, per phase, the ``top`` functions below it by their share of the
+    phase (inclusive: a function counts once per sample wherever it is below the phase)."""
     total, counts = 0, collections.Counter()
+    inside = {phase: collections.Counter() for phase in PHASES}
     for line in raw.splitlines():
         stack, _, n = line.rpartition(" ")
         if MAIN_LOOP not in stack or not n.isdigit():
             continue
         total += int(n)
-        frames = {frame.split(" (")[0] for frame in stack.split(";")}
+        frames = [frame.split(" (")[0] for frame in stack.split(";")]
         for phase, function in PHASES.items():
             if function in frames:
                 counts[phase] += int(n)
-    return {"samples": total, "shares": {p: round(counts[p] / total, 4) for p in PHASES if total}}
+                for below in set(frames[frames.index(function) + 1:]):
+                    inside[phase][below] += int(n)
+    return {"samples": total,
+            "shares": {p: round(counts[p] / total, 4) for p in PHASES if total},
+            "inside": {p: {f: round(c / counts[p], 3) for f, c in inside[p].most_common(top)}
+                       for p in PHASES if counts[p]}}
 
 
 def scheduler_pid() -> int | None:
@@ -123,6 +130,8 @@ def markdown(payload: dict) -> str:
         lines += ["", f"Scheduler main thread, {spy['samples']} py-spy samples (phases nest: verify and "
                   "the draft work lie inside the decode round):", "", "| phase | share |", "|---|---|"]
         lines += [f"| {p} | {s:.1%} |" for p, s in spy["shares"].items()]
+        for phase, below in spy.get("inside", {}).items():
+            lines += ["", f"Inside {phase}: " + ", ".join(f"{f} {s:.0%}" for f, s in below.items())]
     return "\n".join(lines)
 
 

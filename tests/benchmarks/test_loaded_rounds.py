@@ -20,7 +20,9 @@ def test_phase_shares_count_main_thread_samples_only():
     assert shares["decode round (HSD)"] == round(50 / 60, 4)
     assert shares["verify"] == 0.5 and shares["draft extend"] == round(20 / 60, 4)
     assert shares["result processing"] == round(10 / 60, 4) and shares["draft steps"] == 0.0
-    assert phase_shares("") == {"samples": 0, "shares": {}}
+    assert spy["inside"]["verify"] == {}  # nothing below it in these stacks
+    assert spy["inside"]["decode round (HSD)"]["run_eagle_verify"] == 0.6
+    assert phase_shares("") == {"samples": 0, "shares": {}, "inside": {}}
 
 
 def test_round_table_puts_the_mean_beside_the_controllers_median():
