@@ -56,8 +56,8 @@ MAIN_LOOP = "Scheduler.run_event_loop"
 
 def phase_shares(raw: str, top: int = 8) -> dict:
     """py-spy's ``raw`` output (``frame;frame;... count`` per line) -> main-thread samples, each
-    phase's share of them and, per phase, the ``top`` functions below it by their share of the
-    phase (inclusive: a function counts once per sample wherever it is below the phase)."""
+    phase's share of them and, per phase, the ``top`` innermost calls of its samples (``caller >
+    function``, where the time itself goes) by their share of the phase."""
     total, counts = 0, collections.Counter()
     inside = {phase: collections.Counter() for phase in PHASES}
     for line in raw.splitlines():
@@ -69,8 +69,8 @@ def phase_shares(raw: str, top: int = 8) -> dict:
         for phase, function in PHASES.items():
             if function in frames:
                 counts[phase] += int(n)
-                for below in set(frames[frames.index(function) + 1:]):
-                    inside[phase][below] += int(n)
+                leaf = " > ".join(frames[-2:]) if len(frames) > frames.index(function) + 1 else function
+                inside[phase][leaf] += int(n)
     return {"samples": total,
             "shares": {p: round(counts[p] / total, 4) for p in PHASES if total},
             "inside": {p: {f: round(c / counts[p], 3) for f, c in inside[p].most_common(top)}

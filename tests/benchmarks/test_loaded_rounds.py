@@ -20,8 +20,10 @@ def test_phase_shares_count_main_thread_samples_only():
     assert shares["decode round (HSD)"] == round(50 / 60, 4)
     assert shares["verify"] == 0.5 and shares["draft extend"] == round(20 / 60, 4)
     assert shares["result processing"] == round(10 / 60, 4) and shares["draft steps"] == 0.0
-    assert spy["inside"]["verify"] == {}  # nothing below it in these stacks
-    assert spy["inside"]["decode round (HSD)"]["run_eagle_verify"] == 0.6
+    assert spy["inside"]["verify"] == {"run_eagle_verify": 1.0}  # its own frame is innermost
+    assert spy["inside"]["decode round (HSD)"] == {
+        "HSDVerify.forward_batch_generation > run_eagle_verify": 0.6,
+        "HSDVerify.forward_batch_generation > EagleDraftWorker._draft_extend_for_decode": 0.4}
     assert phase_shares("") == {"samples": 0, "shares": {}, "inside": {}}
 
 
