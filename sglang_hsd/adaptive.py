@@ -13,7 +13,9 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
   linearly between measured ones, since each draft step adds about one small forward);
 
 as ``argmax_L sum_i E_i(L) / cost(B, L)`` with ``E(L) = 1 + r + ... + r^L`` the expected tokens of
-a chain whose tokens are accepted with probability r each (the bonus token included). Before it can
+a chain whose tokens are accepted with probability r each (the bonus token included), the cost of
+a length that drafts priced at ``AdaptiveConfig.draft_margin`` times its estimate (drafting must
+win by more than what the estimates miss). Before it can
 compare, the controller measures each *anchor* length (0, the shortest and the longest positive one,
 and one in between) twice per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
 drifts (a machine getting busier) is re-measured. Exploring is not free: at batch 16 on a 2-core CPU
