@@ -200,8 +200,8 @@ def measured_copy_rows(modules: list[torch.nn.Module], copies: dict, rows: tuple
     Which row counts a copy wins depends on the CPU, so it is measured where the server runs.
     Each pass reads every weight once, as a forward does: timed alone, back to back, a 35 MB
     float32 projection stays in the 260 MB L3 of the 2-core Xeon and looked faster than int4
-    from 8 rows, where the passes over the 0.5B draft model measured int4 faster up to 16 rows
-    (its LM head up to 12).
+    from 8 rows, where the passes over the 0.5B draft model measured int4 faster up to 8-16 rows
+    (its LM head up to 8-12) on different starts: close to equal there, so the noise is cheap.
     """
     if sum(m.weight.numel() * m.weight.element_size() for m in modules) < MIN_MEASURED_BYTES:
         return None
