@@ -76,12 +76,12 @@ class AdaptiveConfig:
         draft_margin: a round that drafts is priced at this factor times its estimated seconds
             when lengths are compared (>= 1): what the medians of its rounds do not show. On the
             2-core Xeon at batch 4, rounds drafting 2 tokens cost on average 13% more than the
-            median of their recent rounds (707 vs 625 ms, a tail of slow rounds after the batch
-            changes), plain rounds on the speculative server cost 7% more than on a plain
-            server, and the draft model's prefill (deferred to the first drafting round) cost 34
-            s over 350 rounds; drafting that the medians put 1.3x ahead of plain decoding ran at
-            0.94-0.98x (``benchmarks/README.md``, "Server goodput, thirteenth run"). So drafting
-            is chosen only where it is expected to win by more than this factor.
+            median of their recent rounds (707 vs 625 ms, a tail of slow rounds whose cause was
+            not isolated), and the draft model's prefill (deferred to the first drafting round)
+            cost 34 s over 350 rounds; drafting that the medians put 20-40% ahead of plain
+            decoding ran at 0.94-0.98x (``benchmarks/README.md``, "Server goodput, thirteenth
+            run"). So drafting is chosen only where it is expected to win by more than this
+            factor. Exploration budgets count a probe's real (unpriced) seconds.
     """
 
     candidates: tuple[int, ...]
@@ -270,11 +270,12 @@ class BudgetController:
             floor = self.costs.floor(bucket, length) if length > 0 else None
             if floor is None or floor <= 0:
                 return length, None  # plain decoding, or nothing bounds what it costs: measure
-            floor = self.config.priced(length, floor + setup.share(rates, length))
+            floor += setup.share(rates, length)
             if fastest is None:
                 fastest = self._fastest(bucket, rates, setup)
             best, best_speed = fastest
-            speed = sum(expected_tokens(r, length) for r in rates) / floor
+            # Compared at its price (as _fastest prices the best); its extra seconds below are real.
+            speed = sum(expected_tokens(r, length) for r in rates) / self.config.priced(length, floor)
             if best_speed == -math.inf:
                 return length, None  # nothing known to compare with: measure it now
             # A probe from plain decoding must pay the whole setup first, all of it wasted if

@@ -208,8 +208,10 @@ def measured_copy_rows(modules: list[torch.nn.Module], copies: dict, rows: tuple
     inputs: dict[tuple[int, int], torch.Tensor] = {}
 
     def timed(product: Callable, count: int) -> float:
-        xs = [inputs.setdefault((count, m.weight.shape[1]), torch.randn(count, m.weight.shape[1]))
-              for m in modules]
+        for m in modules:  # one input per (rows, in_features), shared by both sides
+            if (count, m.weight.shape[1]) not in inputs:
+                inputs[(count, m.weight.shape[1])] = torch.randn(count, m.weight.shape[1])
+        xs = [inputs[(count, m.weight.shape[1])] for m in modules]
         times = []
         for _ in range(repeats + 1):  # the first pass is not timed (oneDNN creates its kernels)
             started = time.perf_counter()
