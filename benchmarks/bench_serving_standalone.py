@@ -25,6 +25,7 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
                   draft model's q, sequence-level verification, fixed draft length;
 * ``hsd-adaptive`` ``hsd`` with ``--hsd-adaptive on`` (the draft budget chosen per round);
 * ``hsd-adaptive-k8`` the same configured with 8 draft steps (lengths 0..8 to choose from);
+* ``hsd-adaptive-k16`` the same with 16 (lengths 0..16);
 * ``hsd-adaptive-k8-extend`` the same with ``--hsd-draft-catch-up off`` (a round that drafts
                   nothing still extends the draft cache): what the catch-up saves;
 * ``tokenwise``   the same with ``--hsd-verify-method tokenwise`` (the standard per-token rule);
@@ -113,6 +114,11 @@ CONFIGS = {c.name: c for c in (
                      "round's length chosen in 0..8)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
                      num_steps=8),
+    DraftModelConfig("hsd-adaptive-k16", "hsd-adaptive configured with 16 draft steps (each "
+                     "round's length chosen in 0..16): room for long chains where drafts are "
+                     "almost always accepted",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
+                     num_steps=16),
     DraftModelConfig("hsd-adaptive-k8-extend", "hsd-adaptive-k8 with --hsd-draft-catch-up off: "
                      "rounds that draft nothing still extend the draft cache (SGLang's way)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on",

@@ -45,8 +45,9 @@ class HierarchyConfig:
         tree_rule: which drafted nodes are forwarded and kept (a lossless key of
             ``tree_draft.LEVEL_RULES``, the server's ``--hsd-tree-rule``).
         tree_children: how a node's children are drawn (a lossless key of
-            ``tree_draft.CHILD_SAMPLERS``: ``gumbel_topk``, or ``argmax_first`` as the server's
-            ``--hsd-tree-draft argmax-first``); the verifier is told the sampler's draft mode.
+            ``tree_draft.CHILD_SAMPLERS``: ``inverse_cdf``, or ``argmax_first_cdf`` as the server's
+            ``--hsd-tree-draft argmax-first``; their Gumbel twins ``gumbel_topk`` / ``argmax_first``
+            have the same laws); the verifier is told the sampler's draft mode.
     """
 
     levels: tuple[LevelSpec, ...] = field(default_factory=lambda: (LevelSpec(LevelKind.TARGET),))

@@ -51,7 +51,7 @@ TREE_DRAFTS = {"sampled": (("hsd", "rrs"), "hsd"), "argmax-first": (("hsd", "rrs
                "topk": (("target-only",), "target-only")}
 DEFAULT_TREE_DRAFT = "sampled"
 # The tree drafts the level-synchronous drafter runs -> its child sampler (``tree_draft.CHILD_SAMPLERS``).
-TREE_DRAFT_SAMPLERS = {"sampled": "gumbel_topk", "argmax-first": "argmax_first"}
+TREE_DRAFT_SAMPLERS = {"sampled": "inverse_cdf", "argmax-first": "argmax_first_cdf"}
 DRAFT_TEMPERATURE_SCALE_ENV = "SGLANG_HSD_DRAFT_TEMPERATURE_SCALE"
 TREE_RULE_ENV = "SGLANG_HSD_TREE_RULE"
 # what --hsd-verify-method accepts at all: the chain rules and the tree rules above

@@ -2,7 +2,7 @@
 
 ``shape.py`` the tree's shape (D, k, N) and its ``"D:k:N"`` spelling; ``drafter.py`` the
 level-synchronous drafter in SGLang's pool layout (``DraftPlan``, ``LevelDrafter``); ``rules.py``
-which nodes are forwarded and kept; ``children.py`` how a node's children are drawn (Gumbel top-k,
+which nodes are forwarded and kept; ``children.py`` how a node's children are drawn (without replacement,
 the greedy-row rule); ``noise.py`` the keyed, counter-based noise they are drawn with. The
 sequential drafters of the exact study (full trees, one node per step) live with the oracles in
 ``sglang_hsd/verify/oracles/``.

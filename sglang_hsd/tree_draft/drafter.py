@@ -14,8 +14,8 @@ SGLang's tree builder (``build_tree_kernel_efficient``) reads node n >= 1 as poo
 ``pool < k``), and lists siblings in ascending pool order: the draw order here, as traversal
 verification of children drawn without replacement needs.
 
-The children of a forwarded node come from a child sampler (``children.py``: Gumbel top-k by
-default, a draw without replacement from its q row) fed by a noise source (``noise.py``: keyed,
+The children of a forwarded node come from a child sampler (``children.py``: by default k
+sequential draws without replacement from its q row by inverse transform sampling) fed by a noise source (``noise.py``: keyed,
 counter-based in the server and the runtime); which nodes are forwarded and kept is the rule's
 (``rules.py``). A node gets at most min(k, #positive q) children.
 
@@ -152,8 +152,9 @@ class LevelDrafter:
         batch = root_q.shape[0]
         if not isinstance(deterministic, torch.Tensor) or deterministic.dtype != torch.bool or tuple(deterministic.shape) != (batch,):
             raise ValueError(f"deterministic must be a bool tensor [B] = [{batch}]")
-        if not callable(getattr(noise, "gumbel", None)):
-            raise ValueError(f"noise must be a NoiseSource (a .gumbel method), got {type(noise).__name__}")
+        if not callable(getattr(noise, plan.sampler.noise, None)):
+            raise ValueError(f"noise must be a NoiseSource (a .{plan.sampler.noise} method for child sampler "
+                             f"{plan.sampler.name!r}), got {type(noise).__name__}")
         self.plan, self.shape, self.noise, self.validate = plan, plan.shape, noise, validate
         if validate:
             _check_q("root_q", root_q)
@@ -204,10 +205,13 @@ class LevelDrafter:
         fwd = forward_slice(level, k)
         q = state.fwd_q[:, fwd]  # [B, F', V]
         batch, forwards, vocab = q.shape
-        noise = self.noise.gumbel(level, forwards, sampler.noise_draws(k), vocab)
+        draws = sampler.noise_draws(k)
+        if sampler.noise == "uniform":
+            noise = self.noise.uniform(level, forwards, draws).reshape(batch * forwards, draws)
+        else:
+            noise = self.noise.gumbel(level, forwards, draws, vocab).reshape(batch * forwards, draws, vocab)
         det = state.deterministic.view(-1, 1).expand(-1, forwards).reshape(-1)
-        tokens, valid = sampler.draw(torch.log(q.double()).reshape(batch * forwards, vocab),
-                                     noise.reshape(batch * forwards, -1, vocab), det, k)
+        tokens, valid = sampler.draw(q.reshape(batch * forwards, vocab), noise, det, k)
         tokens, valid = tokens.view(batch, forwards, k), valid.view(batch, forwards, k)
         valid = valid & state.fwd_active[:, fwd].unsqueeze(-1)
         slots = slice(fwd.start * k, fwd.stop * k)

@@ -1,22 +1,26 @@
-"""Gumbel noise for drafting tree children: keyed, static-shape, free of host synchronisation.
+"""Noise for drafting tree children: keyed, static-shape, free of host synchronisation.
 
-Children are drawn without replacement by Gumbel top-k (``children.py``): with independent
-standard Gumbel noise g_v per token, the k tokens of largest log q_v + g_v, in decreasing order,
-have exactly the law of k sequential draws without replacement (draw t_1 from q, t_2 from q
-without t_1 renormalised, ...):
-P(t_1..t_k) = prod_j q(t_j) / (1 - q(t_1) - ... - q(t_{j-1})) (the Plackett-Luce law).
+Children are drawn without replacement (``children.py``), so that k draws t_1 .. t_k (t_1 from q,
+t_2 from q without t_1 renormalised, ...) have the Plackett-Luce law
+P(t_1..t_k) = prod_j q(t_j) / (1 - q(t_1) - ... - q(t_{j-1})). Two ways to feed it:
 
-A noise source gives the noise of one draft level: ``gumbel(level, forwards, draws, vocab)`` ->
-float64 [B, F', S, V], one vector per (forwarded node of the level, draw). Level 0 is the root
-(F' = 1), level l >= 1 the k beams of draft forward l - 1 (F' = k).
+* uniforms, one per draw (``inverse_cdf``, the default): draw j inverts the cumulative mass of
+  the tokens not drawn yet at u_j;
+* Gumbel vectors, one value per vocabulary entry (``gumbel_topk``): with independent standard
+  Gumbel g_v, the k largest log q_v + g_v, in decreasing order, have exactly that law.
 
-``KeyedNoise`` (the server and the runtime): g = Gumbel(murmur_hash32(seed', position, column))
-with seed' = the request's stream seed separated by ``TREE_NOISE_TAG`` and the level
-(``counter_rng.domain_seed``), position = the request's committed length at this round (no two
-rounds of a request share it) and column = (forward, draw, token). The same seed gives the same
-tree in any batch, on any device and on every tensor-parallel rank, and no generator state is
-read, so the draw can be captured in a CUDA graph. ``TableNoise`` replays given noise (the exact
-oracle drives the drafter with noise chosen to produce each outcome).
+A noise source gives the noise of one draft level, one entry per (forwarded node of the level,
+draw): ``uniform(level, forwards, draws)`` -> float64 [B, F', S] in (0, 1), ``gumbel(level,
+forwards, draws, vocab)`` -> float64 [B, F', S, V]. Level 0 is the root (F' = 1), level l >= 1 the
+k beams of draft forward l - 1 (F' = k).
+
+``KeyedNoise`` (the server and the runtime): u = murmur_hash32(seed', position, column) mapped to
+(0, 1) (g = Gumbel of it) with seed' = the request's stream seed separated by ``TREE_NOISE_TAG``
+and the level (``counter_rng.domain_seed``), position = the request's committed length at this
+round (no two rounds of a request share it) and column = (forward, draw[, token]). The same seed
+gives the same tree in any batch, on any device and on every tensor-parallel rank, and no
+generator state is read, so the draw can be captured in a CUDA graph. ``TableNoise`` replays
+given noise (the exact oracle drives the drafter with noise chosen to produce each outcome).
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ from typing import Protocol
 
 import torch
 
-from sglang_hsd.counter_rng import domain_seed, gumbel_from_hash, murmur_hash32
+from sglang_hsd.counter_rng import domain_seed, gumbel_from_hash, murmur_hash32, open_uniforms
 
 TREE_NOISE_TAG = 0x7EE5_D4A7
 
 
 class NoiseSource(Protocol):
+    def uniform(self, level: int, forwards: int, draws: int) -> torch.Tensor:
+        """float64 [B, forwards, draws] uniforms in (0, 1) for draft level ``level``."""
+
     def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
         """float64 [B, forwards, draws, vocab] standard Gumbel noise for draft level ``level``."""
 
@@ -59,29 +66,39 @@ class KeyedNoise:
         seed = torch.randint(0, 2**62, position.shape, generator=generator, device=device)
         return cls(seed.to(position.device), position)
 
+    def _hashed(self, level: int, columns: int) -> torch.Tensor:
+        if columns > 2**32:
+            raise ValueError(f"{columns} noise columns exceed the 2^32 columns of one key")
+        return murmur_hash32(domain_seed(self.seed, TREE_NOISE_TAG, level), self.position,
+                             torch.arange(columns, device=self.seed.device))
+
+    def uniform(self, level: int, forwards: int, draws: int) -> torch.Tensor:
+        return open_uniforms(self._hashed(level, forwards * draws)).view(-1, forwards, draws)
+
     def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
-        if forwards * draws * vocab > 2**32:
-            raise ValueError(f"forwards x draws x vocab = {forwards * draws * vocab} exceeds the 2^32 columns of one key")
-        columns = torch.arange(forwards * draws * vocab, device=self.seed.device)
-        hashed = murmur_hash32(domain_seed(self.seed, TREE_NOISE_TAG, level), self.position, columns)
-        return gumbel_from_hash(hashed).view(-1, forwards, draws, vocab)
+        return gumbel_from_hash(self._hashed(level, forwards * draws * vocab)).view(-1, forwards, draws, vocab)
 
 
 class TableNoise:
-    """Given noise: ``table`` float64 [B, F, S, V], F = 1 + k (D - 1) forwarded nodes; level l
-    reads the rows of its forwards (``forward_slice``)."""
+    """Given noise: ``table`` float64 [B, F, S] uniforms or [B, F, S, V] Gumbel values, F = 1 +
+    k (D - 1) forwarded nodes; level l reads the rows of its forwards (``forward_slice``)."""
 
     def __init__(self, table: torch.Tensor, topk: int):
-        if table.dim() != 4:
-            raise ValueError(f"table must be [B, F, S, V], got {list(table.shape)}")
+        if table.dim() not in (3, 4):
+            raise ValueError(f"table must be [B, F, S] (uniforms) or [B, F, S, V] (Gumbel), got {list(table.shape)}")
         self.table, self.topk = table, topk
 
-    def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
+    def _rows(self, level: int, shape: tuple) -> torch.Tensor:
         rows = self.table[:, forward_slice(level, self.topk)]
-        if tuple(rows.shape[1:]) != (forwards, draws, vocab):
-            raise ValueError(f"table rows of level {level} are {list(rows.shape[1:])}, the drafter needs "
-                             f"{[forwards, draws, vocab]}")
+        if tuple(rows.shape[1:]) != shape:
+            raise ValueError(f"table rows of level {level} are {list(rows.shape[1:])}, the drafter needs {list(shape)}")
         return rows
+
+    def uniform(self, level: int, forwards: int, draws: int) -> torch.Tensor:
+        return self._rows(level, (forwards, draws))
+
+    def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
+        return self._rows(level, (forwards, draws, vocab))
 
 
 def forward_slice(level: int, topk: int) -> slice:

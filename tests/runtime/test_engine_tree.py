@@ -142,7 +142,7 @@ def test_greedy_trees_accept_more_than_a_chain_of_the_same_depth(target):
     assert per_round[1] >= per_round[0]
 
 
-def _sampled_counts(spec, params, method, shape=(2, 2, 4), runs=6000, vocab=6, length=3, seed=0, children="gumbel_topk"):
+def _sampled_counts(spec, params, method, shape=(2, 2, 4), runs=6000, vocab=6, length=3, seed=0, children="inverse_cdf"):
     model = CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=vocab, num_layers=4, hidden_size=32, seed=5), 3.0))
     drafter = _small(vocab, seed=7) if spec.startswith("model") else None
     head = eagle3_head_for(model, vocab - 1, [1, 2, 3], std=0.3)[0] if spec.startswith("eagle3") else None
@@ -201,7 +201,7 @@ def test_sampled_test_rejects_wrong_tree_rounds(monkeypatch, wrong):
     ("model:tiny,target", SamplingParams(temperature=1.0), (2, 2, 4)),
 ])
 def test_argmax_first_children_match_target_distribution(spec, params, shape):
-    counts, exact, result = _sampled_counts(spec, params, "hsd", shape, children="argmax_first")
+    counts, exact, result = _sampled_counts(spec, params, "hsd", shape, children="argmax_first_cdf")
     assert chi_square_p_value(counts, exact) > 1e-4
     assert result.levels[-1].accepted > 0
 
@@ -213,12 +213,12 @@ def test_argmax_first_children_verified_as_sampled_are_rejected(monkeypatch):
     monkeypatch.setattr(tree_rounds, "verify_tree",
                         lambda *args, **kwargs: original(*args, **{**kwargs, "draft_mode": "without-replacement"}))
     counts, exact, _ = _sampled_counts("exit:2,target", SamplingParams(temperature=0.7), "hsd", (3, 2, 6),
-                                       children="argmax_first")
+                                       children="argmax_first_cdf")
     assert chi_square_p_value(counts, exact) < 1e-6
 
 
 def test_argmax_first_greedy_output_equals_target_greedy(target):
-    config = parse_levels("exit:2,target", buffers=[3], tree=TreeShape(3, 2, 6), tree_children="argmax_first")
+    config = parse_levels("exit:2,target", buffers=[3], tree=TreeShape(3, 2, 6), tree_children="argmax_first_cdf")
     params = SamplingParams(temperature=0.0)
     result = SpeculativeGenerator(target, config, validate=True).generate(PROMPTS, params, max_new_tokens=14)
     for prompt, out in zip(PROMPTS, result.tokens):

@@ -223,10 +223,10 @@ def test_argmax_first_tree_draft(plugin_loaded, clean_env):
     from sglang_hsd.tree_draft import CHILD_SAMPLERS
 
     default = PluginConfig.from_env(topk=2)
-    assert default.tree_draft == "sampled" and default.child_sampler == "gumbel_topk" and default.sampled_tree
+    assert default.tree_draft == "sampled" and default.child_sampler == "inverse_cdf" and default.sampled_tree
     clean_env.setenv("SGLANG_HSD_TREE_DRAFT", "argmax-first")
     config = PluginConfig.from_env(topk=2)
-    assert (config.verify_method, config.child_sampler, config.sampled_tree) == ("hsd", "argmax_first", True)
+    assert (config.verify_method, config.child_sampler, config.sampled_tree) == ("hsd", "argmax_first_cdf", True)
     assert CHILD_SAMPLERS[config.child_sampler].draft_mode == "argmax-first"
     clean_env.setenv("SGLANG_HSD_TREE_RULE", "beam")
     assert PluginConfig.from_env(topk=2).tree_rule == "beam"

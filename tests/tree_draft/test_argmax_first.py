@@ -1,4 +1,5 @@
-"""Argmax-first children (``CHILD_SAMPLERS["argmax_first"]``, ``verify_tree(draft_mode="argmax-first")``).
+"""Argmax-first children (``CHILD_SAMPLERS["argmax_first_cdf"]``, the server's, and its Gumbel twin
+``"argmax_first"``; ``verify_tree(draft_mode="argmax-first")``).
 
 A node's first child is q's argmax (deterministic, as the stock tree's top-1 child), its later
 siblings are drawn without replacement from q without it; the verifier tests each child against
@@ -23,7 +24,7 @@ from sglang_hsd.verify.oracles.level_exact import drive, level_prefix_tv, level_
 from sglang_hsd.verify.oracles.simulate import simulate_tree, target_prefix_probs
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
 
-SAMPLER = "argmax_first"
+SAMPLER = "argmax_first_cdf"
 LOSSLESS_TV = 1e-12
 LOSSY_TV = 1e-3
 CASES = [  # (D, k, N), emitted tokens compared, draft context: as test_exact.py
@@ -35,15 +36,20 @@ CASES = [  # (D, k, N), emitted tokens compared, draft context: as test_exact.py
 WRONG = "without-replacement"  # the first child verified as if it had been drawn from q
 
 
-def test_sampler_takes_the_argmax_first_then_draws_without_it():
-    sampler = CHILD_SAMPLERS[SAMPLER]
-    assert sampler.lossless and sampler.draft_mode == "argmax-first" and sampler.noise_draws(3) == 1
+@pytest.mark.parametrize("name", [SAMPLER, "argmax_first"])
+def test_sampler_takes_the_argmax_first_then_draws_without_it(name):
+    sampler = CHILD_SAMPLERS[name]
+    assert sampler.lossless and sampler.draft_mode == "argmax-first"
     gen = torch.Generator().manual_seed(0)
     q = torch.softmax(torch.randn(64, 6, generator=gen, dtype=torch.float64), -1)
     q[:8, 3:] = 0.0  # rows with 3 tokens of positive q
-    noise = -torch.log(-torch.log(torch.rand(64, 1, 6, generator=gen, dtype=torch.float64)))
+    draws = sampler.noise_draws(4)
+    if sampler.noise == "uniform":
+        noise = torch.rand(64, draws, generator=gen, dtype=torch.float64)
+    else:
+        noise = -torch.log(-torch.log(torch.rand(64, draws, 6, generator=gen, dtype=torch.float64)))
     det = torch.arange(64) % 5 == 0
-    tokens, valid = sampler.draw(torch.log(q), noise, det, 4)
+    tokens, valid = sampler.draw(q, noise, det, 4)
     assert torch.equal(tokens[:, 0], q.argmax(-1))
     assert torch.equal(valid, (torch.arange(4) < torch.where(torch.arange(64) < 8, 3, 4).unsqueeze(-1)))
     assert all(len(set(row[ok].tolist())) == int(ok.sum()) for row, ok in zip(tokens, valid))

@@ -55,6 +55,25 @@ def test_lossless(rule, shape, length, context):
     assert max(tvs.values()) < LOSSLESS_TV, tvs
 
 
+@pytest.mark.parametrize("shape,length,context", [CASES[0], CASES[2]])  # k < V: with k = V every node holds all tokens
+def test_gumbel_twin_is_lossless_and_stepping_past_drawn_tokens_is_not(shape, length, context, monkeypatch):
+    """The same drafter on Gumbel top-k children (the default's twin, same law) is lossless; the
+    plausible slip of the inverse-transform sampler (invert the whole of q, step past tokens drawn
+    already: ``test_noise.SKIP_DRAWN``), verified as draws without replacement, is not."""
+    from tests.tree_draft.test_noise import SKIP_DRAWN
+
+    world = exact.random_world(3, length - 1 + shape[0], seed=sum(shape))
+    cfg = TreeShape(*shape)
+    twin = level_prefix_tv(world, DEFAULT_LEVEL_RULE, cfg, length, methods=("hsd", "rrs"), context=context,
+                           sampler="gumbel_topk")
+    assert max(twin.values()) < LOSSLESS_TV, twin
+    monkeypatch.setitem(CHILD_SAMPLERS, SKIP_DRAWN.name, SKIP_DRAWN)
+    monkeypatch.setitem(SAMPLER_LAWS, SKIP_DRAWN.name, "without-replacement")  # what it claims
+    wrong = level_prefix_tv(world, DEFAULT_LEVEL_RULE, cfg, length, methods=("hsd", "rrs"), context=context,
+                            sampler=SKIP_DRAWN.name)
+    assert min(wrong.values()) > LOSSY_TV, wrong
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_pruned_is_lossy(seed):
     """SGLang's selection on sampled children keeps nodes for their own and deeper scores: biased."""

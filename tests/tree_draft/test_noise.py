@@ -1,9 +1,12 @@
-"""Keyed Gumbel noise and the child samplers (``tree_draft/noise.py``, ``tree_draft/children.py``).
+"""Keyed noise and the child samplers (``tree_draft/noise.py``, ``tree_draft/children.py``).
 
 The exact tests (``test_exact.py``) weight every ordered draw by the Plackett-Luce law; here the
-keyed noise is shown to sample that law (chi-square over ordered triples), the lossy sampler its
-own i.i.d. law, and the keys to be what reproducibility and tensor parallelism need: a request's
-noise depends on its seed, position and level only, not on the batch around it.
+samplers with the keyed noise are shown to sample that law (chi-square over ordered triples: the
+inverse-transform sampler on keyed uniforms and Gumbel top-k on keyed Gumbel vectors, while a
+plausible slip of the first, drawing from the whole of q and stepping past tokens already drawn,
+is rejected), the lossy sampler its own i.i.d. law, and the keys to be what reproducibility and
+tensor parallelism need: a request's noise depends on its seed, position and level only, not on
+the batch around it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 
 from sglang_hsd.counter_rng import murmur_hash32, open_uniforms
 from sglang_hsd.tree_draft import CHILD_SAMPLERS, KeyedNoise
+from sglang_hsd.tree_draft.children import BLOCK, ChildSampler, sequential_draws
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
 
 P_VALUE_FLOOR = 1e-4  # fixed seeds: a correct sampler passes; the floor leaves room for 20+ such tests
@@ -23,15 +27,44 @@ NUM_ROWS = 40_000
 Q = torch.tensor([0.05, 0.4, 0.25, 0.2, 0.1], dtype=torch.float64)
 
 
-def _draw(sampler: str, q: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
+def keyed_noise(sampler: ChildSampler, noise: KeyedNoise, k: int, vocab: int) -> torch.Tensor:
+    """The root level's noise of one node per row in the shape ``sampler.draw`` takes."""
+    draws = sampler.noise_draws(k)
+    if sampler.noise == "uniform":
+        return noise.uniform(0, 1, draws)[:, 0]
+    return noise.gumbel(0, 1, draws, vocab)[:, 0]
+
+
+def _draw(sampler, q: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
     """k children of NUM_ROWS nodes with row q, keyed noise of NUM_ROWS seeds: int64 [R, k]."""
-    entry = CHILD_SAMPLERS[sampler]
+    entry = CHILD_SAMPLERS[sampler] if isinstance(sampler, str) else sampler
     seeds = torch.arange(NUM_ROWS, dtype=torch.long) + seed * NUM_ROWS
-    noise = KeyedNoise(seeds, torch.full((NUM_ROWS,), 17)).gumbel(0, 1, entry.noise_draws(k), q.numel())
-    log_q = torch.log(q).expand(NUM_ROWS, -1)
-    tokens, valid = entry.draw(log_q, noise[:, 0], torch.zeros(NUM_ROWS, dtype=torch.bool), k)
+    noise = keyed_noise(entry, KeyedNoise(seeds, torch.full((NUM_ROWS,), 17)), k, q.numel())
+    tokens, valid = entry.draw(q.expand(NUM_ROWS, -1), noise, torch.zeros(NUM_ROWS, dtype=torch.bool), k)
     assert valid.all()
     return tokens
+
+
+def skip_drawn(q: torch.Tensor, uniforms: torch.Tensor, deterministic: torch.Tensor, k: int):
+    """A plausible slip of the inverse-transform sampler: draw j inverts the cumulative mass of the
+    whole of q (drawn tokens included) and steps on to the next token not drawn yet. Tokens that
+    follow a likely one are drawn too often. Same signature as ``ChildSampler.draw``."""
+    rows, vocab = q.shape
+    cumulative = torch.cumsum(q.double(), -1)
+    drawn = torch.full((rows, k), -1, dtype=torch.long)
+    for j in range(k):
+        x = uniforms[:, j] * cumulative[:, -1]
+        token = torch.searchsorted(cumulative, x.unsqueeze(-1), right=True).squeeze(-1).clamp_max(vocab - 1)
+        for _ in range(vocab):  # past drawn and zero-mass tokens, cyclically
+            taken = (token.unsqueeze(-1) == drawn).any(-1) | (q.gather(1, token.unsqueeze(-1)).squeeze(-1) <= 0)
+            token = torch.where(taken, (token + 1) % vocab, token)
+        drawn[:, j] = token
+    top_values, top_tokens = torch.topk(q, k, dim=-1)
+    return torch.where(deterministic.unsqueeze(-1), top_tokens, drawn), top_values > 0
+
+
+SKIP_DRAWN = ChildSampler("skip_drawn", "inverse transform over the whole q, stepping past drawn tokens (lossy)",
+                          lambda k: k, skip_drawn, lossless=False, noise="uniform")
 
 
 def _plackett_luce(q: torch.Tensor, order: tuple) -> float:
@@ -50,12 +83,36 @@ def _counts(tokens: torch.Tensor, outcomes: list) -> torch.Tensor:
     return counts
 
 
-def test_gumbel_topk_samples_ordered_draws_without_replacement():
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "gumbel_topk"])
+def test_samplers_draw_ordered_draws_without_replacement(sampler):
     outcomes = list(itertools.permutations(range(5), 3))
-    tokens = _draw("gumbel_topk", Q, 3)
+    tokens = _draw(sampler, Q, 3)
     expected = torch.tensor([_plackett_luce(Q, o) for o in outcomes], dtype=torch.float64)
     assert abs(float(expected.sum()) - 1) < 1e-12
     assert chi_square_p_value(_counts(tokens, outcomes), expected) > P_VALUE_FLOOR
+
+
+def test_stepping_past_drawn_tokens_is_not_without_replacement():
+    outcomes = list(itertools.permutations(range(5), 3))
+    expected = torch.tensor([_plackett_luce(Q, o) for o in outcomes], dtype=torch.float64)
+    assert chi_square_p_value(_counts(_draw(SKIP_DRAWN, Q, 3), outcomes), expected) < REJECT_P_VALUE
+
+
+def test_inverse_transform_across_blocks_and_float32_rows():
+    """A vocabulary of several blocks (one partial), float32 rows, mass in a few tokens of distant
+    blocks: the k draws are distinct tokens of positive mass, the argmax-first variant leads with
+    the argmax, and draws follow q (the first draw's frequencies, chi-square)."""
+    vocab, rows = 2 * BLOCK + 37, 20_000
+    hot = torch.tensor([5, BLOCK - 1, BLOCK, 2 * BLOCK + 36])  # block edges and the partial block
+    q = torch.zeros(vocab)
+    q[hot] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    uniforms = KeyedNoise(torch.arange(rows), torch.zeros(rows, dtype=torch.long)).uniform(0, 1, 4)[:, 0]
+    tokens = sequential_draws(q.expand(rows, -1), uniforms, 4)
+    assert bool(torch.isin(tokens, hot).all()) and all(len(set(r)) == 4 for r in tokens[:200].tolist())
+    first = CHILD_SAMPLERS["argmax_first_cdf"].draw(q.expand(rows, -1), uniforms, torch.zeros(rows, dtype=torch.bool), 4)[0]
+    assert bool((first[:, 0] == hot[3]).all())
+    counts = torch.stack([(tokens[:, 0] == t).sum() for t in hot]).double()
+    assert chi_square_p_value(counts, q[hot].double()) > P_VALUE_FLOOR
 
 
 def test_with_replacement_samples_iid_draws_and_is_not_without_replacement():
@@ -67,10 +124,12 @@ def test_with_replacement_samples_iid_draws_and_is_not_without_replacement():
     assert chi_square_p_value(_counts(tokens, outcomes), without) < REJECT_P_VALUE
 
 
-def test_support_below_k_gives_invalid_children_and_deterministic_rows_take_the_top_k():
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "gumbel_topk"])
+def test_support_below_k_gives_invalid_children_and_deterministic_rows_take_the_top_k(sampler):
     q = torch.tensor([[0.0, 0.7, 0.0, 0.3], [0.1, 0.2, 0.3, 0.4]], dtype=torch.float64)
-    noise = KeyedNoise(torch.tensor([1, 2]), torch.tensor([0, 0])).gumbel(0, 1, 1, 4)[:, 0]
-    tokens, valid = CHILD_SAMPLERS["gumbel_topk"].draw(torch.log(q), noise, torch.tensor([False, True]), 3)
+    entry = CHILD_SAMPLERS[sampler]
+    noise = keyed_noise(entry, KeyedNoise(torch.tensor([1, 2]), torch.tensor([0, 0])), 3, 4)
+    tokens, valid = entry.draw(q, noise, torch.tensor([False, True]), 3)
     assert valid[0].tolist() == [True, True, False] and sorted(tokens[0, :2].tolist()) == [1, 3]
     assert valid[1].all() and tokens[1].tolist() == [3, 2, 1]
 
@@ -85,6 +144,10 @@ def test_keys_depend_on_seed_position_and_level_not_on_the_batch():
     assert not torch.equal(whole, KeyedNoise(seeds, positions).gumbel(3, 2, 1, 11))
     assert not torch.equal(whole[:, 0], whole[:, 1])  # the forwards of a level have their own keys
     assert torch.isfinite(whole).all()
+    uniform = KeyedNoise(seeds, positions).uniform(2, 2, 3)
+    assert torch.equal(uniform[1:2], KeyedNoise(seeds[1:2], positions[1:2]).uniform(2, 2, 3))
+    assert not torch.equal(uniform, KeyedNoise(seeds, positions).uniform(3, 2, 3))
+    assert bool((uniform > 0).all()) and bool((uniform < 1).all())
 
 
 def test_uniforms_stay_inside_the_open_interval():

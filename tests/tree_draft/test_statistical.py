@@ -4,7 +4,7 @@
 loop (q from the per-slot contexts of SGLang's draft KV cache), verifies the tree, appends the
 emitted tokens. The 3-token prefix counts are compared with the exact target law (chi-square) and
 first-round acceptance with the exact expectation of ``oracles/level_exact.py``. The children come
-from the keyed Gumbel noise of the server (``KeyedNoise``); the pruned rule must fail, and so must
+from the keyed noise of the server (``KeyedNoise``); the pruned rule must fail, and so must
 noise whose keys forget the level (a node's children reuse its parent's noise).
 """
 
@@ -32,6 +32,9 @@ class LevelBlindNoise:
 
     def __init__(self, noise: KeyedNoise):
         self.noise = noise
+
+    def uniform(self, level, forwards, draws):
+        return self.noise.uniform(0, 1, draws).expand(-1, forwards, -1)
 
     def gumbel(self, level, forwards, draws, vocab):
         return self.noise.gumbel(0, 1, draws, vocab).expand(-1, forwards, -1, -1)

@@ -3,9 +3,11 @@
 Not a re-derivation: the batched ``LevelDrafter`` itself is run on every drafting outcome. Its
 children come from a child sampler fed by noise; here the noise is chosen (``TableNoise``) so that
 the sampler draws one given ordered sequence, and each sequence is weighted by the sampler's law:
-Plackett-Luce for ``gumbel_topk`` (the law of Gumbel top-k, which ``tests/tree_draft/
-test_statistical.py`` checks the keyed noise samples), q's argmax then Plackett-Luce on the rest
-for ``argmax_first``, i.i.d. for ``with_replacement``. Outcomes
+Plackett-Luce for ``inverse_cdf`` and ``gumbel_topk`` (draws without replacement, which
+``tests/tree_draft/test_noise.py`` checks the keyed noise samples), q's argmax then Plackett-Luce
+on the rest for ``argmax_first_cdf`` and ``argmax_first``, i.i.d. for ``with_replacement``. The
+crafted noise of a uniform-fed sampler puts u_j in the middle of t_j's interval of the cumulative
+mass of the tokens not drawn before it. Outcomes
 are enumerated level by level: a run of the drafter shows the q rows of the level's forwarded
 nodes, and every batch row splits into one row per ordered draw sequence of a node, the row's
 probability multiplied by the sequence's. Deterministic rows and padding beams do not split. A
@@ -37,7 +39,8 @@ from sglang_hsd.tree_draft import (
 
 CONTEXTS = ("path", "slot")
 # The law of each child sampler (``tree_draft.CHILD_SAMPLERS``, ``_ordered_draws``).
-SAMPLER_LAWS = {"gumbel_topk": "without-replacement", "with_replacement": "with-replacement",
+SAMPLER_LAWS = {"inverse_cdf": "without-replacement", "argmax_first_cdf": "argmax-first",
+                "gumbel_topk": "without-replacement", "with_replacement": "with-replacement",
                 "argmax_first": "argmax-first"}
 # verify_tree's draft mode -> the ``tree_exact`` drafting of one given tree verified that way.
 FIXED_DRAFTING = {"without-replacement": "fixed", "argmax-first": "fixed-argmax-first"}
@@ -137,6 +140,23 @@ def _noise_for(q: torch.Tensor, tokens: torch.Tensor, draws: int) -> torch.Tenso
     return noise
 
 
+def _uniforms_for(q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Uniforms [R, k] under which a sequential sampler draws ``tokens`` (int64 [R, k], -1 none):
+    u_j in the middle of t_j's interval of the cumulative mass of the tokens not drawn before it
+    (0.5 where there is no draw j, and for a first token the sampler fixes itself)."""
+    remaining = q.clone()
+    at = torch.arange(q.shape[0])
+    uniforms = torch.full(tokens.shape, 0.5, dtype=torch.float64)
+    for j in range(tokens.shape[1]):
+        token = tokens[:, j].clamp_min(0)
+        before = torch.where(torch.arange(q.shape[1]) < token.unsqueeze(-1), remaining, 0.0).sum(-1)
+        total = remaining.sum(-1)
+        middle = (before + 0.5 * remaining[at, token]) / total.clamp_min(1e-300)
+        uniforms[:, j] = torch.where(tokens[:, j] >= 0, middle, 0.5)
+        remaining[at, token] = torch.where(tokens[:, j] >= 0, 0.0, remaining[at, token])
+    return uniforms
+
+
 def _split_forward(state, plan: DraftPlan, noise, probs, source, f: int):
     """Split every row on the k draws of forwarded node f: one row per ordered draw sequence,
     its noise set to produce that sequence (``source`` int64 [R]: the row of ``state``, the last
@@ -152,8 +172,12 @@ def _split_forward(state, plan: DraftPlan, noise, probs, source, f: int):
     split = may_split[outcome_source]
     outcome_probs = torch.where(split, outcome_probs[keep], 1.0)
     noise = noise[outcome_source].clone()
-    crafted = _noise_for(q[outcome_source], tokens, noise.shape[2])
-    noise[:, f] = torch.where(split.view(-1, 1, 1), crafted, noise[:, f])
+    if sampler.noise == "uniform":
+        crafted = _uniforms_for(q[outcome_source], tokens)
+        noise[:, f] = torch.where(split.view(-1, 1), crafted, noise[:, f])
+    else:
+        crafted = _noise_for(q[outcome_source], tokens, noise.shape[2])
+        noise[:, f] = torch.where(split.view(-1, 1, 1), crafted, noise[:, f])
     return noise, probs[outcome_source] * outcome_probs, source[outcome_source]
 
 
@@ -169,7 +193,9 @@ def draft_law(world, prefix, rule: str, cfg: TreeShape, deterministic=False, con
     """Every tree ``LevelDrafter`` can draft from ``prefix``: [(probability, one-row LevelTree)], merged."""
     plan = DraftPlan.build(cfg, rule, "cpu", sampler)
     vocab = world.vocab_size
-    noise = torch.zeros(1, cfg.num_forwards, plan.sampler.noise_draws(cfg.topk), vocab, dtype=torch.float64)
+    draws = plan.sampler.noise_draws(cfg.topk)
+    size = (1, cfg.num_forwards, draws) if plan.sampler.noise == "uniform" else (1, cfg.num_forwards, draws, vocab)
+    noise = torch.full(size, 0.5, dtype=torch.float64) if plan.sampler.noise == "uniform" else torch.zeros(size, dtype=torch.float64)
     probs = torch.ones(1, dtype=torch.float64)
     for level in range(cfg.depth):  # the q rows of a level's forwards are known after one run
         drafter, _ = _run(world, prefix, plan, noise, deterministic, context)

@@ -155,7 +155,7 @@ def _argmax_first_batch(seed, batch, shape, vocab):
     cfg = TreeShape(*shape)
     table = torch.softmax(2.0 * torch.randn(batch * cfg.topk, cfg.depth, vocab, generator=gen), -1)
     root_q = torch.softmax(2.0 * torch.randn(batch, vocab, generator=gen), -1)
-    drafter = LevelDrafter(DraftPlan.build(cfg, "spine_wide", sampler="argmax_first"), root_q,
+    drafter = LevelDrafter(DraftPlan.build(cfg, "spine_wide", sampler="argmax_first_cdf"), root_q,
                            torch.zeros(batch, dtype=torch.bool), KeyedNoise.fresh(torch.zeros(batch, dtype=torch.long), gen))
     step, level = drafter.first(), 0
     while step is not None:
