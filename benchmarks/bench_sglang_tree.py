@@ -200,6 +200,7 @@ def markdown_table(records: list[dict], meta: dict) -> str:
                 ratio = f"{hsd['accept_length_mean'] / stock['accept_length_mean']:.3f}"
             lines.append(f"| {','.join(map(str, shape))} | {temperature:g} | "
                          + " | ".join(_cell(row.get(n)) for n in names) + f" | {ratio} |")
+    speed = speed_lines(records, meta)
     notes = [f"- `{n}`: {meta['config_notes'][n]}" for n in names]
     notes += [f"- rows of run `{src['file']}` (commit `{src['commit']}`): `{src['command']}`"
               for src in meta.get("combined_from", [])]
@@ -210,7 +211,26 @@ def markdown_table(records: list[dict], meta: dict) -> str:
         f"included; mean ± standard error over requests). {meta['model']}; {meta['num_prompts']} "
         f"prompts ({meta['prompt_source']}) x {meta['output_len']} output tokens, max concurrency "
         f"{meta['max_concurrency']}, SGLang {meta['sglang_version']} on CPU. Chains use D steps.",
-        "", *lines, "", *notes, *paired, *(["", "Errors:", *errors] if errors else []), ""])
+        "", *lines, "", *speed, *notes, *paired, *(["", "Errors:", *errors] if errors else []), ""])
+
+
+def speed_lines(records: list[dict], meta: dict) -> list[str]:
+    """Output tok/s of every row (SGLang's client over the whole row; the same servers and prompts),
+    with each configuration's ratio to ``stock-tree``: whether acceptance survives the rule's cost."""
+    names = meta["configs"]
+    lines = ["Output tok/s of the same rows (SGLang's client; in parentheses: ratio to stock-tree):", "",
+             "| D,k,N | T | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for shape in meta["shapes"]:
+        for temperature in meta["temperatures"]:
+            row = {name: _find(records, name, shape, temperature) for name in names}
+            stock = (row.get("stock-tree") or {}).get("output_throughput")
+            cells = []
+            for name in names:
+                value = (row.get(name) or {}).get("output_throughput")
+                ratio = f" ({value / stock:.2f}x)" if value and stock and name != "stock-tree" else ""
+                cells.append("n/a" if value is None else f"{value:.2f}{ratio}")
+            lines.append(f"| {','.join(map(str, shape))} | {temperature:g} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def paired_lines(records: list[dict], meta: dict) -> list[str]:

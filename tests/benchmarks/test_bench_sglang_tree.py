@@ -47,7 +47,7 @@ def test_per_request_file_keeps_successful_requests_with_an_accept_length(tmp_pa
 def test_table_ratio_chain_by_depth_and_failures():
     def record(config, shape, temperature, mean):
         return {"config": config, "shape": shape, "temperature": temperature,
-                "accept_length_mean": mean, "accept_length_se": 0.1}
+                "accept_length_mean": mean, "accept_length_se": 0.1, "output_throughput": 4.0 * mean}
 
     records = [record("stock-tree", [5, 4, 8], 1.0, 1.5), record("hsd-tree", [5, 4, 8], 1.0, 1.8),
                record("hsd-chain", [5, 4, 8], 1.0, 1.6),
@@ -60,6 +60,8 @@ def test_table_ratio_chain_by_depth_and_failures():
     assert "| 5,4,8 | 1 | 1.500 ± 0.100 | 1.800 ± 0.100 | 1.600 ± 0.100 | 1.200 |" in table
     assert "| 4,2,8 | 1 | n/a | failed | n/a | n/a |" in table
     assert "hsd-tree [4, 2, 8]: boom" in table
+    assert "| 5,4,8 | 1 | 6.00 | 7.20 (1.20x) | 6.40 (1.07x) |" in table  # output tok/s, ratio to stock
+    assert "| 4,2,8 | 1 | n/a | n/a | n/a |" in table
 
 
 def test_paired_per_prompt_lines():
