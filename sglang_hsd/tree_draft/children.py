@@ -127,10 +127,12 @@ def sequential_draws(q: torch.Tensor, uniforms: torch.Tensor, k: int, first: tor
             block_cum = torch.cumsum(masses, -1)
             block = _first_above(block_cum, x)
             start = block_cum.gather(1, block.unsqueeze(-1)) - masses.gather(1, block.unsqueeze(-1))
-            x = (x - start.squeeze(-1)).clamp_min(0.0)  # rounding must not reach the zero-mass entries before the block's first
+            # clamped: rounding must not reach the zero-mass entries before the block's first
+            x = (x - start.squeeze(-1)).clamp_min(0.0)
         columns = block.unsqueeze(-1) * BLOCK + offsets  # [R, BLOCK]
         entries = torch.where(columns < vocab, q.gather(1, columns.clamp_max(vocab - 1)), 0).double()
-        entries = torch.where((columns.unsqueeze(-1) == drawn.unsqueeze(1)).any(-1), 0.0, entries)  # drawn ones left
+        taken = (columns.unsqueeze(-1) == drawn.unsqueeze(1)).any(-1)  # tokens drawn already: no mass left
+        entries = torch.where(taken, 0.0, entries)
         if not (j == 0 and first is not None):
             token = block * BLOCK + _first_above(torch.cumsum(entries, -1), x)
         drawn[:, j] = token
