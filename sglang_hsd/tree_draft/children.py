@@ -200,7 +200,6 @@ CHILD_SAMPLERS: dict[str, ChildSampler] = {
     )
 }
 DEFAULT_CHILD_SAMPLER = "inverse_cdf"
-NOISE_KINDS = ("uniform", "gumbel")
 
 
 def greedy_draft_q(sampled_q: torch.Tensor, logits: torch.Tensor, deterministic: torch.Tensor) -> torch.Tensor:
