@@ -12,8 +12,9 @@ vector over the vocabulary per draw (float64 [R, S, V]).
   ``gumbel_topk`` (``noise.py`` states it), which traversal verification
   (``verify_tree(method="hsd")``, ``draft_mode="without-replacement"``) divides by, but it needs k
   uniforms per node instead of a hashed Gumbel value per vocabulary entry: at the server's size
-  (8 requests x 4 beams x 151,936 tokens) a level's Gumbel noise alone cost 500 ms on a 2-core
-  CPU, the whole round's drafting 2.1 s; this sampler's work per level is a top-k and a
+  (8 requests x 4 beams x 151,936 tokens) a level's Gumbel noise alone cost 471 ms on a 2-core
+  CPU, the drafter's round 2.25 s, against 8 ms and 101 ms here
+  (``benchmarks/bench_tree_sampler.py``): this sampler's work per level is a top-k and a
   block-sum pass over the q rows.
 * ``argmax_first_cdf`` (lossless): the first child is q's argmax (deterministic, as the stock
   tree's top-1 child), the later k - 1 sequential draws without replacement from q without it.
@@ -119,7 +120,8 @@ def sequential_draws(q: torch.Tensor, uniforms: torch.Tensor, k: int, first: tor
     offsets = torch.arange(BLOCK, device=q.device)
     drawn = torch.full((rows, k), -1, dtype=torch.long, device=q.device)
     for j in range(k):
-        if j == 0 and first is not None:
+        given = j == 0 and first is not None
+        if given:
             token = first
             block = token // BLOCK
         else:
@@ -133,7 +135,7 @@ def sequential_draws(q: torch.Tensor, uniforms: torch.Tensor, k: int, first: tor
         entries = torch.where(columns < vocab, q.gather(1, columns.clamp_max(vocab - 1)), 0).double()
         taken = (columns.unsqueeze(-1) == drawn.unsqueeze(1)).any(-1)  # tokens drawn already: no mass left
         entries = torch.where(taken, 0.0, entries)
-        if not (j == 0 and first is not None):
+        if not given:
             token = block * BLOCK + _first_above(torch.cumsum(entries, -1), x)
         drawn[:, j] = token
         remaining = torch.where(columns == token.unsqueeze(-1), 0.0, entries).sum(-1)

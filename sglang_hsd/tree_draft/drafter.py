@@ -15,9 +15,9 @@ SGLang's tree builder (``build_tree_kernel_efficient``) reads node n >= 1 as poo
 verification of children drawn without replacement needs.
 
 The children of a forwarded node come from a child sampler (``children.py``: by default k
-sequential draws without replacement from its q row by inverse transform sampling) fed by a noise source (``noise.py``: keyed,
-counter-based in the server and the runtime); which nodes are forwarded and kept is the rule's
-(``rules.py``). A node gets at most min(k, #positive q) children.
+sequential draws without replacement from its q row by inverse transform sampling) fed by a
+noise source (``noise.py``: keyed, counter-based in the server and the runtime); which nodes are
+forwarded and kept is the rule's (``rules.py``). A node gets at most min(k, #positive q) children.
 
 Written as a static-shape tensor program: for a given (batch, shape, vocabulary) every step runs
 the same operations on tensors of the same shapes, with no host synchronisation (no ``.item()``,

@@ -194,8 +194,10 @@ def draft_law(world, prefix, rule: str, cfg: TreeShape, deterministic=False, con
     plan = DraftPlan.build(cfg, rule, "cpu", sampler)
     vocab = world.vocab_size
     draws = plan.sampler.noise_draws(cfg.topk)
-    size = (1, cfg.num_forwards, draws) if plan.sampler.noise == "uniform" else (1, cfg.num_forwards, draws, vocab)
-    noise = torch.full(size, 0.5, dtype=torch.float64) if plan.sampler.noise == "uniform" else torch.zeros(size, dtype=torch.float64)
+    if plan.sampler.noise == "uniform":  # the rows that do not split keep the middle of (0, 1)
+        noise = torch.full((1, cfg.num_forwards, draws), 0.5, dtype=torch.float64)
+    else:
+        noise = torch.zeros(1, cfg.num_forwards, draws, vocab, dtype=torch.float64)
     probs = torch.ones(1, dtype=torch.float64)
     for level in range(cfg.depth):  # the q rows of a level's forwards are known after one run
         drafter, _ = _run(world, prefix, plan, noise, deterministic, context)
