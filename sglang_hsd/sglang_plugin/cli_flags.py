@@ -30,6 +30,7 @@ from sglang_hsd.sglang_plugin.adaptive_spec import (
     ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG)
 from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, CATCH_UP_FLAG
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
+from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_ENV, LEAN_DECODE_FLAG, LEAN_DECODE_MODES
 from sglang_hsd.sglang_plugin.cpu.linear_path import (
     CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS, PADDING_CHOICES, PADDING_ENV, PADDING_FLAG)
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
@@ -121,6 +122,13 @@ HSD_FLAGS = (
      "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "
      "int8 or int4. Only the drafter's numbers change; the verifier uses the q it produced, so "
      "the output law is unchanged"),
+    (LEAN_DECODE_FLAG, LEAN_DECODE_ENV, {"choices": LEAN_DECODE_MODES},
+     "CPU: how a separate draft model (--hsd-draft-kind model) runs its forwards (draft steps, "
+     "draft extends, its prefill): auto (default) the lean forward of Llama / Qwen2-style models "
+     "(the same layers with far fewer Python and torch calls; other models SGLang's forward, "
+     "logged), lean (refused for a model it does not support), checked (both, compared on "
+     "every forward: a test mode) or sglang. Only the drafter's numbers can change (float "
+     "rounding); the verifier uses the q they produced"),
 )
 
 

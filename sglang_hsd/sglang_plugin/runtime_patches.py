@@ -104,6 +104,9 @@ def hsd_internal_state(scheduler) -> dict:
     copies = getattr(worker, "hsd_draft_copies", None)
     if copies is not None:
         state["draft_copies"] = copies
+    draft_step = getattr(worker, "hsd_draft_step", None)
+    if draft_step is not None:
+        state["draft_step"] = draft_step.as_dict()
     if exit_level is not None:
         state["levels"] = exit_level.stats.as_dict()
         state["max_split_logit_diff"] = exit_level.max_split_logit_diff

@@ -245,8 +245,25 @@ def draft_model_problems(args) -> list[str]:
 
 def hsd_flag_problems(args) -> list[str]:
     """What the ``--hsd-*`` flags read from the environment cannot honour with ``args``."""
-    return (request_seed_problems(args) + draft_precision_problems(args) + adaptive_problems(args)
-            + catch_up_problems(args) + plan_problems())
+    return (request_seed_problems(args) + draft_precision_problems(args) + draft_forward_problems(args)
+            + adaptive_problems(args) + catch_up_problems(args) + plan_problems())
+
+
+def draft_forward_problems(args) -> list[str]:
+    """A bad ``--hsd-draft-forward``, or an explicit lean forward where no draft model runs on CPU."""
+    from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_FLAG, DraftForwardConfig
+
+    try:
+        mode = DraftForwardConfig.from_env().mode
+    except ValueError as err:
+        return [str(err)]
+    if mode not in ("lean", "checked"):
+        return []
+    draft = args.speculative_draft_model_path
+    if args.device != "cpu" or draft is None or resolve_draft_kind(draft) != MODEL:
+        return [f"{LEAN_DECODE_FLAG} {mode}: the lean forward serves a separate draft language model "
+                "(--hsd-draft-kind model) on CPU (--device cpu); remove the flag"]
+    return []
 
 
 def catch_up_problems(args) -> list[str]:

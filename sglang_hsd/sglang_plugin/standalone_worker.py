@@ -35,7 +35,7 @@ from sglang_hsd.sglang_plugin.draft_catch_up import CatchUpSetting, build_catch_
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
 from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_adaptive, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (
-    adopt_draft_worker, install_hsd_hooks, setup_draft_copies, setup_sampled_trees)
+    adopt_draft_worker, install_hsd_hooks, setup_draft_copies, setup_lean_decode, setup_sampled_trees)
 
 
 class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
@@ -62,3 +62,4 @@ class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
         setup_sampled_trees(draft, plugin_config)
         # Only the drafter's numbers change (the verifier reads the q the copy produced).
         self.hsd_draft_copies = setup_draft_copies(self)
+        self.hsd_draft_step = setup_lean_decode(self)

@@ -76,3 +76,15 @@ def setup_draft_copies(worker) -> dict | None:
                               "copies cannot follow a weight update; restart the server with the new "
                               f"weights (or pass {DRAFT_PRECISION_FLAG} fp32)")
     return report.as_dict()
+
+
+def setup_lean_decode(worker):
+    """On CPU, put the lean forward (``cpu.lean_decode``, ``--hsd-draft-forward``) in front of a
+    separate draft model's decoder; returns its ``LeanDecodeStats`` (for ``/server_info``), or
+    None off CPU or without a draft model on this rank."""
+    draft = getattr(worker, "_draft_worker", None)
+    if draft is None or str(worker.device) != "cpu":
+        return None
+    from sglang_hsd.sglang_plugin.cpu.lean_decode import DraftForwardConfig, install_lean_decode
+
+    return install_lean_decode(draft.draft_runner.model, DraftForwardConfig.from_env())

@@ -46,18 +46,19 @@ def _cache(seed):
     return gen, k_buffer, v_buffer, req_to_token
 
 
+@pytest.mark.parametrize("requests", [1, 2])  # one request: the per-request path (_attend_row)
 @pytest.mark.parametrize("kv_scale, cap", [(1.0, 0.0), (0.5, 0.0), (1.0, 3.0)])
-def test_decode_attention_matches_the_per_head_softmax(kv_scale, cap):
+def test_decode_attention_matches_the_per_head_softmax(kv_scale, cap, requests):
     gen, k_buffer, v_buffer, req_to_token = _cache(0)
-    seq_lens = torch.tensor([7, 19])
-    pool_indices = torch.tensor([1, 0])
-    q = torch.randn(2, HQ, D, generator=gen)
-    k_new, v_new = torch.randn(2, 2, HKV, D, generator=gen)
+    seq_lens = torch.tensor([19, 7])[:requests]
+    pool_indices = torch.tensor([1, 0])[:requests]
+    q = torch.randn(requests, HQ, D, generator=gen)
+    k_new, v_new = torch.randn(2, requests, HKV, D, generator=gen)
     loc = torch.stack([req_to_token[r, int(n) - 1] for r, n in zip(pool_indices, seq_lens)])
-    out = torch.empty(2, HQ, D)
+    out = torch.empty(requests, HQ, D)
     decode_attention_cpu(q, k_buffer, v_buffer, kv_scale, kv_scale, out, k_new, v_new, loc, None,
                          req_to_token, pool_indices, seq_lens, 0.3, cap, False, 0, None, None)
-    for b in range(2):
+    for b in range(requests):
         slots = req_to_token[pool_indices[b], : int(seq_lens[b])]
         keys, values = k_buffer[slots] * kv_scale, v_buffer[slots] * kv_scale
         assert torch.equal(k_buffer[loc[b]], k_new[b])  # the new token was written first

@@ -6,6 +6,10 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
   chosen from past rounds, and every check below holds with it; the lengths are reported;
 * the K = 3 chain server drafts on an int4 copy of the draft model's weights
   (``--hsd-draft-precision int4``, ``cpu/draft_copies.py``); the others on what ``auto`` measures;
+* the draft model runs the lean forward (``cpu/lean_decode.py``, the default for this Llama pair);
+  the K = 3 chain and tree servers run it ``checked``: every draft forward (steps, extends, the
+  draft prefill and catch-up) also through SGLang's forward, compared, so every check below holds
+  with the lean forward's numbers and each of its forwards matched SGLang's;
 * greedy output equals the target's plain greedy decoding (transformers-free ``CausalLM``) token
   for token, for chains of K = 2, 3, 4 drafts and a tree, in a concurrent batch of several requests;
 * T = 1: the law of the first generated tokens is the target's. Each sampled sequence is mapped
@@ -105,7 +109,7 @@ def _server_name(num_steps, topk=1, num_draft_tokens=None, exit_layer=None):
 def k3_url(pair):
     """A chain of K = 3 whose draft model drafts on an int4 copy of its weights: the greedy, law
     and load tests below then hold with the copy's q (only the drafter's numbers change)."""
-    with _server(pair, 3, extra=["--hsd-draft-precision", "int4"]) as url:
+    with _server(pair, 3, extra=["--hsd-draft-precision", "int4", "--hsd-draft-forward", "checked"]) as url:
         copies = _hsd_state(url)["draft_copies"]
         assert copies["precision"] == "int4" and copies["layers"] > 0, copies
         yield url
@@ -118,7 +122,8 @@ def k3_url(pair):
 @pytest.fixture(scope="module")
 def tree_url(pair):
     """A sampled tree: depth 3, k = 2 children per node, N = 6 nodes (root included)."""
-    with _server(pair, 3, topk=TREE[0], num_draft_tokens=TREE[1]) as url:
+    with _server(pair, 3, topk=TREE[0], num_draft_tokens=TREE[1],
+                 extra=["--hsd-draft-forward", "checked"]) as url:
         yield url
     with open(pair[0] / f"{_server_name(3, *TREE)}.log") as f:
         log = f.read()
@@ -168,6 +173,23 @@ def test_draft_model_greedy_equals_target(pair, reference, num_steps, request):
 @pytest.mark.parametrize("server", ["tree_url", "exit_url"])
 def test_draft_model_tree_and_exit_level_greedy_equals_target(reference, server, request):
     _check_greedy(request.getfixturevalue(server), reference)
+
+
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+def test_draft_model_runs_the_lean_forward(server, request):
+    """Greedy and sampled requests, then ``/server_info``: the draft model's steps (DECODE), its
+    extends after verification and its prefill or catch-up (EXTEND) ran on the lean forward; on
+    the checked servers each of them also matched SGLang's forward (relative 1e-4)."""
+    url = request.getfixturevalue(server)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda i: _generate(url, PROMPTS[i % len(PROMPTS)], temperature=float(i % 2)),
+                      range(8)))
+    step = _hsd_state(url)["draft_step"]
+    assert step["path"] == ("lean" if server == "exit_url" else "checked"), step
+    assert step["forwards"].get("DECODE", 0) > 0 and step["forwards"].get("EXTEND", 0) > 0, step
+    assert any(name.startswith("DRAFT_EXTEND") for name in step["forwards"]), step
+    if step["path"] == "checked":
+        assert step["max_checked_error"] is not None and step["max_checked_error"] <= 1e-4, step
 
 
 def _target_rows(model_dir, sequences):

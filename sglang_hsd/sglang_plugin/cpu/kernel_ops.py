@@ -65,6 +65,18 @@ def _attend(q, keys, values, sm_scale, logit_cap, causal_offset=None, visible=No
     return out[0].transpose(0, 1)
 
 
+def _attend_row(q, keys, values, sm_scale):
+    """``_attend`` for one query row without cap or mask: q [Hq, D], keys / values [Tk, Hkv, D*]
+    -> float32 [Hq, Dv]. Two batched products per KV head group read the keys in place; at one
+    row they cost about half of ``scaled_dot_product_attention``'s call (0.036 against 0.074 ms
+    for 14 heads over 600 keys on a 2-core Xeon), which a draft step pays in every layer."""
+    hkv = keys.shape[1]
+    qh = q.float().reshape(hkv, -1, q.shape[-1])  # [Hkv, G, D]: head h reads KV head h // G
+    scores = torch.bmm(qh, keys.float().permute(1, 2, 0)).mul_(sm_scale)  # [Hkv, G, Tk]
+    out = torch.bmm(torch.softmax(scores, dim=-1), values.float().transpose(0, 1))  # [Hkv, G, Dv]
+    return out.reshape(q.shape[0], -1)
+
+
 def _attend_capped(q, keys, values, sm_scale, logit_cap, mask):
     """``_attend`` with scores capped as ``logit_cap * tanh(s / logit_cap)``; ``mask`` bool
     [Tq, Tk] or None."""
@@ -104,9 +116,12 @@ def decode_attention_cpu(q, k_buffer, v_buffer, k_scale, v_scale, o, k_new, v_ne
         return
     for b in range(q.shape[0]):
         slots = req_to_token[req_pool_indices[b], : int(seq_lens[b])].long()
-        keys = dequantized(k_buffer[slots], k_scale)
-        values = dequantized(v_buffer[slots], v_scale)
-        o[b] = _attend(q[b : b + 1], keys, values, sm_scale, logit_cap)[0].to(o.dtype)
+        keys = dequantized(k_buffer.index_select(0, slots), k_scale)
+        values = dequantized(v_buffer.index_select(0, slots), v_scale)
+        if logit_cap and logit_cap > 0:
+            o[b] = _attend(q[b : b + 1], keys, values, sm_scale, logit_cap)[0].to(o.dtype)
+        else:
+            o[b] = _attend_row(q[b], keys, values, sm_scale).to(o.dtype)
 
 
 def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, k_scale,
