@@ -156,10 +156,11 @@ def decode_batched(q, k_buffer, v_buffer, k_scale, v_scale, o, req_to_token, req
     ``o`` ``[B, Hq, Dv]``. False, having written nothing, in the cases ``extend_batched``
     lists."""
     batch, heads = q.shape[0], q.shape[1]
+    if batch < BATCHED_MIN_REQUESTS or not _batchable(logit_cap, k_scale, v_scale):
+        return False  # before the longest length is read: one request's draft step pays no sync
     lengths = seq_lens.long()
-    width = int(lengths.max()) if batch else 0
-    if (batch < BATCHED_MIN_REQUESTS or not _batchable(logit_cap, k_scale, v_scale)
-            or not 0 < padded_scores(batch, heads, 1, width) <= BATCHED_MAX_SCORES):
+    width = int(lengths.max())
+    if not 0 < padded_scores(batch, heads, 1, width) <= BATCHED_MAX_SCORES:
         return False
     slots = req_to_token[req_pool_indices.long(), :width].long()
     part = (dequantized(gather_rows(k_buffer, slots), k_scale),
