@@ -12,7 +12,11 @@ process for ``--sample-seconds``. It reports:
   drafts per length, the draft catch-up's milliseconds and the draft weight copy's rows;
 * from py-spy: the share of the scheduler's main thread in each phase (verify, draft steps, draft
   extend, catch-up, prefill, result processing), a sampling profiler in its own process, so the
-  server runs at its own speed (cProfile, ``profile_server.py``, slows the Python-heavy parts).
+  server runs at its own speed (cProfile, ``profile_server.py``, slows the Python-heavy parts);
+* with ``--torch-profile-steps N`` instead of py-spy: torch.profiler over N scheduler steps
+  (SGLang's ``/start_profile``), and per step kind (``step[DRAFT bs=1]``, ``step[VERIFY bs=1]``,
+  ``draft_extend`` ...) its median wall time, what its median one spent in torch ops (the
+  largest by name) and between them (``torch_trace.step_summary``).
 
     PYTHONPATH=. python benchmarks/loaded_rounds.py --config hsd-adaptive-k8 --concurrency 4 \\
         --dtype float32 --cpu-linear onednn-packed \\
@@ -38,7 +42,9 @@ from pathlib import Path
 from benchmarks.bench_serving_standalone import CONFIGS, ServerOptions, add_server_arguments, server_command
 from benchmarks.common import benchmark_parser, start_run, write_results
 from benchmarks.serving_harness import (ClientSpec, ServerSpec, cpu_server, read_server_info, resolve_models,
-                                        run_client, write_prompt_file)
+                                        run_client, start_torch_profile, write_prompt_file)
+from benchmarks.torch_trace import read_trace, step_summary
+from sglang_hsd.sglang_plugin.cpu.cpu_server import server_env
 
 # Scheduler phases: a sample counts for a phase when this function is on its main-thread stack.
 PHASES = {
@@ -125,6 +131,15 @@ def markdown(payload: dict) -> str:
         lines += ["", f"Draft catch-up: {json.dumps(hsd['draft_catch_up'])}"]
     if hsd.get("draft_copies"):
         lines += ["", f"Draft copies: {json.dumps(hsd['draft_copies'])}"]
+    profile = payload.get("torch_profile")
+    if profile:
+        lines += ["", "torch.profiler, per step kind (the median step's torch ops and the time between "
+                  "them; small-op totals include the profiler's own cost):", "",
+                  "| step | count | median ms | in ops ms | between ops ms | largest ops (calls, ms) |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {s['count']} | {s['median_ms']} | {s['ops_ms']} | {s['gaps_ms']} | "
+                  + ", ".join(f"{op} {c}x {ms}" for op, (c, ms) in s["top_ops"].items()) + " |"
+                  for name, s in profile.items()]
     spy = payload.get("py_spy")
     if spy:
         lines += ["", f"Scheduler main thread, {spy['samples']} py-spy samples (phases nest: verify and "
@@ -147,6 +162,8 @@ def parse_args(argv=None):
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--sample-seconds", type=float, default=45.0)
+    parser.add_argument("--torch-profile-steps", type=int, default=0,
+                        help="N > 0: torch.profiler over N scheduler steps instead of py-spy")
     parser.add_argument("--name", default=None, help="results file stem (default loaded_rounds_<config>_c<N>)")
     return parser.parse_args(argv)
 
@@ -161,7 +178,10 @@ def main(argv=None) -> int:
         write_prompt_file(prompts, args.prompt_set, args.num_prompts, args.tiny)
         options = ServerOptions.from_args(args, args.concurrency)
         cmd = server_command(CONFIGS[args.config], target, draft, options, shlex.split(args.extra_server_args))
-        with cpu_server(ServerSpec(args.config, cmd, {}), work) as server:
+        trace_dir = work / "trace"
+        env = ({**server_env(), "SGLANG_TORCH_PROFILER_DIR": str(trace_dir), "SGLANG_PROFILE_WITH_STACK": "false",
+                "SGLANG_PROFILE_RECORD_SHAPES": "false"} if args.torch_profile_steps > 0 else None)
+        with cpu_server(ServerSpec(args.config, cmd, {}, env=env), work) as server:
             run_client(server.url, ClientSpec(target, prompts, args.warm_prompts, args.output_len,
                                               args.temperature, args.concurrency), work, "warm", 3600)
             spec = ClientSpec(target, prompts, args.num_prompts, args.output_len, args.temperature,
@@ -171,10 +191,20 @@ def main(argv=None) -> int:
                 r=run_client(server.url, spec, work, "main", 7200)))
             client.start()
             time.sleep(min(15.0, args.sample_seconds))  # past the first prefills
-            pid = scheduler_pid()
-            raw = sample(pid, args.sample_seconds, work / "spy.txt") if pid else None
+            raw, profile = None, None
+            if args.torch_profile_steps > 0:
+                start_torch_profile(server.url, args.torch_profile_steps)
+            else:
+                pid = scheduler_pid()
+                raw = sample(pid, args.sample_seconds, work / "spy.txt") if pid else None
             client.join()
             info = read_server_info(server.url)
+            traces = sorted(trace_dir.glob("*.trace.json*")) if args.torch_profile_steps > 0 else []
+            if traces:
+                events = read_trace(traces[-1])
+                kinds = sorted({e["name"] for e in events if e.get("cat") == "user_annotation"
+                                and (e["name"].startswith("step[") or e["name"] in ("draft", "draft_extend"))})
+                profile = {kind: step_summary(events, kind) for kind in kinds}
         payload = {"config": args.config, "concurrency": args.concurrency, "prompt_set": args.prompt_set,
                    "num_prompts": args.num_prompts, "output_len": args.output_len,
                    "temperature": args.temperature, "server_command": " ".join(cmd[1:]),
@@ -183,7 +213,7 @@ def main(argv=None) -> int:
                                "duration", "completed")},
                    "server_info": {k: info.hsd.get(k) for k in ("adaptive", "draft_catch_up", "draft_copies")},
                    "rounds": round_table(info.hsd.get("adaptive") or {}),
-                   "py_spy": phase_shares(raw) if raw else None}
+                   "py_spy": phase_shares(raw) if raw else None, "torch_profile": profile}
     name = args.name or f"loaded_rounds_{args.config}_c{args.concurrency}"
     _, md = write_results(args.out_dir / name, payload, markdown(payload), run)
     print(md.read_text())

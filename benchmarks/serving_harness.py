@@ -383,6 +383,16 @@ def read_server_info(url: str, timeout: float = 30.0) -> ServerInfo:
         return ServerInfo.parse(json.loads(resp.read()))
 
 
+def start_torch_profile(url: str, steps: int, timeout: float = 600.0) -> None:
+    """POST ``url/start_profile``: torch.profiler (CPU) over the scheduler's next ``steps`` forward
+    steps, the trace written to the server's ``SGLANG_TORCH_PROFILER_DIR``."""
+    body = json.dumps({"num_steps": steps, "activities": ["CPU"]}).encode()
+    request = urllib.request.Request(url + "/start_profile", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        resp.read()
+
+
 # -- result rows -------------------------------------------------------------------------------
 
 def row_key(row: dict) -> tuple:

@@ -39,3 +39,33 @@ def test_round_table_puts_the_mean_beside_the_controllers_median():
                      "client": {"output_throughput": 8.4, "median_tpot_ms": 394.0, "accept_length": 2.34},
                      "server_info": {"adaptive": adaptive}, "py_spy": None})
     assert "| 4 | 2 | 350 | 706.6 | 625.0 |" in text and "[383, 175, 883]" in text
+
+
+def test_torch_step_summary_splits_the_median_step_into_ops_and_gaps(tmp_path):
+    """``torch_trace``: a step's top-level ops (not those nested in another op) and the time between
+    them, for the median step of a kind; the busiest thread is the scheduler's."""
+    import gzip
+    import json
+
+    from benchmarks.torch_trace import read_trace, step_summary
+
+    def op(name, ts, dur, cat="cpu_op", tid=1):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "tid": tid}
+
+    events = [op("step[DRAFT bs=1]", 0, 100, "user_annotation"), op("aten::mm", 10, 50),
+              op("aten::copy_", 20, 5),  # inside mm: not counted again
+              op("aten::add", 70, 10),
+              op("step[DRAFT bs=1]", 200, 300, "user_annotation"), op("aten::mm", 210, 250),
+              op("step[DRAFT bs=1]", 600, 40, "user_annotation"), op("aten::mm", 600, 40),
+              op("aten::other", 0, 1, tid=2)]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    summary = step_summary(read_trace(path), "step[DRAFT bs=1]")
+    assert summary == {"count": 3, "median_ms": 0.1, "ops_ms": 0.06, "gaps_ms": 0.04,
+                       "top_ops": {"aten::mm": [1, 0.05], "aten::add": [1, 0.01]}}
+    assert step_summary(read_trace(path), "step[VERIFY bs=1]") is None
+    text = markdown({"config": "c", "concurrency": 1, "server_command": "x", "prompt_set": "p",
+                     "num_prompts": 1, "output_len": 1, "temperature": 0.0, "client": {},
+                     "server_info": {}, "torch_profile": {"step[DRAFT bs=1]": summary}})
+    assert "| step[DRAFT bs=1] | 3 | 0.1 | 0.06 | 0.04 | aten::mm 1x 0.05, aten::add 1x 0.01 |" in text

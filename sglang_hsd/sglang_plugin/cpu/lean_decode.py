@@ -1,4 +1,4 @@
-"""A lean decode forward for a separate draft model's draft steps on CPU.
+"""A lean forward for a separate draft model on CPU: its draft steps, extends and prefill.
 
 Why: a draft step runs one row per request through every layer of the draft model, and on CPU
 SGLang's model code costs more in Python than the step's arithmetic. Profiled in the server
@@ -18,11 +18,17 @@ in another order); verification uses the q computed from these logits, so the ou
 unchanged. ``LeanDecoder.build`` refuses (``LeanDecodeUnsupported``, with the reason) any model
 whose layers it does not reproduce exactly: anything but a Llama / Qwen2-style decoder of
 RMSNorm, fused QKV with full neox rotary, SiLU-gated MLP, one tensor-parallel rank, float32.
-``install_lean_decode`` puts it in front of the model's decoder for decode-mode batches (the
-draft steps) and leaves every other forward (prefill, draft extend, catch-up) to SGLang.
+``install_lean_decode`` puts it in front of the model's decoder for the forward modes of
+``LEAN_MODES`` (draft steps, draft extends, the draft prefill and catch-up) and leaves any other
+forward to SGLang.
 
-Shapes: ``n`` rows (one per request, or per tree node of a draft step), hidden size ``H``,
-``Hq`` / ``Hkv`` query / KV heads of size ``D``, MLP width ``I``.
+Tests: ``tests/sglang_plugin/test_lean_decode.py`` (settings, refusals); the chain and tree servers
+of ``tests/sglang_plugin/test_draft_model_server.py`` run it ``checked`` (every forward compared
+with SGLang's) through their greedy-equality, T = 1 law and load tests.
+
+Shapes: ``n`` rows, the batch's new tokens (one per request in a chain's draft step, one per tree
+node, a request's accepted window or prompt in an extend), hidden size ``H``, ``Hq`` / ``Hkv``
+query / KV heads of size ``D``.
 """
 
 from __future__ import annotations
@@ -117,10 +123,12 @@ def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class LeanDecoder:
-    """The decoder stack of a SGLang Llama / Qwen2-style CausalLM for decode-mode batches.
+    """The decoder stack of a SGLang Llama / Qwen2-style CausalLM for batches of the forward
+    modes in ``LEAN_MODES`` (one token per row: draft steps, extends, prefill).
 
     ``forward(input_ids [n], positions [n], forward_batch)`` -> hidden ``[n, H]`` after the final
-    norm, what the model's decoder (``model.model``) returns; KV written as SGLang writes it.
+    norm, what the model's decoder (``model.model``) returns; KV written as SGLang writes it (the
+    layer's ``RadixAttention`` and the forward mode's attention backend).
     """
 
     def __init__(self, embed: torch.nn.Module, layers: list[LeanLayer], final_norm: torch.Tensor,
