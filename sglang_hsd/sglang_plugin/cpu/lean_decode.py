@@ -2,11 +2,12 @@
 
 Why: a draft step runs one row per request through every layer of the draft model, and on CPU
 SGLang's model code costs more in Python than the step's arithmetic. Profiled in the server
-(torch.profiler through SGLang's ``/start_profile``; Qwen2.5-Coder-0.5B drafting on its int4
-copy, one request, 2-core Xeon): a 42 ms step spent 18 ms in the int4 products, 14 ms in
-Python between torch calls (the layer-boundary and residual machinery, custom-op dispatch, the
-rotary embedding recomputing cos / sin in each of the 24 layers) and 10 ms in a few thousand small
-ops. ``LeanDecoder`` runs the same layers with the fewest calls: the rotary cos / sin once per
+(``benchmarks/loaded_rounds.py --torch-profile-steps``: torch.profiler through SGLang's
+``/start_profile``; Qwen2.5-Coder-0.5B drafting on its int4 copy, one request, 2-core Xeon): a
+46 ms step spent 19 ms in the int4 products, 16 ms in Python between torch calls (the
+layer-boundary and residual machinery, custom-op dispatch, the rotary embedding recomputing cos /
+sin in each of the 24 layers) and 10 ms in about 3,300 small ops; on this forward, 36 ms (19 / 8 /
+9). ``LeanDecoder`` runs the same layers with the fewest calls: the rotary cos / sin once per
 step, one rotation of the query and key heads together (adjacent in the fused QKV output), fused
 RMSNorm, and the linear layers through their quantization method's ``apply`` (the weight copies
 and packed kernels of ``draft_copies`` / ``linear_path`` are reached as before). Attention is the
