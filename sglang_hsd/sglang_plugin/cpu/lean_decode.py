@@ -123,6 +123,7 @@ def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return module.quant_method.apply(module, x, module.bias)
 
 
+@dataclass(frozen=True)
 class LeanDecoder:
     """The decoder stack of a SGLang Llama / Qwen2-style CausalLM for batches of the forward
     modes in ``LEAN_MODES`` (one token per row: draft steps, extends, prefill).
@@ -130,16 +131,17 @@ class LeanDecoder:
     ``forward(input_ids [n], positions [n], forward_batch)`` -> hidden ``[n, H]`` after the final
     norm, what the model's decoder (``model.model``) returns; KV written as SGLang writes it (the
     layer's ``RadixAttention`` and the forward mode's attention backend).
+
+    Fields: the embedding module, the layers, the final norm's weight ``[H]`` and every norm's
+    epsilon, the rotary cache ``[max_pos, D]`` (cos then sin) the layers share, the head size.
     """
 
-    def __init__(self, embed: torch.nn.Module, layers: list[LeanLayer], final_norm: torch.Tensor,
-                 eps: float, cos_sin_cache: torch.Tensor, head_dim: int) -> None:
-        self.embed = embed
-        self.layers = layers
-        self.final_norm = final_norm
-        self.eps = eps
-        self.cos_sin_cache = cos_sin_cache
-        self.head_dim = head_dim
+    embed: torch.nn.Module
+    layers: list[LeanLayer]
+    final_norm: torch.Tensor
+    eps: float
+    cos_sin_cache: torch.Tensor
+    head_dim: int
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> "LeanDecoder":
@@ -148,6 +150,8 @@ class LeanDecoder:
         from sglang.srt.layers.activation import SiluAndMul
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+        from sglang.srt.models.llama import LlamaDecoderLayer
+        from sglang.srt.models.qwen2 import Qwen2DecoderLayer
 
         decoder = getattr(model, "model", None)
         _require(decoder is not None and hasattr(decoder, "layers"), "a model without model.layers")
@@ -163,9 +167,6 @@ class LeanDecoder:
         eps = float(decoder.norm.variance_epsilon)
         final_norm = _norm_weight(decoder.norm, eps)
         layers, cache, head_dim = [], None, None
-        from sglang.srt.models.llama import LlamaDecoderLayer
-        from sglang.srt.models.qwen2 import Qwen2DecoderLayer
-
         for index, layer in enumerate(layers_in):
             _require(type(layer) in (LlamaDecoderLayer, Qwen2DecoderLayer),
                      f"decoder layer {type(layer).__name__} (Llama / Qwen2 layers only)")
