@@ -7,7 +7,9 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
 * each request's per-token acceptance rate, estimated from its own past rounds
   (:class:`AcceptanceEstimate`: a rejection ends a round, so a round that drafted L and accepted
   a < L tokens is a successes and one failure, a = L is L successes), shrunk towards the server-wide
-  rate for requests with few rounds, older rounds discounted;
+  rate for requests with few rounds, older rounds discounted; the server-wide rate pools the same
+  counts over every request's recent rounds (discounted per request-round, so one request's bad
+  rounds move it by their share, not by a fixed step each);
 * the measured seconds of a round at this batch size (:class:`RoundCosts`: per power-of-two batch
   bucket and length, the median of the last few rounds; lengths not measured are interpolated
   linearly between measured ones, since each draft step adds about one small forward);
@@ -27,8 +29,13 @@ the current rates; an anchor that could beat the best known speed is explored at
 could only come within ``contention`` of it is explored from a budget (its expected extra seconds
 over the best choice, paid out of ``explore_share`` of the seconds this bucket has run), and one
 that cannot come that close is not explored while the rates say so. A probe of a batch that
-decodes plainly and owes a :class:`DraftSetup` always comes from the budget, setup included (the
-setup is wasted in full if the probe loses). At large batches the verify of
+decodes plainly and owes a :class:`DraftSetup` risks the whole setup (wasted if the probe loses):
+it runs at once only when, at its floor, drafting would save the setup again over the batch's
+remaining tokens after paying it (``AdaptiveConfig.setup_payback``), else from the budget, setup
+included. (Without that, a cold server at batch 4 with code prompts, 94% of drafts accepted,
+decoded plainly in 189 of 200 rounds: each new batch owed its prompts' draft prefill, about 2 s
+against 20 s of plain rounds, and the budget paid for a probe only after a minute.) At large
+batches the verify of
 B (L + 1) rows costs more than the tokens it adds and the choice falls to 0: speculation backs off to
 off.
 
@@ -82,6 +89,14 @@ class AdaptiveConfig:
             decoding ran at 0.94-0.98x (``benchmarks/README.md``, "Server goodput, thirteenth
             run"). So drafting is chosen only where it is expected to win by more than this
             factor. Exploration budgets count a probe's real (unpriced) seconds.
+        server_memory: factor by which the server-wide counts are discounted per request-round
+            that drafted, in (0, 1]: 0.97 keeps about the last 30 request-rounds. (An average
+            moving a tenth of the way per round let one request's four rejected rounds take the
+            server rate from 0.92 to 0.58, and the next batch's new requests started there.)
+        setup_payback: a probe from plain decoding that owes a setup runs at once when, at its
+            floor and the current rates, drafting the batch's remaining tokens would save at
+            least this many times the setup's seconds beyond paying it (>= 0); otherwise it
+            waits for the exploration budget.
     """
 
     candidates: tuple[int, ...]
@@ -93,6 +108,8 @@ class AdaptiveConfig:
     contention: float = 0.9
     explore_share: float = 0.03
     draft_margin: float = 1.1
+    server_memory: float = 0.97
+    setup_payback: float = 1.0
 
     def __post_init__(self) -> None:
         c = tuple(self.candidates)
@@ -114,6 +131,10 @@ class AdaptiveConfig:
             raise ValueError(f"explore_share must be in [0, 1), got {self.explore_share}")
         if not self.draft_margin >= 1.0:
             raise ValueError(f"draft_margin must be >= 1, got {self.draft_margin}")
+        if not 0.0 < self.server_memory <= 1.0:
+            raise ValueError(f"server_memory must be in (0, 1], got {self.server_memory}")
+        if not self.setup_payback >= 0.0:
+            raise ValueError(f"setup_payback must be >= 0, got {self.setup_payback}")
 
     def priced(self, length: int, seconds: float) -> float:
         """The seconds a round of ``length`` is compared at: ``draft_margin`` times ``seconds``
@@ -214,7 +235,7 @@ class BudgetController:
     def __init__(self, config: AdaptiveConfig) -> None:
         self.config = config
         self.costs = RoundCosts(window=config.cost_window)
-        self.server_rate = config.prior_rate
+        self.server_counts = AcceptanceEstimate()  # every request's rounds, pooled
         self.rounds = 0
         self.bucket_rounds: dict[int, int] = {}
         self.bucket_seconds: dict[int, float] = {}  # seconds of all rounds run at a bucket
@@ -226,17 +247,28 @@ class BudgetController:
         # totals show what the rounds cost on average (a slow first round after a switch).
         self.totals: dict[tuple[int, int], list[float]] = {}
 
+    @property
+    def server_rate(self) -> float:
+        """The server-wide per-token acceptance rate: the pooled counts of recent request-rounds,
+        shrunk towards ``prior_rate`` with weight ``prior_rounds``, kept inside (0, 1)."""
+        rate = self.server_counts.rate(self.config.prior_rate, self.config.prior_rounds)
+        return min(max(rate, 1e-3), 1 - 1e-3)
+
     def request_rate(self, estimate: AcceptanceEstimate) -> float:
         return estimate.rate(self.server_rate, self.config.prior_rounds)
 
     def observe_rates(self, accepted: int, drafted_rounds: int, rejections: int) -> None:
-        """Server-wide rate, exponentially averaged over rounds that drafted (``accepted``
-        tokens over ``drafted_rounds`` requests, of which ``rejections`` ended on a rejection)."""
+        """A round in which ``drafted_rounds`` requests drafted, accepting ``accepted`` tokens in
+        all, ``rejections`` of them ending on a rejection: the server-wide counts, discounted by
+        ``server_memory`` per request-round."""
         if drafted_rounds == 0:
             return
-        round_rate = accepted / max(accepted + rejections, 1)
-        weight = self.config.memory
-        self.server_rate = min(max(weight * self.server_rate + (1 - weight) * round_rate, 1e-3), 1 - 1e-3)
+        if not 0 <= rejections <= drafted_rounds:
+            raise ValueError(f"rejections must be in [0, drafted_rounds={drafted_rounds}], got {rejections}")
+        discount = self.config.server_memory ** drafted_rounds
+        counts = self.server_counts
+        counts.successes = counts.successes * discount + accepted
+        counts.trials = counts.trials * discount + accepted + rejections
 
     def _fastest(self, bucket: int, rates: Sequence[float],
                  setup: DraftSetup = NO_SETUP) -> tuple[int, float]:
@@ -279,9 +311,11 @@ class BudgetController:
             if best_speed == -math.inf:
                 return length, None  # nothing known to compare with: measure it now
             # A probe from plain decoding must pay the whole setup first, all of it wasted if
-            # the probe shows drafting does not pay: it is explored from the budget only.
+            # the probe shows drafting does not pay: risked at once only where the floor says
+            # drafting would earn it back again, else explored from the budget.
             wasted = setup.seconds if best == 0 else 0.0
-            if speed >= best_speed and wasted == 0.0:
+            if speed >= best_speed and (wasted == 0.0 or self._repays(bucket, length, rates, speed,
+                                                                         best_speed, setup)):
                 return length, None  # it may be the best: measure it now
             if speed < self.config.contention * best_speed:
                 continue  # it cannot come close while the rates stay as they are
@@ -291,6 +325,22 @@ class BudgetController:
             if self.explore_spent.get(bucket, 0.0) + extra <= budget:
                 return length, best_seconds - wasted  # observe_round charges the setup too
         return None
+
+    def _repays(self, bucket: int, length: int, rates: Sequence[float], speed: float,
+                best_speed: float, setup: DraftSetup) -> bool:
+        """Whether drafting ``length`` at ``speed`` (tokens per second at its floor, its setup
+        share included) instead of plain decoding at ``best_speed`` would save ``setup_payback``
+        times the setup's seconds over the batch's remaining tokens. Only on a floor from this
+        length's own rounds (here or at a smaller batch): a length never run has no floor but
+        plain decoding's and shorter lengths' costs, which at batch 16 put 4 drafts at a third
+        of their cost."""
+        if not self.costs.informed(bucket, length):
+            return False
+        saved_per_token = 1.0 / best_speed - 1.0 / speed
+        owed = self.config.setup_payback * setup.seconds
+        if saved_per_token <= 0.0:
+            return owed <= 0.0
+        return setup.remaining_tokens * len(rates) * saved_per_token >= owed
 
     def choose(self, rates: Sequence[float], batch: int, setup: DraftSetup = NO_SETUP) -> int:
         """The draft length of the next round for a batch whose requests have acceptance

@@ -66,6 +66,12 @@ class RoundCosts:
         recent = self.samples.get((bucket, length), [])
         return min(recent) if len(recent) >= self.min_samples else None
 
+    def informed(self, bucket: int, length: int) -> bool:
+        """Whether ``length`` has ``min_samples`` rounds at ``bucket`` or a smaller one, so that
+        its floor there rests on its own measurements."""
+        return any(b <= bucket and l == length and self.least(b, l) is not None
+                   for (b, l) in self.samples)
+
     def floor(self, bucket: int, length: int) -> float | None:
         """The least a round drafting ``length`` can be expected to cost at ``bucket``: the
         largest of (a) its own least measurement here, (b) the least measurement here of a shorter

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_hsd.adaptive import (AcceptanceEstimate, AdaptiveConfig, BudgetController, RoundCosts, batch_bucket,
-                                 expected_tokens)
+from sglang_hsd.adaptive import (NO_SETUP, AcceptanceEstimate, AdaptiveConfig, BudgetController, DraftSetup,
+                                 RoundCosts, batch_bucket, expected_tokens)
 
 
 def test_config_checks_name_the_field():
@@ -292,3 +292,95 @@ def test_drafting_must_win_by_the_margin():
     assert settled(1.0, 1.75 / 1.05) == 2
     with pytest.raises(ValueError, match="draft_margin"):
         AdaptiveConfig((0, 2), draft_margin=0.9)
+
+
+# Seconds of a round measured on the 2-core Xeon server (Qwen2.5-Coder 0.5B int4 drafting for the
+# 1.5B in float32; fifteenth goodput run, results/goodput15_xeon_c4_t0.json), by batch and length.
+_XEON_ROUNDS = {1: {0: 0.260, 1: 0.312, 2: 0.421, 4: 0.510, 8: 0.714},
+                4: {0: 0.315, 1: 0.492, 2: 0.644, 4: 0.954, 8: 1.563}}
+
+
+def _xeon_seconds(batch: int, length: int) -> float:
+    known = _XEON_ROUNDS[batch]
+    if length in known:
+        return known[length]
+    low = max(l for l in known if l < length)
+    high = min(l for l in known if l > length)
+    return known[low] + (known[high] - known[low]) * (length - low) / (high - low)
+
+
+def _serve_batch(controller, rate: float, prompt_rows: int, tokens: int = 64, batch: int = 4,
+                 row_seconds: float = 0.0035) -> tuple[float, list[int]]:
+    """A batch of new requests, ``tokens`` each, served to the end: each round's length chosen
+    with the draft-cache catch-up it owes (the prompts' deferred draft prefill, then the
+    positions of every plain round since), requests accepting drafts at ``rate`` each (their
+    expected tokens committed). Returns the seconds spent (catch-ups included) and the lengths."""
+    remaining, owed_rows, spent, chosen = float(tokens), prompt_rows, 0.0, []
+    while remaining > 0:
+        setup = DraftSetup(owed_rows * row_seconds, remaining) if owed_rows else NO_SETUP
+        length = controller.choose([rate] * batch, batch, setup)
+        seconds = _xeon_seconds(batch, length)
+        if length > 0:
+            spent += setup.seconds
+            owed_rows = 0
+            accepted = min(round(rate * length), length)  # a typical round at this rate
+            controller.observe_rates(accepted * batch, batch, batch if accepted < length else 0)
+        else:
+            owed_rows += batch
+        controller.observe_round(batch, length, seconds)
+        spent += seconds
+        remaining -= expected_tokens(rate, length)
+        chosen.append(length)
+    return spent, chosen
+
+
+def test_a_new_batch_risks_its_catch_up_where_drafting_would_repay_it():
+    """Batch 4 on a server that has run its anchors at batch 1: a new batch of code requests
+    (94% of drafts accepted) owes its prompts' draft prefill (600 rows, 2.1 s) against 20 s of
+    plain rounds. The controller risks it at once (the floor from batch 1 says drafting would
+    save it twice over) and serves the batch well ahead of plain decoding; the wrong variant that
+    takes every setup from the exploration budget, as the server did before, decodes plainly.
+    Chat requests (60% accepted), where drafting cannot pay at batch 4, stay plain; so does a
+    batch 16 whose 16 prompts' catch-up would cost 13 s."""
+    def warmed(wrong: bool = False) -> BudgetController:
+        controller = BudgetController(AdaptiveConfig.up_to(8))
+        if wrong:
+            controller._repays = lambda *args: False
+        for _ in range(10):
+            for length in _XEON_ROUNDS[1]:
+                controller.observe_round(1, length, _XEON_ROUNDS[1][length])
+        controller.observe_rates(80, 10, 0)  # the batch-1 rounds accepted their drafts
+        return controller
+
+    plain = 64 * _xeon_seconds(4, 0)
+    spent, chosen = _serve_batch(warmed(), 0.94, prompt_rows=600)
+    assert spent <= 0.87 * plain and max(chosen) > 0  # 1.19x here; the catch-up is a tenth
+    wrong_spent, wrong_chosen = _serve_batch(warmed(wrong=True), 0.94, prompt_rows=600)
+    assert wrong_spent >= 0.97 * plain and max(wrong_chosen[2:]) == 0
+    chat_spent, chat_chosen = _serve_batch(warmed(), 0.6, prompt_rows=600)
+    assert chat_spent <= 1.05 * plain
+    controller = warmed()
+    for _ in range(4):
+        controller.observe_round(16, 0, 0.6)
+    setup = DraftSetup(16 * 230 * 0.0035, 64.0)
+    assert controller.decide([0.6] * 16, 16, setup) == 0
+
+
+def test_server_rate_pools_request_rounds():
+    """One request's rejected rounds move the server-wide rate by their share of the recent
+    request-rounds: four rounds of 0 of 8 accepted after 30 rounds of 8 of 8 leave it high."""
+    controller = BudgetController(AdaptiveConfig.up_to(8))
+    assert controller.server_rate == pytest.approx(0.6)  # the prior before any round
+    for _ in range(30):
+        controller.observe_rates(8, 1, 0)
+    high = controller.server_rate
+    assert high > 0.97
+    for _ in range(4):
+        controller.observe_rates(0, 1, 1)
+    assert 0.9 < controller.server_rate < high
+    with pytest.raises(ValueError, match="rejections"):
+        controller.observe_rates(0, 1, 2)
+    with pytest.raises(ValueError, match="server_memory"):
+        AdaptiveConfig.up_to(4, server_memory=0.0)
+    with pytest.raises(ValueError, match="setup_payback"):
+        AdaptiveConfig.up_to(4, setup_payback=-1.0)
