@@ -43,7 +43,8 @@ Drafting may first owe a one-time cost (:class:`DraftSetup`: on the server, catc
 model's cache up over requests whose draft prefill and extends were skipped while they decoded
 plainly). It is spread over the rounds drafting would serve (the batch's remaining tokens over the
 tokens a round of L commits) and added to every positive length's seconds, so a batch near its end,
-or one whose catch-up would be long, keeps decoding plainly unless drafting earns the catch-up back.
+or one whose catch-up would be long, keeps decoding plainly unless drafting earns the catch-up back;
+its fixed part (paid however little is owed) is charged whole to the round that resumes drafting.
 
 Why it is lossless: L for round n is a function of rounds 1..n-1 only (their drafted and accepted
 counts and their timings), never of round n's drafts, so every round is a verification of a draft
@@ -177,26 +178,41 @@ class DraftSetup:
     """What a round that drafts must pay once before its drafts (module docstring).
 
     Fields:
-        seconds: the one-time cost (0: none).
+        seconds: the one-time cost that scales with what is owed (the server's catch-up rows),
+            spread over the rounds drafting would serve (0: none).
         remaining_tokens: the mean number of tokens the batch's requests may still generate.
+        fixed_seconds: the part paid again each time drafting resumes, however little is owed
+            (a catch-up's pass over the draft model's weights), charged in full to the round
+            that resumes: drafting that stops for a round and resumes pays it every time, so a
+            length that only just beats plain decoding must also beat this to take over from
+            it (on the 2-core Xeon, alternating 0 and 2 drafts at batch 4 on chat prompts paid
+            ~0.1 s per resumption, 10% of the run, where the per-row price put it at half).
     """
 
     seconds: float = 0.0
     remaining_tokens: float = math.inf
+    fixed_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.seconds >= 0.0:
             raise ValueError(f"seconds must be >= 0, got {self.seconds}")
         if not self.remaining_tokens > 0.0:
             raise ValueError(f"remaining_tokens must be > 0, got {self.remaining_tokens}")
+        if not self.fixed_seconds >= 0.0:
+            raise ValueError(f"fixed_seconds must be >= 0, got {self.fixed_seconds}")
+
+    @property
+    def total_seconds(self) -> float:
+        """All it costs, what a probe that loses wastes."""
+        return self.seconds + self.fixed_seconds
 
     def share(self, rates: Sequence[float], length: int) -> float:
-        """The seconds one round of ``length`` drafts carries: ``seconds`` over the rounds of
-        that length the remaining tokens take (at least one)."""
-        if self.seconds == 0.0 or length <= 0:
+        """The seconds one round of ``length`` drafts carries: ``fixed_seconds`` plus ``seconds``
+        over the rounds of that length the remaining tokens take (at least one)."""
+        if length <= 0 or self.total_seconds == 0.0:
             return 0.0
         per_round = sum(expected_tokens(r, length) for r in rates) / len(rates)
-        return self.seconds / max(self.remaining_tokens / per_round, 1.0)
+        return self.fixed_seconds + self.seconds / max(self.remaining_tokens / per_round, 1.0)
 
 
 NO_SETUP = DraftSetup()
@@ -313,7 +329,7 @@ class BudgetController:
             # A probe from plain decoding must pay the whole setup first, all of it wasted if
             # the probe shows drafting does not pay: risked at once only where the floor says
             # drafting would earn it back again, else explored from the budget.
-            wasted = setup.seconds if best == 0 else 0.0
+            wasted = setup.total_seconds if best == 0 else 0.0
             if speed >= best_speed and (wasted == 0.0 or self._repays(bucket, length, rates, speed,
                                                                          best_speed, setup)):
                 return length, None  # it may be the best: measure it now
@@ -337,7 +353,7 @@ class BudgetController:
         if not self.costs.informed(bucket, length):
             return False
         saved_per_token = 1.0 / best_speed - 1.0 / speed
-        owed = self.config.setup_payback * setup.seconds
+        owed = self.config.setup_payback * setup.total_seconds
         if saved_per_token <= 0.0:
             return owed <= 0.0
         return setup.remaining_tokens * len(rates) * saved_per_token >= owed

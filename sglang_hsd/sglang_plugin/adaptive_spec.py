@@ -135,9 +135,10 @@ class AdaptiveRounds:
         # length -> request-rounds by accepted draft count (index 0..length), for /server_info.
         self.accepted_counts: dict[int, list[int]] = {}
 
-    def begin(self, reqs, setup_seconds: float = 0.0) -> int:
+    def begin(self, reqs, setup_seconds: float = 0.0, fixed_seconds: float = 0.0) -> int:
         """Choose the length for a decode batch of ``reqs`` (SGLang ``Req`` s) that must spend
-        ``setup_seconds`` (a draft-cache catch-up) before it drafts; returns it."""
+        ``setup_seconds`` + ``fixed_seconds`` (a draft-cache catch-up: the part that scales
+        with its rows, the part it costs however few) before it drafts; returns it."""
         started = time.perf_counter()
         if self._last_end is not None:
             gap = started - self._last_end
@@ -150,8 +151,8 @@ class AdaptiveRounds:
             self.length = self.lengths_cycle[rounds_taken % len(self.lengths_cycle)]
         else:
             rates = [self.controller.request_rate(_estimate(req)) for req in reqs]
-            setup = NO_SETUP if setup_seconds <= 0 else DraftSetup(
-                setup_seconds, sum(_remaining_tokens(req) for req in reqs) / len(reqs))
+            setup = NO_SETUP if setup_seconds + fixed_seconds <= 0 else DraftSetup(
+                setup_seconds, sum(_remaining_tokens(req) for req in reqs) / len(reqs), fixed_seconds)
             self.length = self.controller.choose(rates, len(reqs), setup)
         for req in reqs:
             if req.customized_info is None:

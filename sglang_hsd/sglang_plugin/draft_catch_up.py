@@ -152,6 +152,7 @@ class DraftCatchUp:
         self.seconds = 0.0  # their forwards and sampling
         self._large_rows = 0  # rows and seconds of catch-ups of at least LARGE_CATCH_UP rows,
         self._large_seconds = 0.0  # whose cost per row prices a pending catch-up
+        self._small = [0, 0, 0.0]  # count, rows and seconds of smaller ones: the fixed part
         self._valid: torch.Tensor | None = None  # bool [slots]: the slot holds the draft's KV
 
     # -- the round, from the HSD worker ------------------------------------------------------
@@ -217,17 +218,24 @@ class DraftCatchUp:
             **_zero_stubs(len(batch.reqs), vocab, next_token_ids.device), hidden_states=None,
             bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
-    def pending_seconds(self, batch) -> float:
-        """What catching up ``batch``'s marked requests would cost now: their missing rows
-        times the cost per row of past large catch-ups (0 before one ran)."""
+    def pending_seconds(self, batch) -> tuple[float, float]:
+        """What catching up ``batch``'s marked requests would cost now, as (the part that
+        scales with rows, the fixed part): their missing rows times the cost per row of past
+        large catch-ups (0 before one ran), and what past small catch-ups cost beyond their
+        rows at that price (0 before one ran; 0 when nothing is missing)."""
         if self._large_rows == 0:
-            return 0.0
+            return 0.0, 0.0
         rows = 0
         for req, committed in zip(batch.reqs, batch.seq_lens.tolist()):
             stale = getattr(req, STALE_ATTR, None)
             if stale is not None:
                 rows += max(int(committed) - stale, 0)
-        return rows * self._large_seconds / self._large_rows
+        if rows == 0:
+            return 0.0, 0.0
+        per_row = self._large_seconds / self._large_rows
+        count, small_rows, small_seconds = self._small
+        fixed = max(small_seconds - per_row * small_rows, 0.0) / count if count else 0.0
+        return rows * per_row, fixed
 
     @torch.no_grad()
     def run(self, draft_worker, forward_batch) -> None:
@@ -262,13 +270,20 @@ class DraftCatchUp:
         for req in plan.reqs:
             setattr(req, STALE_ATTR, None)
         self._set(plan.out_cache_loc, True)
-        rows, seconds = int(plan.input_ids.numel()), time.perf_counter() - started
+        self.record(int(plan.input_ids.numel()), time.perf_counter() - started)
+
+    def record(self, rows: int, seconds: float) -> None:
+        """A catch-up of ``rows`` rows took ``seconds`` (what prices the pending ones)."""
         self.catch_ups += 1
         self.caught_up_tokens += rows
         self.seconds += seconds
         if rows >= LARGE_CATCH_UP:
             self._large_rows += rows
             self._large_seconds += seconds
+        else:
+            self._small[0] += 1
+            self._small[1] += rows
+            self._small[2] += seconds
 
     def as_dict(self) -> dict:
         return {"enabled": True, "skipped_extends": self.skipped_extends,
@@ -277,6 +292,9 @@ class DraftCatchUp:
                 "caught_up_tokens": self.caught_up_tokens,
                 "large_catch_up_ms_per_row": (round(1000 * self._large_seconds / self._large_rows, 3)
                                               if self._large_rows else None),
+                "small_catch_ups": self._small[0],
+                "small_catch_up_ms_mean": (round(1000 * self._small[2] / self._small[0], 3)
+                                           if self._small[0] else None),
                 "catch_up_ms": round(1000 * self.seconds, 2)}
 
     # -- internals ---------------------------------------------------------------------------

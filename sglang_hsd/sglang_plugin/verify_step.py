@@ -44,7 +44,8 @@ class HSDVerify:
             rounds.interrupt()
             return super().forward_batch_generation(batch, *args, **kwargs)
         catch_up = getattr(self, "hsd_catch_up", None)
-        length = rounds.begin(batch.reqs, 0.0 if catch_up is None else catch_up.pending_seconds(batch))
+        owed = (0.0, 0.0) if catch_up is None else catch_up.pending_seconds(batch)
+        length = rounds.begin(batch.reqs, *owed)
         caught_up = 0.0
         if catch_up is not None:
             catch_up.begin_round(batch, length)

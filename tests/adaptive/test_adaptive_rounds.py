@@ -28,3 +28,30 @@ def test_a_round_is_timed_without_the_catch_up_inside_it():
     rounds.end(excluded=0.015)
     assert rounds.controller.costs.samples[(4, length)][-1] < whole - 0.01
     assert [len(req.customized_info[BUDGET_KEY]) for req in reqs] == [2, 2, 2]
+
+
+def test_a_pending_catch_up_is_priced_per_row_plus_a_fixed_part():
+    """``DraftCatchUp.pending_seconds``: the rows the batch's marked requests miss at the cost
+    per row of past large catch-ups, and what small ones cost beyond their rows at that price
+    (the pass over the draft model's weights every catch-up makes); nothing owed costs nothing."""
+    import pytest
+    import torch
+
+    from sglang_hsd.sglang_plugin.draft_catch_up import STALE_ATTR, DraftCatchUp
+
+    catch_up = DraftCatchUp(torch.device("cpu"))
+    reqs = [SimpleNamespace(**{STALE_ATTR: 95}), SimpleNamespace(**{STALE_ATTR: None}),
+            SimpleNamespace(**{STALE_ATTR: 98})]
+    batch = SimpleNamespace(reqs=reqs, seq_lens=torch.tensor([100, 50, 100]))
+    assert catch_up.pending_seconds(batch) == (0.0, 0.0)  # nothing priced yet
+    catch_up.record(200, 0.8)  # 4 ms a row
+    rows_part, fixed = catch_up.pending_seconds(batch)
+    assert rows_part == pytest.approx(7 * 0.004) and fixed == 0.0
+    catch_up.record(8, 0.132)
+    catch_up.record(4, 0.116)  # 100 ms each beyond their rows
+    rows_part, fixed = catch_up.pending_seconds(batch)
+    assert rows_part == pytest.approx(7 * 0.004) and fixed == pytest.approx(0.1)
+    current = SimpleNamespace(reqs=[SimpleNamespace(**{STALE_ATTR: None})], seq_lens=torch.tensor([10]))
+    assert catch_up.pending_seconds(current) == (0.0, 0.0)
+    state = catch_up.as_dict()
+    assert state["small_catch_ups"] == 2 and state["catch_ups"] == 3

@@ -384,3 +384,24 @@ def test_server_rate_pools_request_rounds():
         AdaptiveConfig.up_to(4, server_memory=0.0)
     with pytest.raises(ValueError, match="setup_payback"):
         AdaptiveConfig.up_to(4, setup_payback=-1.0)
+
+
+def test_a_fixed_catch_up_cost_is_charged_to_the_round_that_resumes():
+    """Resuming drafting after a plain round pays the catch-up's fixed part however little is
+    owed: it is charged whole to that round, not spread over the remaining tokens, so a length
+    that only just beats plain decoding does not take over from it (no switching back and forth,
+    each switch paying it again); one that clearly wins still does."""
+    controller = BudgetController(AdaptiveConfig.up_to(2))
+    for length, seconds in ((0, 0.32), (0, 0.32), (1, 0.45), (1, 0.45), (2, 0.55), (2, 0.55)):
+        controller.observe_round(4, length, seconds)
+    rates = [0.64] * 4  # 2 drafts: 4 x 2.05 tokens at 0.55 s x 1.1, 14.9 tok/s against 12.5
+    assert controller.decide(rates, 4) == 2
+    owed = DraftSetup(0.016, 500.0, fixed_seconds=0.1)  # one plain round's 4 rows, and the pass
+    assert owed.share(rates, 2) == pytest.approx(0.1 + 0.016 / (500.0 / expected_tokens(0.64, 2)))
+    assert owed.total_seconds == pytest.approx(0.116)
+    assert controller.decide(rates, 4, owed) == 0
+    spread = DraftSetup(0.116, 500.0)  # the wrong pricing: all of it spread over 240 rounds
+    assert controller.decide(rates, 4, spread) == 2
+    assert controller.decide([0.9] * 4, 4, owed) == 2  # a clear win resumes at once
+    with pytest.raises(ValueError, match="fixed_seconds"):
+        DraftSetup(0.0, 10.0, fixed_seconds=-0.1)
