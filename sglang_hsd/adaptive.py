@@ -59,9 +59,10 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from sglang_hsd.adaptive_costs import RoundCosts, batch_bucket
+from sglang_hsd.adaptive_costs import NO_SETUP, DraftSetup, RoundCosts, batch_bucket
+from sglang_hsd.adaptive_rates import AcceptanceEstimate, expected_tokens
 
-__all__ = ["AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "DraftSetup", "RoundCosts",
+__all__ = ["NO_SETUP", "AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "DraftSetup", "RoundCosts",
            "batch_bucket", "expected_tokens"]
 
 
@@ -161,82 +162,6 @@ class AdaptiveConfig:
         positive = [c for c in self.candidates if c > 0]
         more = [positive[1], positive[(len(positive) - 1) // 2]] if len(positive) >= 4 else []
         return tuple(sorted({self.candidates[0], positive[0], *more, positive[-1]}))
-
-
-def expected_tokens(rate: float, length: int) -> float:
-    """Tokens a chain of ``length`` drafts commits when each is accepted with probability
-    ``rate`` until the first rejection, the verifier's own token included: ``sum_{i<=L} rate^i``."""
-    if length <= 0:
-        return 1.0
-    if rate >= 1.0:
-        return float(length + 1)
-    return (1.0 - rate ** (length + 1)) / (1.0 - rate)
-
-
-@dataclass(frozen=True)
-class DraftSetup:
-    """What a round that drafts must pay once before its drafts (module docstring).
-
-    Fields:
-        seconds: the one-time cost that scales with what is owed (the server's catch-up rows),
-            spread over the rounds drafting would serve (0: none).
-        remaining_tokens: the mean number of tokens the batch's requests may still generate.
-        fixed_seconds: the part paid again each time drafting resumes, however little is owed
-            (a catch-up's pass over the draft model's weights), charged in full to the round
-            that resumes: drafting that stops for a round and resumes pays it every time, so a
-            length that only just beats plain decoding must also beat this to take over from
-            it (on the 2-core Xeon, alternating 0 and 2 drafts at batch 4 on chat prompts paid
-            ~0.1 s per resumption, 10% of the run, where the per-row price put it at half).
-    """
-
-    seconds: float = 0.0
-    remaining_tokens: float = math.inf
-    fixed_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.seconds >= 0.0:
-            raise ValueError(f"seconds must be >= 0, got {self.seconds}")
-        if not self.remaining_tokens > 0.0:
-            raise ValueError(f"remaining_tokens must be > 0, got {self.remaining_tokens}")
-        if not self.fixed_seconds >= 0.0:
-            raise ValueError(f"fixed_seconds must be >= 0, got {self.fixed_seconds}")
-
-    @property
-    def total_seconds(self) -> float:
-        """All it costs, what a probe that loses wastes."""
-        return self.seconds + self.fixed_seconds
-
-    def share(self, rates: Sequence[float], length: int) -> float:
-        """The seconds one round of ``length`` drafts carries: ``fixed_seconds`` plus ``seconds``
-        over the rounds of that length the remaining tokens take (at least one)."""
-        if length <= 0 or self.total_seconds == 0.0:
-            return 0.0
-        per_round = sum(expected_tokens(r, length) for r in rates) / len(rates)
-        return self.fixed_seconds + self.seconds / max(self.remaining_tokens / per_round, 1.0)
-
-
-NO_SETUP = DraftSetup()
-
-
-@dataclass
-class AcceptanceEstimate:
-    """One request's discounted acceptance counts (per drafted token)."""
-
-    successes: float = 0.0
-    trials: float = 0.0
-
-    def observe(self, drafted: int, accepted: int, memory: float) -> None:
-        """A round that drafted ``drafted`` tokens and accepted the first ``accepted``."""
-        if not 0 <= accepted <= drafted:
-            raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
-        if drafted == 0:
-            return
-        self.successes = self.successes * memory + accepted
-        self.trials = self.trials * memory + accepted + (1 if accepted < drafted else 0)
-
-    def rate(self, prior_rate: float, prior_rounds: float) -> float:
-        """Posterior-mean style estimate, shrunk towards ``prior_rate`` with weight ``prior_rounds``."""
-        return (self.successes + prior_rate * prior_rounds) / (self.trials + prior_rounds)
 
 
 class BudgetController:

@@ -1,14 +1,19 @@
 """Measured seconds of the server's decode rounds, per batch bucket and draft length, for the
 adaptive controller (``sglang_hsd/adaptive.py``): estimates (lower medians, interpolated between
 measured lengths) and floors (the least a round can be expected to cost, from what it, a shorter
-round or the same round at a smaller batch measured).
+round or the same round at a smaller batch measured); and what drafting must pay once before it
+starts (:class:`DraftSetup`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
-__all__ = ["RoundCosts", "batch_bucket"]
+from sglang_hsd.adaptive_rates import expected_tokens
+
+__all__ = ["NO_SETUP", "DraftSetup", "RoundCosts", "batch_bucket"]
 
 
 def batch_bucket(batch: int) -> int:
@@ -127,3 +132,48 @@ class RoundCosts:
         else:
             (l0, s0), (l1, s1) = below[-2], below[-1]
         return max(s0 + (s1 - s0) * (length - l0) / (l1 - l0), 0.0)
+
+
+@dataclass(frozen=True)
+class DraftSetup:
+    """What a round that drafts must pay once before its drafts (module docstring).
+
+    Fields:
+        seconds: the one-time cost that scales with what is owed (the server's catch-up rows),
+            spread over the rounds drafting would serve (0: none).
+        remaining_tokens: the mean number of tokens the batch's requests may still generate.
+        fixed_seconds: the part paid again each time drafting resumes, however little is owed
+            (a catch-up's pass over the draft model's weights), charged in full to the round
+            that resumes: drafting that stops for a round and resumes pays it every time, so a
+            length that only just beats plain decoding must also beat this to take over from
+            it (on the 2-core Xeon, alternating 0 and 2 drafts at batch 4 on chat prompts paid
+            ~0.1 s per resumption, 10% of the run, where the per-row price put it at half).
+    """
+
+    seconds: float = 0.0
+    remaining_tokens: float = math.inf
+    fixed_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.seconds >= 0.0:
+            raise ValueError(f"seconds must be >= 0, got {self.seconds}")
+        if not self.remaining_tokens > 0.0:
+            raise ValueError(f"remaining_tokens must be > 0, got {self.remaining_tokens}")
+        if not self.fixed_seconds >= 0.0:
+            raise ValueError(f"fixed_seconds must be >= 0, got {self.fixed_seconds}")
+
+    @property
+    def total_seconds(self) -> float:
+        """All it costs, what a probe that loses wastes."""
+        return self.seconds + self.fixed_seconds
+
+    def share(self, rates: Sequence[float], length: int) -> float:
+        """The seconds one round of ``length`` drafts carries: ``fixed_seconds`` plus ``seconds``
+        over the rounds of that length the remaining tokens take (at least one)."""
+        if length <= 0 or self.total_seconds == 0.0:
+            return 0.0
+        per_round = sum(expected_tokens(r, length) for r in rates) / len(rates)
+        return self.fixed_seconds + self.seconds / max(self.remaining_tokens / per_round, 1.0)
+
+
+NO_SETUP = DraftSetup()
