@@ -136,7 +136,7 @@ class RoundCosts:
 
 @dataclass(frozen=True)
 class DraftSetup:
-    """What a round that drafts must pay once before its drafts (module docstring).
+    """What a round that drafts must pay once before its drafts (``sglang_hsd/adaptive.py``).
 
     Fields:
         seconds: the one-time cost that scales with what is owed (the server's catch-up rows),
