@@ -2,6 +2,11 @@
 
 * on platforms without them (CPU), torch versions of the top-k / top-p renormalisation kernels and
   of the draft sampler's Triton ``row_argmax`` (``cpu/cpu_sampling.py``);
+* on CPU, the eager form of SGLang's ``torch.compile``-d ``_select_top_k_tokens_later`` (the
+  draft steps after the first): compiling it on its first call, with inductor probing the CPU's
+  vector instructions by building test programs, took 11-15 s of the first round drafting two
+  tokens, in every server (its start-up warm-up, every test server), for a handful of small
+  ops per draft step;
 * on CPU with ``--hsd-cpu-linear onednn-packed``, oneDNN's packed kernel for the unquantized
   float32 linear layers and lm_head of every model loaded (``cpu/linear_path.py``);
 * the ``--hsd-*`` flags on the launcher's parser (``cli_flags.py``);
@@ -41,12 +46,29 @@ def install_patches() -> None:
         original = spec_utils.row_argmax
         spec_utils.row_argmax = cpu_sampling.torch_row_argmax
         spec_utils.row_argmax.__sglang_hsd_original__ = original
+        _run_eagerly(spec_utils, "_select_top_k_tokens_later")
         # Every server in this process, speculative or not, runs the same linear kernels.
         install_cpu_linear_path(CpuLinearConfig.from_env())
     extend_cli(ServerArgs)
     extend_internal_state()
     install_request_seeds()
     install_request_level_key()
+
+
+def _run_eagerly(module, name: str) -> None:
+    """Replace ``module.name``, a ``torch.compile``-d function, by the function it compiles
+    (module docstring). Idempotent; leaves a function that is not compiled alone."""
+    compiled = getattr(module, name)
+    eager = getattr(compiled, "_torchdynamo_orig_callable", None)
+    if eager is None or getattr(compiled, "__sglang_hsd_original__", None) is not None:
+        return
+
+    def run(*args, **kwargs):
+        return eager(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = name
+    run.__sglang_hsd_original__ = compiled
+    setattr(module, name, run)
 
 
 def extend_internal_state() -> None:
