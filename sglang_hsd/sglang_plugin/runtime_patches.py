@@ -57,10 +57,11 @@ def install_patches() -> None:
 
 def _run_eagerly(module, name: str) -> None:
     """Replace ``module.name``, a ``torch.compile``-d function, by the function it compiles
-    (module docstring). Idempotent; leaves a function that is not compiled alone."""
+    (module docstring). Idempotent: a function that is not compiled (this replacement included)
+    is left alone."""
     compiled = getattr(module, name)
     eager = getattr(compiled, "_torchdynamo_orig_callable", None)
-    if eager is None or getattr(compiled, "__sglang_hsd_original__", None) is not None:
+    if eager is None:
         return
 
     def run(*args, **kwargs):
