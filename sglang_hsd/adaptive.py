@@ -20,7 +20,8 @@ a length that drafts priced at ``AdaptiveConfig.draft_margin`` times its estimat
 win by more than what the estimates miss). Before it can
 compare, the controller measures each *anchor* length (0, the shortest and the longest positive one,
 and one in between) twice per bucket, and again when one has not run there for ``refresh_rounds`` rounds, so a cost that
-drifts (a machine getting busier) is re-measured. Exploring is not free: at batch 16 on a 2-core CPU
+drifts (a machine getting busier) is re-measured; a length that lost the lead to its own slower
+rounds is rechecked sooner, its stale samples dropped (``sglang_hsd/adaptive_recheck.py``). Exploring is not free: at batch 16 on a 2-core CPU
 one 8-draft round costs twelve plain rounds, and a short benchmark row never earns that back. So a
 positive anchor is explored only as far as it can pay (``BudgetController._due_anchor``): from its
 *floor* (``RoundCosts.floor``: the least such a round can cost here, from what it, a shorter round
@@ -61,6 +62,7 @@ from typing import Sequence
 
 from sglang_hsd.adaptive_costs import NO_SETUP, DraftSetup, RoundCosts, batch_bucket
 from sglang_hsd.adaptive_rates import AcceptanceEstimate, expected_tokens
+from sglang_hsd.adaptive_recheck import Rechecks
 
 __all__ = ["NO_SETUP", "AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "DraftSetup", "RoundCosts",
            "batch_bucket", "expected_tokens"]
@@ -99,6 +101,12 @@ class AdaptiveConfig:
             floor and the current rates, drafting the batch's remaining tokens would save at
             least this many times the setup's seconds beyond paying it (>= 0); otherwise it
             waits for the exploration budget.
+        recheck_rounds: a length that lost the lead after its median rose more than
+            ``recheck_drift`` above the least it showed while leading is run again this many
+            rounds later, its old samples dropped, then after twice as many, while that stays
+            below ``refresh_rounds`` (``sglang_hsd/adaptive_recheck.py``; >= 1, and
+            ``>= refresh_rounds`` turns rechecks off).
+        recheck_drift: see ``recheck_rounds`` (>= 0).
     """
 
     candidates: tuple[int, ...]
@@ -112,6 +120,8 @@ class AdaptiveConfig:
     draft_margin: float = 1.1
     server_memory: float = 0.97
     setup_payback: float = 1.0
+    recheck_rounds: int = 8
+    recheck_drift: float = 0.1
 
     def __post_init__(self) -> None:
         c = tuple(self.candidates)
@@ -137,6 +147,10 @@ class AdaptiveConfig:
             raise ValueError(f"server_memory must be in (0, 1], got {self.server_memory}")
         if not self.setup_payback >= 0.0:
             raise ValueError(f"setup_payback must be >= 0, got {self.setup_payback}")
+        if self.recheck_rounds < 1:
+            raise ValueError(f"recheck_rounds must be >= 1, got {self.recheck_rounds}")
+        if not self.recheck_drift >= 0.0:
+            raise ValueError(f"recheck_drift must be >= 0, got {self.recheck_drift}")
 
     def priced(self, length: int, seconds: float) -> float:
         """The seconds a round of ``length`` is compared at: ``draft_margin`` times ``seconds``
@@ -187,6 +201,7 @@ class BudgetController:
         # (bucket, length) -> [rounds, seconds] of every round observed: the medians decide, the
         # totals show what the rounds cost on average (a slow first round after a switch).
         self.totals: dict[tuple[int, int], list[float]] = {}
+        self.rechecks = Rechecks(config.recheck_rounds, config.recheck_drift, config.refresh_rounds)
 
     @property
     def server_rate(self) -> float:
@@ -289,6 +304,8 @@ class BudgetController:
         it drafts; the choice is recorded."""
         length, probe_against = self._plan(rates, batch, setup)
         bucket = batch_bucket(batch)
+        self.rechecks.lead(bucket, self._fastest(bucket, rates, setup)[0], self.costs,
+                           self.bucket_rounds.get(bucket, 0))
         self._probe = None if probe_against is None else (bucket, length, probe_against)
         self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
         self.request_rounds_by_length[length] = self.request_rounds_by_length.get(length, 0) + batch
@@ -304,12 +321,22 @@ class BudgetController:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
         due = self._due_anchor(bucket, rates, setup)
-        return (self._fastest(bucket, rates, setup)[0], None) if due is None else due
+        if due is not None:
+            return due
+        best, best_speed = self._fastest(bucket, rates, setup)
+        recheck = self.rechecks.due(bucket, self.bucket_rounds.get(bucket, 0))
+        if recheck is not None and recheck.length != best:
+            # Only while it would lead again at the cost it showed while leading.
+            seconds = self.config.priced(recheck.length, recheck.baseline + setup.share(rates, recheck.length))
+            if sum(expected_tokens(r, recheck.length) for r in rates) / seconds >= best_speed:
+                return recheck.length, None
+        return best, None
 
     def observe_round(self, batch: int, length: int, seconds: float) -> None:
         """A decode round of ``batch`` requests drafting ``length`` took ``seconds``."""
         bucket = batch_bucket(batch)
         index = self.bucket_rounds.get(bucket, 0)
+        self.rechecks.observe(bucket, length, self.costs, index)
         self.costs.observe(bucket, length, seconds, index)
         self.bucket_rounds[bucket] = index + 1
         self.bucket_seconds[bucket] = self.bucket_seconds.get(bucket, 0.0) + seconds
@@ -344,6 +371,7 @@ class BudgetController:
         return {"candidates": list(self.config.candidates), "rounds": self.rounds,
                 "mean_steps": None if mean is None else round(mean, 3),
                 "server_accept_rate": round(self.server_rate, 4),
+                "recheck_rounds": self.rechecks.rounds,
                 "explore_ms_by_batch_bucket": {str(b): round(1000 * v, 2)
                                                for b, v in sorted(self.explore_spent.items())},
                 "choices_by_batch_bucket": choices, "round_ms_by_batch_bucket": costs,

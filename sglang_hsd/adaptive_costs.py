@@ -45,6 +45,11 @@ class RoundCosts:
         del recent[:-self.window]
         self.last_run[key] = round_index
 
+    def restart(self, bucket: int, length: int) -> None:
+        """Drop the key's samples (kept: when it last ran): its next rounds alone estimate it
+        (``sglang_hsd/adaptive_recheck.py``)."""
+        self.samples[(bucket, length)] = []
+
     def measured(self, bucket: int, length: int) -> float | None:
         """The lower median of the key's recent measurements (of two, the smaller: the first
         round of a length at a batch size can cost twenty times a steady one, oneDNN creating

@@ -405,3 +405,59 @@ def test_a_fixed_catch_up_cost_is_charged_to_the_round_that_resumes():
     assert controller.decide([0.9] * 4, 4, owed) == 2  # a clear win resumes at once
     with pytest.raises(ValueError, match="fixed_seconds"):
         DraftSetup(0.0, 10.0, fixed_seconds=-0.1)
+
+
+def _run_in_time(controller, rate, seconds, rounds, start=0):
+    """``_run`` with ``seconds(round_index, length)``: costs that change over time."""
+    chosen = []
+    for index in range(start, start + rounds):
+        length = controller.choose([rate], 1)
+        controller.observe_round(1, length, seconds(index, length))
+        chosen.append(length)
+    return chosen
+
+
+def test_a_leader_displaced_by_a_slow_burst_is_measured_again_soon():
+    """Batch 1 on the Xeon's round costs at 98% acceptance: 8 drafts lead until six slow rounds
+    of theirs (1.5x) fill their window and hand the lead to 4, measured before the burst. 8 is
+    rechecked 8 rounds later, its stale samples dropped, and leads again; the wrong variant (no
+    rechecks: the delay at the refresh interval) holds 4 until the refresh."""
+    def burst(index, length):
+        return _xeon_seconds(1, length) * (1.5 if 30 <= index < 36 and length == 8 else 1.0)
+
+    def served(config):
+        controller = BudgetController(config)
+        chosen = _run_in_time(controller, 0.98, burst, 100)
+        return controller, chosen[36:]
+
+    controller, after = served(AdaptiveConfig.up_to(8))
+    assert after.count(4) <= 10 and after[10:].count(8) >= len(after[10:]) - 1  # one refresh of 0
+    assert controller.as_dict()["recheck_rounds"] >= 1
+    _, wrong = served(AdaptiveConfig.up_to(8, recheck_rounds=64))
+    assert wrong.count(4) >= 50
+
+    def speed(chosen):  # expected tokens per second over the rounds after the burst
+        return (sum(expected_tokens(0.98, l) for l in chosen)
+                / sum(burst(36 + i, l) for i, l in enumerate(chosen)))
+
+    assert speed(after) > 1.15 * speed(wrong)
+    with pytest.raises(ValueError, match="recheck_rounds"):
+        AdaptiveConfig.up_to(8, recheck_rounds=0)
+    with pytest.raises(ValueError, match="recheck_drift"):
+        AdaptiveConfig.up_to(8, recheck_drift=-0.1)
+
+
+def test_rechecks_back_off_and_skip_leads_lost_to_the_rates():
+    """8 drafts slowing down for good (1.5x from round 30): rechecked after 8, 16 and 32 rounds,
+    two rounds each, then left to the refresh (64 rounds). A lead lost because the requests accept fewer
+    drafts (costs unchanged) is not rechecked at all."""
+    slower = lambda index, length: _xeon_seconds(1, length) * (1.5 if index >= 30 and length == 8 else 1.0)
+    controller = BudgetController(AdaptiveConfig.up_to(8))
+    chosen = _run_in_time(controller, 0.98, slower, 150)
+    assert chosen[40:].count(8) == 6 and controller.rechecks.rounds == 6
+    assert controller.rechecks.due(1, 10 ** 6) is None
+
+    rates = BudgetController(AdaptiveConfig.up_to(8))
+    _run_in_time(rates, 0.98, lambda index, length: _xeon_seconds(1, length), 30)
+    chosen = _run_in_time(rates, 0.5, lambda index, length: _xeon_seconds(1, length), 60, start=30)
+    assert 8 not in chosen[2:] and rates.rechecks.rounds == 0
