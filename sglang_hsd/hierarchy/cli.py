@@ -43,7 +43,7 @@ def add_plan_parser(subparsers) -> None:
     knobs.add_argument("--kernel-paths", default="mkl,onednn-packed", help="comma list (default mkl,onednn-packed)")
     knobs.add_argument("--drafter-precisions", default="auto",
                        help="comma list of a separate drafter's single-row weight copies to measure (fp32, bf16, "
-                       "fp16, int8, int4), or 'auto': all with a model: drafter, fp32 with an exit drafter (default)")
+                       "fp16, int8, int4, w8a8), or 'auto': all with a model: drafter, fp32 with an exit drafter (default)")
     knobs.add_argument("--fixed", default="1-16", help="fixed draft lengths: 'a-b' or a comma list (default 1-16)")
     knobs.add_argument("--adaptive", help="comma list of adaptive:threshold:max rules ('' for none; default: "
                        "thresholds 0.2, 0.4, 0.6 x maxima 8, 16, 24, 32)")

@@ -3,7 +3,7 @@
 :func:`configure_kernels` applies :mod:`~sglang_hsd.runtime.kernel_paths`' choices to a model pair
 in place: oneDNN pre-packed weights for multi-row calls (and single rows where measured faster),
 and the copy a separate drafter's few-row steps read (:data:`DRAFTER_PRECISIONS`:
-:mod:`~sglang_hsd.runtime.weight_copies`' bf16, fp16, int8 and int4 copies, or fp32). With
+:mod:`~sglang_hsd.runtime.weight_copies`' bf16, fp16, int8, int4 and w8a8 copies, or fp32). With
 ``"auto"`` the fastest is measured (:func:`fastest_drafter_precision`): which copy is fastest for
 one row differs between CPUs (``docs/cpu.md``). The target's numbers never change; the drafter's
 may, which leaves the output law alone (the verifier uses the probabilities the drafter actually

@@ -148,7 +148,7 @@ class CopyRowsLinear(nn.Module):
     """A drafter's projection whose calls of some row counts read a reduced-precision weight copy.
 
     A few-row product is bound by reading the weight, so a copy of fewer bytes
-    (:mod:`~sglang_hsd.runtime.weight_copies`: bf16, fp16, int8, int4) makes it faster; ``inner``
+    (:mod:`~sglang_hsd.runtime.weight_copies`: bf16, fp16, int8, int4, w8a8) makes it faster; ``inner``
     (the fp32 ``nn.Linear`` or :class:`PackedLinear`) serves every other row count, and a product
     the copy reports unusable (an fp16 overflow). Activations stay fp32 outside the product. This
     changes the numbers, so it is only for a separate draft model: the verifier uses the

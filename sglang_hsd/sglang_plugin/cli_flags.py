@@ -120,8 +120,9 @@ HSD_FLAGS = (
     (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": DRAFTER_PRECISION_OPTIONS},
      "CPU: the weight copy a separate draft model's (--hsd-draft-kind model) few-row forwards "
      "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "
-     "int8 or int4. Only the drafter's numbers change; the verifier uses the q it produced, so "
-     "the output law is unchanged"),
+     "int8, int4 or w8a8 (int8 weights and per-row 8-bit activations: where it measures faster "
+     "at every row count, prefills and catch-ups too). Only the drafter's numbers change; the "
+     "verifier uses the q it produced, so the output law is unchanged"),
     (LEAN_DECODE_FLAG, LEAN_DECODE_ENV, {"choices": LEAN_DECODE_MODES},
      "CPU: how a separate draft model (--hsd-draft-kind model) runs its forwards (draft steps, "
      "draft extends, its prefill): auto (default) the lean forward of Llama / Qwen2-style models "

@@ -152,7 +152,7 @@ def test_bad_candidates_are_refused():
         DrafterSpec()
     with pytest.raises(ValueError, match="kernel_path"):
         KernelSetting(1, "int8")
-    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4"):
+    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4, w8a8"):
         KernelSetting(1, "mkl", "int3")
 
 

@@ -40,10 +40,10 @@ def _two_shape_model():
 
 
 # Per precision path, ms of one row for shapes (4, 8) and (8, 4). Summed over the layers (x3 for
-# the first shape) bf16 wins: fp32 4.0, bf16 2.5, fp16 2.7 (int8 8.0, int4 12.0); per shape alone
-# fp16 would (1.1).
+# the first shape) bf16 wins: fp32 4.0, bf16 2.5, fp16 2.7 (int8 8.0, int4 12.0, w8a8 6.0); per
+# shape alone fp16 would (1.1).
 FAKE_ONE_ROW = {PATH_MKL: (1.0, 1.0), PATH_PACKED: (1.1, 1.2), "bf16": (0.5, 1.0), "fp16": (0.8, 0.3),
-                "int8": (2.0, 2.0), "int4": (3.0, 3.0)}
+                "int8": (2.0, 2.0), "int4": (3.0, 3.0), "w8a8": (1.5, 1.5)}
 
 
 def test_fastest_drafter_precision_sums_one_row_over_the_layers(monkeypatch):
@@ -59,11 +59,11 @@ def test_fastest_drafter_precision_sums_one_row_over_the_layers(monkeypatch):
     monkeypatch.setattr(kernel_setup, "measure", fake_measure)
     name, totals = kernel_setup.fastest_drafter_precision(_two_shape_model())
     assert name == "bf16"
-    assert totals == pytest.approx({"fp32": 4.0, "bf16": 2.5, "fp16": 2.7, "int8": 8.0, "int4": 12.0})
-    assert seen_paths == [sorted([PATH_MKL, PATH_PACKED, "bf16", "fp16", "int8", "int4"])]
+    assert totals == pytest.approx({"fp32": 4.0, "bf16": 2.5, "fp16": 2.7, "int8": 8.0, "int4": 12.0, "w8a8": 6.0})
+    assert seen_paths == [sorted([PATH_MKL, PATH_PACKED, "bf16", "fp16", "int8", "int4", "w8a8"])]
     # Without packing, fp32 single rows run on MKL only.
     kernel_setup.fastest_drafter_precision(_two_shape_model(), pack_linears=False)
-    assert seen_paths[-1] == sorted([PATH_MKL, "bf16", "fp16", "int8", "int4"])
+    assert seen_paths[-1] == sorted([PATH_MKL, "bf16", "fp16", "int8", "int4", "w8a8"])
     with pytest.raises(ValueError, match="config.rows must be"):
         kernel_setup.fastest_drafter_precision(_two_shape_model(), config=MeasureConfig(rows=(2,)))
 
@@ -81,7 +81,7 @@ def test_a_copy_that_fails_to_run_is_never_the_fastest(monkeypatch):
 
 def test_the_copy_paths_time_rows_on_the_copy():
     found = measure([(32, 24)], MeasureConfig(rows=(1, 3), repeats=1, warmup=0, flush_mb=0), kernel_setup.COPY_PATHS)
-    assert sorted({m.path for m in found}) == ["bf16", "fp16", "int4", "int8"]
+    assert sorted({m.path for m in found}) == ["bf16", "fp16", "int4", "int8", "w8a8"]
     assert all(m.error is None and 0 < m.max_abs_diff < 0.2 for m in found)  # the copy's product, not fp32's
     assert not any(p.selectable for p in kernel_setup.COPY_PATHS.values())
 
@@ -98,7 +98,7 @@ def test_fastest_drafter_precision_measures_only_its_candidates(monkeypatch):
     name, totals = kernel_setup.fastest_drafter_precision(_two_shape_model(), candidates=("fp32", "int4"))
     assert name == "int4" and sorted(totals) == ["fp32", "int4"]
     assert seen_paths == [sorted([PATH_MKL, PATH_PACKED, "int4"])]
-    with pytest.raises(ValueError, match="candidates must be one of fp32, bf16, fp16, int8, int4, got 'int3'"):
+    with pytest.raises(ValueError, match="candidates must be one of fp32, bf16, fp16, int8, int4, w8a8, got 'int3'"):
         kernel_setup.fastest_drafter_precision(_two_shape_model(), candidates=("fp32", "int3"))
 
 

@@ -1,4 +1,4 @@
-"""A separate drafter's projections on a reduced-precision weight copy (bf16, fp16, int8, int4).
+"""A separate drafter's projections on a reduced-precision weight copy (bf16, fp16, int8, int4, w8a8).
 
 Each copy computes the product of its own stored weights (checked against an explicit
 dequantization), differs from fp32 (it really is the copy) and stays close to it; int4 pads shapes
@@ -18,7 +18,7 @@ from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.layers import CopyRowsLinear, PackedLinear, PackedRows, packed_linear_supported
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama
-from sglang_hsd.runtime.weight_copies import INT4_GROUP_SIZE, WEIGHT_COPIES, Int8Copy, build_weight_copy
+from sglang_hsd.runtime.weight_copies import INT4_GROUP_SIZE, WEIGHT_COPIES, Int8Copy, W8A8Copy, build_weight_copy
 from sglang_hsd.sampling import SamplingParams
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
 from tests.runtime.helpers import PROMPTS, exact_target_prefix_probs, sharpen_lm_head
@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 KINDS = list(WEIGHT_COPIES)
 # Largest |copy - fp32| on the products below (|w| <= 1/sqrt(in), x ~ N(0, 1)): the rounding of
 # each kind's weights (bf16's 8-bit mantissa, int4's 16 levels per group) and bf16 activations.
-CLOSE_TO_FP32 = {"bf16": 3e-2, "fp16": 3e-2, "int8": 5e-2, "int4": 0.25}
+CLOSE_TO_FP32 = {"bf16": 3e-2, "fp16": 3e-2, "int8": 5e-2, "int4": 0.25, "w8a8": 5e-2}
 
 
 def _drafter(vocab=48, seed=2):
@@ -39,6 +39,8 @@ def _dequantized(copy) -> torch.Tensor:
     """The fp32 weight ``[out, in]`` an int8 / int4 copy stands for, rebuilt from its own fields."""
     if isinstance(copy, Int8Copy):
         return (copy.weight.float() * copy.scale.float()[:, None])[:copy.out_features, :copy.in_features]
+    if isinstance(copy, W8A8Copy):
+        return copy.stored_weight()
     eye = torch.eye(copy.in_features)  # the product with the identity reads the weight back out
     return copy(eye).T - (0 if copy.bias is None else copy.bias[:, None])
 
@@ -55,10 +57,14 @@ def test_one_row_reads_the_copy_other_rows_the_fp32_weights(kind, bias):
     assert torch.equal(out, wrapped.copy(one.view(1, 64)).view(1, 1, 48))
     assert not torch.equal(out, linear(one))  # really the copy: fp32 differs
     assert torch.allclose(out, linear(one), atol=CLOSE_TO_FP32[kind])
-    many = torch.randn(4, 10, 64)  # 40 rows: beyond every kind's default rows
-    assert torch.equal(wrapped(many), linear(many))
+    many = torch.randn(4, 10, 64)  # 40 rows: beyond every bounded kind's default rows
     first, last = WEIGHT_COPIES[kind].rows
-    assert 1 in wrapped.rows and last + 1 not in wrapped.rows and first == 1
+    if last is None:  # a kind that serves every row count
+        assert torch.equal(wrapped(many), wrapped.copy(many.view(40, 64)).view(4, 10, 48))
+        assert 10 ** 6 in wrapped.rows and first == 1
+    else:
+        assert torch.equal(wrapped(many), linear(many))
+        assert 1 in wrapped.rows and last + 1 not in wrapped.rows and first == 1
     assert wrapped.weight is linear.weight and wrapped.bias is linear.bias
 
 
@@ -91,6 +97,33 @@ def test_integer_copies_pad_shapes_their_kernels_cannot_take(kind, shape):
     assert torch.allclose(out, x.to(torch.bfloat16).float() @ _dequantized(copy).T, atol=2e-2, rtol=1e-2)
 
 
+def test_w8a8_quantizes_activations_per_row():
+    """Each row's product is within half an 8-bit step of that row's own range times the row's
+    weights (per output) of ``x @ stored.T``: a row a hundred times smaller than another is
+    quantized as finely. The wrong variant, one quantization over the whole call (the kernel's own,
+    without the per-row scaling), puts the small rows' every entry on a step set by the large row
+    and fails the same bound."""
+    torch.manual_seed(3)
+    weight, bias = torch.randn(24, 96) / 10, torch.randn(24)
+    copy = build_weight_copy("w8a8", weight, bias)
+    stored = copy.stored_weight()
+    assert ((stored - weight).abs() <= 0.5 * weight.abs().amax(1, keepdim=True) / 127 * 1.001).all()
+    x = torch.randn(5, 96) * torch.tensor([[100.0], [1.0], [0.01], [1.0], [3.0]])
+
+    def within_row_steps(out):
+        step = 2 * x.abs().amax(1, keepdim=True) / 255  # the row scaled to [-1, 1], 8 bits
+        bound = 0.5 * step * stored.abs().sum(1) * 1.01 + 1e-6
+        return ((out - (x @ stored.T + bias)).abs() <= bound).all()
+
+    assert within_row_steps(copy(x))
+    whole_call = torch.ops.quantized.linear_dynamic(x, copy.packed, False) + bias
+    assert not within_row_steps(whole_call)
+    assert torch.equal(copy(x[1:2]), torch.ops.quantized.linear_dynamic(x[1:2], copy.packed, False) + bias)
+    for shape in ((6, 40), (32, 72)):  # in_features not a multiple of 32, out of 16
+        w, many = torch.randn(*shape) / shape[1] ** 0.5, torch.randn(2000, shape[1])
+        assert torch.allclose(build_weight_copy("w8a8", w)(many), many @ w.T, atol=CLOSE_TO_FP32["w8a8"])
+
+
 def test_fp16_overflow_is_recomputed_in_fp32():
     linear = torch.nn.Linear(4, 2, bias=False)
     with torch.no_grad():
@@ -101,7 +134,7 @@ def test_fp16_overflow_is_recomputed_in_fp32():
 
 
 def test_bad_input_names_the_argument():
-    with pytest.raises(ValueError, match="kind must be one of bf16, fp16, int8, int4, got 'fp8'"):
+    with pytest.raises(ValueError, match="kind must be one of bf16, fp16, int8, int4, w8a8, got 'fp8'"):
         CopyRowsLinear(torch.nn.Linear(4, 4), "fp8")
     with pytest.raises(ValueError, match="inner must be a CPU float32 linear"):
         CopyRowsLinear(torch.nn.Linear(4, 4).double(), "bf16")
@@ -178,5 +211,5 @@ def test_sampled_law_with_every_drafter_call_on_the_copy(kind, method):
 def test_refused_without_a_separate_drafter_and_for_unknown_names(target):
     with pytest.raises(ValueError, match="drafter_precision='int4' needs a separate draft model"):
         SpeculativeGenerator(target, parse_levels("exit:2,target"), drafter_precision="int4")
-    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4, got 'int2'"):
+    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4, w8a8, got 'int2'"):
         SpeculativeGenerator(target, parse_levels("model:tiny,target"), drafter=_drafter(), drafter_precision="int2")

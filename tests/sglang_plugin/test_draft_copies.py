@@ -75,7 +75,7 @@ def test_fp32_and_auto_without_float32_layers_keep_float32():
 def test_auto_measures_and_reports_every_precision():
     target, draft = _models()
     report = attach_draft_copies(draft, target, DraftPrecisionConfig("auto"))
-    assert set(report.measured_ms) == {"fp32", "bf16", "fp16", "int8", "int4"}
+    assert set(report.measured_ms) == {"fp32", "bf16", "fp16", "int8", "int4", "w8a8"}
     assert report.precision == min(report.measured_ms, key=report.measured_ms.__getitem__)
     assert report.as_dict()["requested"] == "auto"
 
@@ -108,6 +108,11 @@ def test_copy_rows_stop_at_the_first_loss():
     assert choose_copy_rows(copy_cost, float_cost, rows) == 8
     assert choose_copy_rows(lambda r: 0.5, float_cost, rows) == 16  # wins everywhere
     assert choose_copy_rows(lambda r: 2.0, float_cost, rows) == 1  # an explicit copy serves one row
+    # Ahead at every count and at a prefill's 256 rows: every count (None); behind there: 16.
+    bulk_cost = {**dict.fromkeys(rows, 1.0), 256: 40.0}.__getitem__
+    assert choose_copy_rows(lambda r: 0.5 if r < 256 else 20.0, bulk_cost, rows, bulk=256) is None
+    assert choose_copy_rows(lambda r: 0.5 if r < 256 else 50.0, bulk_cost, rows, bulk=256) == 16
+    assert choose_copy_rows(copy_cost, float_cost, rows, bulk=256) == 8  # no bulk check after a loss
 
 
 def test_a_large_draft_measures_the_rows_its_copy_serves():
@@ -124,3 +129,21 @@ def test_a_large_draft_measures_the_rows_its_copy_serves():
     assert "lm_head" not in report.copy_rows  # shared with the target: no copy
     small = _models()
     assert attach_draft_copies(small[1], small[0], DraftPrecisionConfig("int4")).copy_rows == {}
+
+
+def test_a_copy_ahead_at_every_count_serves_prefills_too(monkeypatch):
+    """A copy measured ahead of float32 at every compared count and at a prefill's rows serves
+    every call (reported as such); one behind at the prefill's rows stops at the last count."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from sglang_hsd.sglang_plugin.cpu import draft_copies
+
+    target, draft = _models()
+    draft.big = _Layer(UnquantizedLinearMethod(), torch.randn(2048, 2048) * 0.02)  # 16 MiB: measured
+    for bulk_wins, expected in ((True, draft_copies.EVERY_ROW_COUNT), (False, draft_copies.COMPARED_ROWS[-1])):
+        monkeypatch.setattr(draft_copies, "choose_copy_rows",
+                            lambda copy_s, float_s, rows, bulk, wins=bulk_wins: None if wins else rows[-1])
+        report = attach_draft_copies(draft, target, DraftPrecisionConfig("w8a8"))
+        assert report.copy_rows["layers"] == expected
+        served = getattr(draft.qkv, COPY_ATTR).rows
+        assert (10 ** 4 in served) == bulk_wins and 1 in served

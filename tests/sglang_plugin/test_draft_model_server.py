@@ -5,7 +5,8 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 * chain servers run with ``--hsd-adaptive`` on (the default): every round's length (0..K) is
   chosen from past rounds, and every check below holds with it; the lengths are reported;
 * the K = 3 chain server drafts on an int4 copy of the draft model's weights
-  (``--hsd-draft-precision int4``, ``cpu/draft_copies.py``); the others on what ``auto`` measures;
+  (``--hsd-draft-precision int4``, ``cpu/draft_copies.py``), the K = 4 one on a w8a8 copy (its
+  prefill and catch-ups too); the others on what ``auto`` measures;
 * the draft model runs the lean forward (``cpu/lean_decode.py``, the default for this Llama pair);
   the K = 3 chain and tree servers run it ``checked``: every draft forward (steps, extends, the
   draft prefill and catch-up) also through SGLang's forward, compared, so every check below holds
@@ -166,7 +167,13 @@ def test_draft_model_greedy_equals_target(pair, reference, num_steps, request):
     if num_steps == 3:
         _check_greedy(request.getfixturevalue("k3_url"), reference)
         return
-    with _server(pair, num_steps) as url:
+    # K = 4 drafts on the w8a8 copy, which serves every row count here (a draft too small to time
+    # takes the kind's default): its draft prefill and catch-ups run on the copy too.
+    extra = ["--hsd-draft-precision", "w8a8"] if num_steps == 4 else []
+    with _server(pair, num_steps, extra=extra) as url:
+        if extra:
+            copies = _hsd_state(url)["draft_copies"]
+            assert copies["precision"] == "w8a8" and copies["layers"] > 0, copies
         _check_greedy(url, reference)
 
 

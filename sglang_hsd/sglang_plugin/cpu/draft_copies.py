@@ -7,14 +7,16 @@ on the AVX-512 EPYC one row of Qwen2.5-Coder-0.5B's LM head costs 24 ms in packe
 model served by SGLang (``--hsd-draft-kind model``) the same copies.
 
 ``--hsd-draft-precision`` (``SGLANG_HSD_DRAFT_PRECISION``) takes ``fp32`` (no copy), ``bf16``,
-``fp16``, ``int8``, ``int4`` or ``auto`` (the default): the copy whose single-row products,
+``fp16``, ``int8``, ``int4``, ``w8a8`` or ``auto`` (the default): the copy whose single-row products,
 summed over the draft model's linear layers and LM head, measure fastest here at start-up
 (``runtime.kernel_setup.fastest_precision_for_shapes``, a few seconds; the choice and every
 total are logged and reported in ``/server_info``). Each layer then computes on the copy the
 row counts where the copy measured faster than its float32 kernel at start-up
-(``measured_copy_rows``: the layers and the LM head each timed at 1 to 32 rows; the kind's
-default ``WeightCopyKind.rows`` for a draft too small to time), and every other call (a long
-draft extend, a prefill) on its float32 kernel.
+(``measured_copy_rows``: the layers and the LM head each timed at 1 to 32 rows, and at 256 rows
+when the copy won at all of those, after which it serves every row count; the kind's default
+``WeightCopyKind.rows`` for a draft too small to time), and every other call (a long draft
+extend, a prefill) on its float32 kernel. A copy that serves every count (w8a8 on AVX-512 VNNI)
+also runs the draft model's prefill and catch-ups, whose KV the later draft steps then read.
 
 Why it is lossless: only the *drafter's* numbers change. The draft tokens are drawn from the q the
 copy produced and the verifier reads that same q, so the output law is the target's whatever q
@@ -56,6 +58,11 @@ DRAFT_PRECISION_FLAG = "--hsd-draft-precision"
 
 # Row counts at which the copy and the float32 kernel are compared when the server starts.
 COMPARED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)
+# A copy that wins at every one of them is compared once more at this many rows (a prefill's, a
+# catch-up's): winning there too, it serves every row count.
+BULK_ROWS = 256
+# ``DraftCopyReport.copy_rows`` for a copy that serves every row count.
+EVERY_ROW_COUNT = "all"
 
 
 class DraftPrecisionError(ValueError):
@@ -118,7 +125,8 @@ class DraftCopyReport:
         skipped_shared: layers left in float32 because the target shares their weight.
         measured_ms: with ``auto``, one draft step's single-row projections per precision (ms).
         copy_rows: ``{"layers": m, "lm_head": m}``: calls of 1..m rows take the copy, as
-            measured at start-up (``measured_copy_rows``); the kind's default where not measured.
+            measured at start-up (``measured_copy_rows``; m = ``EVERY_ROW_COUNT``: every call);
+            the kind's default where not measured.
     """
 
     precision: str
@@ -126,7 +134,7 @@ class DraftCopyReport:
     layers: int = 0
     skipped_shared: int = 0
     measured_ms: dict[str, float] = field(default_factory=dict)
-    copy_rows: dict[str, int] = field(default_factory=dict)
+    copy_rows: dict[str, int | str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"precision": self.precision, "requested": self.requested, "layers": self.layers,
@@ -165,10 +173,10 @@ def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Mod
     lm_head = getattr(draft_model, "lm_head", None)
     for group, modules in (("layers", [m for m in own if m is not lm_head]),
                            ("lm_head", [m for m in own if m is lm_head])):
-        last = measured_copy_rows(modules, copies) if modules else None
-        if last is not None:
-            report.copy_rows[group] = last
-        rows = default if last is None else PackedRows(((1, last),))
+        measured = measured_copy_rows(modules, copies) if modules else None
+        if measured is not None:
+            report.copy_rows[group] = EVERY_ROW_COUNT if measured[1] is None else measured[1]
+        rows = default if measured is None else PackedRows((measured,))
         for module in modules:
             setattr(module, COPY_ATTR, LayerCopy(copies[module], rows))
     report.layers = len(own)
@@ -176,22 +184,28 @@ def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Mod
 
 
 def choose_copy_rows(copy_seconds: Callable[[int], float], float_seconds: Callable[[int], float],
-                     rows: tuple[int, ...] = COMPARED_ROWS) -> int:
+                     rows: tuple[int, ...] = COMPARED_ROWS, bulk: int | None = None) -> int | None:
     """The largest of ``rows`` (ascending) up to which the copy cost less than float32 at every
     one of them (``copy_seconds(r)`` / ``float_seconds(r)``: seconds of a call of ``r`` rows);
     at least 1. A count beyond the first loss is not trusted to win again: between measured
-    counts the cost is not known, and the copy's cost grows faster with rows."""
+    counts the cost is not known, and the copy's cost grows faster with rows (int4's kernel
+    works in blocks of 4 rows). None (every count) when the copy won at all of ``rows`` and
+    then at ``bulk`` rows too: a copy multiplied in integers (w8a8) stays ahead of float32 up
+    to a prefill's row counts."""
     last = 1
     for count in rows:
         if copy_seconds(count) >= float_seconds(count):
-            break
+            return last
         last = count
+    if bulk is not None and copy_seconds(bulk) < float_seconds(bulk):
+        return None
     return last
 
 
 def measured_copy_rows(modules: list[torch.nn.Module], copies: dict, rows: tuple[int, ...] = COMPARED_ROWS,
-                       repeats: int = 3) -> int | None:
-    """``choose_copy_rows`` from one pass over ``modules`` in order on their ``copies`` (module
+                       repeats: int = 3, bulk: int = BULK_ROWS) -> tuple[int, int | None] | None:
+    """The row counts ``(1, last)`` the copy serves (``last`` None: every count), from
+    ``choose_copy_rows`` over one pass over ``modules`` in order on their ``copies`` (module
     -> ``WeightCopy``) against one on their float32 kernel (packed and padded as the server runs
     them, else ``F.linear``), the median of ``repeats`` after an untimed one; None when the
     modules' float32 weights total less than ``MIN_MEASURED_BYTES`` (cache-resident timings say
@@ -220,8 +234,8 @@ def measured_copy_rows(modules: list[torch.nn.Module], copies: dict, rows: tuple
             times.append(time.perf_counter() - started)
         return sorted(times[1:])[repeats // 2]
 
-    return choose_copy_rows(lambda count: timed(lambda m, x: copies[m](x), count),
-                            lambda count: timed(_float32_product, count), rows)
+    return 1, choose_copy_rows(lambda count: timed(lambda m, x: copies[m](x), count),
+                               lambda count: timed(_float32_product, count), rows, bulk)
 
 
 def _float32_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -234,7 +248,8 @@ def _float32_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def log_report(report: DraftCopyReport) -> None:
     measured = ", ".join(f"{k} {v:.1f} ms" for k, v in report.measured_ms.items())
-    rows = ", ".join(f"{group} 1-{last} rows" for group, last in report.copy_rows.items())
+    rows = ", ".join(f"{group} {'every row count' if last == EVERY_ROW_COUNT else f'1-{last} rows'}"
+                     for group, last in report.copy_rows.items())
     logger.info("sglang-hsd: draft model weight copy %s (%s %s%s): %d layers%s%s", report.precision,
                 DRAFT_PRECISION_FLAG, report.requested,
                 f"; one draft step's single rows measured {measured}" if measured else "",
