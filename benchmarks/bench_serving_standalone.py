@@ -25,6 +25,8 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
                   draft model's q, sequence-level verification, fixed draft length;
 * ``hsd-adaptive`` ``hsd`` with ``--hsd-adaptive on`` (the draft budget chosen per round);
 * ``hsd-adaptive-k8`` the same configured with 8 draft steps (lengths 0..8 to choose from);
+* ``hsd-adaptive-k8-int4`` the same with ``--hsd-draft-precision int4`` (``auto`` elsewhere
+                  unless ``--extra-server-args`` says otherwise): what the drafter's copy changes;
 * ``hsd-adaptive-k16`` the same with 16 (lengths 0..16);
 * ``hsd-adaptive-k8-extend`` the same with ``--hsd-draft-catch-up off`` (a round that drafts
                   nothing still extends the draft cache): what the catch-up saves;
@@ -115,6 +117,11 @@ CONFIGS = {c.name: c for c in (
     DraftModelConfig("hsd-adaptive-k8", "hsd-adaptive configured with 8 draft steps (each "
                      "round's length chosen in 0..8)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
+                     num_steps=8),
+    DraftModelConfig("hsd-adaptive-k8-int4", "hsd-adaptive-k8 with the draft model on its int4 "
+                     "copy (--hsd-draft-precision int4; the k8 row takes the flag's default, auto)",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on",
+                                  "--hsd-draft-precision", "int4"),
                      num_steps=8),
     DraftModelConfig("hsd-adaptive-k16", "hsd-adaptive configured with 16 draft steps (each "
                      "round's length chosen in 0..16): room for long chains where drafts are "
