@@ -16,9 +16,15 @@ KV cache of ``--context`` positions, median of ``--repeats`` after one untimed c
 
 It also reports, per copy, how often the drafter's greedy token on a real prompt (teacher-forced,
 every position on the copy) equals the fp32 drafter's: the copy changes the drafter's proposals,
-never the output law.
+never the output law. With ``--target``, what that costs in acceptance: teacher-forced on the
+target's own greedy continuation (``--continuation`` tokens) of each prompt, per copy (every
+row on it) and fp32, the mean per-token acceptance of the drafter's proposal by the target at
+T = 1 (``sum_x min(p, q)``, the chance that one drafted token passes a lossless token-level
+check) and at T = 0 (argmax equal to the target's).
 
     PYTHONPATH=. python benchmarks/bench_drafter_step.py --model qwen2.5-coder-0.5b --threads 2
+    PYTHONPATH=. python benchmarks/bench_drafter_step.py --rows 1 9 64 256 --target qwen2.5-coder-1.5b \
+        --prompt-set sharegpt --num-prompts 6 --name drafter_step_qwen2.5-coder-0.5b_sharegpt
 
 Writes ``benchmarks/results/<name>.{json,md}`` (default ``drafter_step_<model>``).
 """
@@ -49,8 +55,13 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--prompt-set", default="humaneval", help="prompts of the agreement check")
     parser.add_argument("--num-prompts", type=int, default=2)
+    parser.add_argument("--target", help="a target model: also measure each copy's acceptance by it")
+    parser.add_argument("--continuation", type=int, default=48,
+                        help="with --target: greedy target tokens per prompt the acceptance is measured on")
     parser.add_argument("--name")
     args = parser.parse_args(argv)
+    if args.continuation < 1:
+        raise ValueError(f"--continuation must be >= 1, got {args.continuation}")
     if args.repeats < 1 or args.context < 1 or min(args.rows) < 1:
         raise ValueError(f"--repeats, --context and --rows must be >= 1, got {args.repeats}, {args.context}, "
                          f"{args.rows}")
@@ -100,6 +111,48 @@ def agreement(model, prompts: list[list[int]], kind: str) -> float:
     return same / total
 
 
+@torch.inference_mode()
+def greedy_continuation(target, ids: list[int], tokens: int) -> list[int]:
+    """``ids`` followed by the target's ``tokens`` greedy tokens."""
+    cache = target.new_cache(1, len(ids) + tokens + 1)
+    logits = target.forward(torch.tensor([ids]), cache)
+    out = list(ids)
+    for _ in range(tokens):
+        out.append(int(logits[0, -1].argmax()))
+        logits = target.forward(torch.tensor([[out[-1]]]), cache)
+    return out
+
+
+@torch.inference_mode()
+def target_acceptance(model, target, sequences: list[tuple[list[int], int]]) -> dict[str, dict[str, float]]:
+    """Per variant (``fp32`` and every copy kind, every row on it): the mean over the
+    continuation positions of ``sum min(p, q)`` (``t1``) and of ``argmax q == argmax p`` (``t0``),
+    p the target's and q the drafter's next-token distribution. ``sequences``: (tokens, prompt
+    length), the continuation being ``tokens[prompt length:]``."""
+    if model.vocab_size != target.vocab_size:
+        raise ValueError(f"the drafter's vocabulary ({model.vocab_size}) differs from the target's "
+                         f"({target.vocab_size})")
+
+    def probs(m, ids, start):
+        logits = m.forward(torch.tensor([ids]), m.new_cache(1, len(ids)))[0, start - 1:-1]
+        return torch.softmax(logits.float(), dim=-1)
+
+    targets = [probs(target, ids, start) for ids, start in sequences]
+    out = {}
+    for variant in ("fp32", *WEIGHT_COPIES):
+        set_variant(model, "fp32 mkl")
+        if variant != "fp32":
+            model.set_weight_copy(variant, PackedRows(((1, None),)))
+        t1, t0 = [], []
+        for (ids, start), p in zip(sequences, targets):
+            q = probs(model, ids, start)
+            t1.append(torch.minimum(p, q).sum(-1))
+            t0.append((p.argmax(-1) == q.argmax(-1)).float())
+        out[variant] = {"t1": float(torch.cat(t1).mean()), "t0": float(torch.cat(t0).mean())}
+    model.set_weight_copy(None)
+    return out
+
+
 def format_table(result: dict) -> str:
     rows = result["rows"]
     base = result["ms"]["fp32 mkl"][0]
@@ -113,6 +166,12 @@ def format_table(result: dict) -> str:
     lines += ["", "Greedy token equal to the fp32 drafter's, teacher-forced on "
               f"{result['num_prompts']} {result['prompt_set']} prompts ({result['positions']} positions): "
               + ", ".join(f"{k} {v:.1%}" for k, v in result["agreement"].items())]
+    if result.get("acceptance"):
+        lines += ["", f"Acceptance by {result['target']}, teacher-forced on its greedy continuation "
+                  f"({result['continuation']} tokens per prompt, {result['acceptance_positions']} "
+                  "positions): mean sum min(p, q) (T = 1) and argmax equal to the target's (T = 0).", "",
+                  "| drafter weights | T = 1 | T = 0 |", "|---|---|---|"]
+        lines += [f"| {k} | {v['t1']:.4f} | {v['t0']:.4f} |" for k, v in result["acceptance"].items()]
     return "\n".join(lines) + "\n"
 
 
@@ -132,6 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     result = {"model": args.model, "threads": args.threads, "context": args.context, "rows": args.rows,
               "repeats": args.repeats, "ms": ms, "prompt_set": args.prompt_set, "num_prompts": args.num_prompts,
               "positions": sum(map(len, prompts)), "agreement": agree}
+    if args.target:
+        target = load_model(args.target).model
+        sequences = [(greedy_continuation(target, ids, args.continuation), len(ids)) for ids in prompts]
+        result.update(target=args.target, continuation=args.continuation,
+                      acceptance_positions=args.continuation * len(sequences),
+                      acceptance=target_acceptance(model, target, sequences))
     table = format_table(result)
     write_results(RESULTS_DIR / (args.name or f"drafter_step_{args.model}"), result, table, run)
     print(table)
