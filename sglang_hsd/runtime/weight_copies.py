@@ -18,15 +18,15 @@ produced. So copies are only for a separate draft model, never for a target or a
   the group's min and max), bf16 activations, ``torch.ops.aten._weight_int4pack_mm_for_cpu``.
 * ``w8a8``: symmetric per-output-channel int8 weights and 8-bit activations quantized per row at
   each call, multiplied in integers by fbgemm's dynamic-quantization kernel (VNNI dot products
-  where the CPU has them). On the 2-core Xeon (AVX-512 VNNI), one pass over the 0.5B draft
-  model's projections and LM head costs 12.6 ms for one row against 17.9 ms on int4 and 49 ms
-  in packed fp32, 21.7 / 92.5 / 68.2 ms for 9 rows, and its layers 0.78 ms a row against 2.40 in
-  packed fp32 at 256 rows; teacher-forced on the 1.5B's greedy continuations of 6 ShareGPT
-  prompts its per-token acceptance by the 1.5B at T = 1 (sum of min(p, q)) is 0.806 against 0.810
-  in fp32 and 0.795 on int4 (``docs/cpu.md``, "The drafter's weight copy"). Activations are
-  quantized per row (each row scaled to [-1, 1] before the kernel's per-call quantization, the
-  scale multiplied back after): quantized over a whole call, one row's outliers coarsen every
-  row, and the same measurement dropped to 0.779.
+  where the CPU has them). One forward of Qwen2.5-Coder-0.5B on the 2-core Xeon (AVX-512 VNNI,
+  ``benchmarks/results/drafter_step_qwen2.5-coder-0.5b_w8a8_sharegpt.md``): 38 ms for one row
+  (int4 31, packed fp32 88), 69 ms for 9 rows (int4 115, packed fp32 137) and 563 ms for 256
+  (packed fp32 1048): the copy that pays at several rows and for a prefill. Per-token acceptance
+  by the 1.5B at T = 1 (sum of min(p, q), teacher-forced on its greedy continuations of 6
+  ShareGPT prompts): 0.808 against 0.808 in fp32 and 0.794 on int4. Activations are quantized per
+  row (each row scaled to [-1, 1] before the kernel's per-call quantization, the scale
+  multiplied back after): quantized over a whole call, one row's outliers would coarsen every
+  row.
 
 The integer copies pad shapes their kernels cannot take (input features to a multiple of 32,
 int4's output features to 16) with zero weights.
@@ -223,8 +223,8 @@ class WeightCopyKind:
             (``last`` None: every count from ``first``): where one forward of
             Qwen2.5-Coder-0.5B on it was measured faster than on oneDNN's packed fp32 weights
             (``benchmarks/results/drafter_step_qwen2.5-coder-0.5b_copies.md``, 2 threads: int4
-            up to 16 rows, int8 up to 8, the half copies one row; w8a8 at every count measured,
-            1 to 256 rows, module docstring).
+            up to 16 rows, int8 up to 8, the half copies one row; w8a8 every count: faster than
+            packed fp32 from 1 to 256 rows, module docstring).
     """
 
     name: str
