@@ -302,10 +302,9 @@ class BudgetController:
         """The draft length of the next round for a batch whose requests have acceptance
         ``rates`` (one per request, ``len(rates) == batch``) and which must pay ``setup`` before
         it drafts; the choice is recorded."""
-        length, probe_against = self._plan(rates, batch, setup)
+        length, probe_against, leader = self._plan(rates, batch, setup)
         bucket = batch_bucket(batch)
-        self.rechecks.lead(bucket, self._fastest(bucket, rates, setup)[0], self.costs,
-                           self.bucket_rounds.get(bucket, 0))
+        self.rechecks.lead(bucket, leader, self.costs, self.bucket_rounds.get(bucket, 0))
         self._probe = None if probe_against is None else (bucket, length, probe_against)
         self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
         self.request_rounds_by_length[length] = self.request_rounds_by_length.get(length, 0) + batch
@@ -316,21 +315,23 @@ class BudgetController:
         return self._plan(rates, batch, setup)[0]
 
     def _plan(self, rates: Sequence[float], batch: int,
-              setup: DraftSetup) -> tuple[int, float | None]:
+              setup: DraftSetup) -> tuple[int, float | None, int]:
+        """(the length to run, the best choice's seconds for a budgeted probe or None, the
+        length ranked fastest on the known costs: the leader ``Rechecks`` tracks)."""
         if len(rates) != batch:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
+        best, best_speed = self._fastest(bucket, rates, setup)
         due = self._due_anchor(bucket, rates, setup)
         if due is not None:
-            return due
-        best, best_speed = self._fastest(bucket, rates, setup)
+            return (*due, best)
         recheck = self.rechecks.due(bucket, self.bucket_rounds.get(bucket, 0))
         if recheck is not None and recheck.length != best:
             # Only while it would lead again at the cost it showed while leading.
             seconds = self.config.priced(recheck.length, recheck.baseline + setup.share(rates, recheck.length))
             if sum(expected_tokens(r, recheck.length) for r in rates) / seconds >= best_speed:
-                return recheck.length, None
-        return best, None
+                return recheck.length, None, best
+        return best, None, best
 
     def observe_round(self, batch: int, length: int, seconds: float) -> None:
         """A decode round of ``batch`` requests drafting ``length`` took ``seconds``."""

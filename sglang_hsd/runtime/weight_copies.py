@@ -93,6 +93,13 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _int8_channel_scale(weight: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 scale per output channel of ``weight`` ``[out, in]``: its largest magnitude
+    over 127 (an all-zero row gets 1 and stays zero)."""
+    scale = weight.abs().amax(dim=1) / 127.0
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
 class _IntegerCopy(WeightCopy):
     """Shared by the integer copies: the weight padded with zeros to the kernel's shapes (the
     input padded with zero features at call time, the padding cut from the output), bias in fp32."""
@@ -142,8 +149,7 @@ class Int8Copy(_IntegerCopy):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__(weight, bias, out_multiple=1)
         weight = self.padded_weight
-        scale = weight.abs().amax(dim=1) / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+        scale = _int8_channel_scale(weight)
         self.weight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.scale = scale.to(torch.bfloat16)
         del self.padded_weight
@@ -185,8 +191,7 @@ class W8A8Copy(WeightCopy):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         _check_weight(weight, bias)
         self.out_features, self.in_features = weight.shape
-        scale = weight.detach().abs().amax(dim=1) / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+        scale = _int8_channel_scale(weight.detach())
         zero_points = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():
             # torch marks its quantized tensor types deprecated; fbgemm's packed weight is built
