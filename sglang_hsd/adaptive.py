@@ -226,17 +226,24 @@ class BudgetController:
         counts.successes = counts.successes * discount + accepted
         counts.trials = counts.trials * discount + accepted + rejections
 
-    def _fastest(self, bucket: int, rates: Sequence[float],
-                 setup: DraftSetup = NO_SETUP) -> tuple[int, float]:
-        """The candidate with the highest expected tokens per second at ``bucket`` from the costs
-        known there (with ``setup``'s share), and that speed (-inf when no cost is known)."""
-        best, best_speed = self.config.candidates[0], -math.inf
+    def speeds(self, bucket: int, rates: Sequence[float], setup: DraftSetup = NO_SETUP) -> dict[int, float]:
+        """Expected tokens per second of each candidate whose cost at ``bucket`` is known, at its
+        price with ``setup``'s share (what the choice compares)."""
+        speeds = {}
         for candidate in self.config.candidates:
             seconds = self.costs.estimate(bucket, candidate)
             if seconds is None or seconds <= 0:
                 continue
             seconds = self.config.priced(candidate, seconds + setup.share(rates, candidate))
-            speed = sum(expected_tokens(r, candidate) for r in rates) / seconds
+            speeds[candidate] = sum(expected_tokens(r, candidate) for r in rates) / seconds
+        return speeds
+
+    def _fastest(self, bucket: int, rates: Sequence[float],
+                 setup: DraftSetup = NO_SETUP) -> tuple[int, float]:
+        """The candidate with the highest expected tokens per second at ``bucket`` from the costs
+        known there (with ``setup``'s share), and that speed (-inf when no cost is known)."""
+        best, best_speed = self.config.candidates[0], -math.inf
+        for candidate, speed in self.speeds(bucket, rates, setup).items():
             if speed > best_speed:
                 best, best_speed = candidate, speed
         return best, best_speed

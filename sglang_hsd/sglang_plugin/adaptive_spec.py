@@ -26,14 +26,16 @@ default turns itself off there and says so in the log).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass
+from typing import TextIO
 
 from sglang_hsd.adaptive import (NO_SETUP, AcceptanceEstimate, AdaptiveConfig, BudgetController,
-                                 DraftSetup)
+                                 DraftSetup, batch_bucket)
 from sglang_hsd.sglang_plugin.config import on_off_from_env
 
 logger = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ ADAPTIVE_ENV = "SGLANG_HSD_ADAPTIVE"
 ADAPTIVE_FLAG = "--hsd-adaptive"
 CYCLE_ENV = "SGLANG_HSD_DRAFT_LENGTHS_CYCLE"
 CYCLE_FLAG = "--hsd-draft-lengths-cycle"
+TRACE_ENV = "SGLANG_HSD_ADAPTIVE_TRACE"
+TRACE_FLAG = "--hsd-adaptive-trace"
 # meta_info key of a request's per-round draft lengths (a request-level customized-info key).
 BUDGET_KEY = "hsd_draft_budget"
 # Attribute of SGLang's Req holding its AcceptanceEstimate.
@@ -62,17 +66,22 @@ class AdaptiveSetting:
             of the controller's choice (measuring what each length costs, testing the switches
             between them); None: the controller chooses. Each is fixed before the round's
             drafts exist, so the output law is the target's.
+        trace_path: ``--hsd-adaptive-trace``: a JSON-lines file that gets one line per decode
+            round (what the controller saw, chose and measured; :class:`AdaptiveRounds`); None:
+            no trace.
     """
 
     enabled: bool = True
     explicit: bool = False
     lengths_cycle: tuple[int, ...] | None = None
+    trace_path: str | None = None
 
     @classmethod
     def from_env(cls) -> "AdaptiveSetting":
         value = on_off_from_env(ADAPTIVE_ENV, ADAPTIVE_FLAG)
         return cls(value != "off", explicit=value is not None,
-                   lengths_cycle=_parse_cycle(os.environ.get(CYCLE_ENV, "")))
+                   lengths_cycle=_parse_cycle(os.environ.get(CYCLE_ENV, "")),
+                   trace_path=os.environ.get(TRACE_ENV, "").strip() or None)
 
     def cycle_problem(self, num_steps: int) -> str | None:
         """Why ``lengths_cycle`` cannot run with ``num_steps`` (``--speculative-num-steps``)."""
@@ -119,11 +128,17 @@ class AdaptiveRounds:
         controller: the policy state.
         lengths_cycle: lengths each request's rounds take in turn instead of the controller's
             choice (``AdaptiveSetting.lengths_cycle``); None: the controller chooses.
+        trace: a text file opened for appending that gets one JSON line per decode round
+            (``AdaptiveSetting.trace_path``): the batch, the requests' rates, the owed setup,
+            the chosen length, the round's measured and excluded seconds; None: none.
     """
 
-    def __init__(self, controller: BudgetController, lengths_cycle: tuple[int, ...] | None = None) -> None:
+    def __init__(self, controller: BudgetController, lengths_cycle: tuple[int, ...] | None = None,
+                 trace: TextIO | None = None) -> None:
         self.controller = controller
         self.lengths_cycle = lengths_cycle
+        self.trace = trace
+        self._traced: dict | None = None  # the current round's trace line, finished by end()
         self.length = controller.config.candidates[-1]  # SGLang starts at the configured length
         self._reqs: list = []
         self._round_length = 0
@@ -154,6 +169,14 @@ class AdaptiveRounds:
             setup = NO_SETUP if setup_seconds + fixed_seconds <= 0 else DraftSetup(
                 setup_seconds, sum(_remaining_tokens(req) for req in reqs) / len(reqs), fixed_seconds)
             self.length = self.controller.choose(rates, len(reqs), setup)
+            if self.trace is not None:
+                self._traced = {"t": round(started, 4), "batch": len(reqs),
+                                "rates": [round(r, 4) for r in rates],
+                                "setup_s": round(setup.seconds, 5), "fixed_s": round(setup.fixed_seconds, 5),
+                                "remaining": setup.remaining_tokens, "length": self.length,
+                                "speeds": {str(length): round(speed, 3) for length, speed in
+                                           self.controller.speeds(batch_bucket(len(reqs)), rates,
+                                                                  setup).items()}}
         for req in reqs:
             if req.customized_info is None:
                 req.customized_info = {}
@@ -177,6 +200,11 @@ class AdaptiveRounds:
         if self._reqs:
             self.controller.observe_round(len(self._reqs), self._round_length,
                                           max(self._last_forward - excluded, 0.0) + self.overhead)
+        if self._traced is not None:
+            self._traced.update(seconds=round(self._last_forward, 5), excluded=round(excluded, 5))
+            self.trace.write(json.dumps(self._traced) + "\n")
+            self.trace.flush()
+            self._traced = None
 
     def interrupt(self) -> None:
         """A non-decode forward ran: the next gap is not scheduler overhead."""
@@ -272,8 +300,12 @@ def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bo
     problem = setting.cycle_problem(worker.speculative_num_steps)
     if problem is not None:
         raise ValueError(problem)
+    trace = None
+    if setting.trace_path is not None:
+        trace = open(setting.trace_path, "a", encoding="utf-8")  # noqa: SIM115 (the server's lifetime)
+        logger.info("sglang-hsd: %s: one line per decode round in %s", TRACE_FLAG, setting.trace_path)
     rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(worker.speculative_num_steps)),
-                            setting.lengths_cycle)
+                            setting.lengths_cycle, trace)
     worker.adaptive_controller = AdaptiveController(worker, HSDAdaptivePolicy(rounds))
     if setting.lengths_cycle is not None:
         logger.info("sglang-hsd: %s: rounds take the lengths %s in turn", CYCLE_FLAG,

@@ -27,7 +27,7 @@ from sglang_hsd.sglang_plugin.config import (
 )
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sglang_plugin.adaptive_spec import (
-    ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG)
+    ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG, TRACE_ENV, TRACE_FLAG)
 from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, CATCH_UP_FLAG
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_ENV, LEAN_DECODE_FLAG, LEAN_DECODE_MODES
@@ -111,6 +111,10 @@ HSD_FLAGS = (
      "decode rounds take in turn from its first round (a batch follows its youngest request) "
      "instead of the adaptive controller's choice: measures what each length costs and "
      "tests the switches between them (fixed before any draft, so lossless)"),
+    (TRACE_FLAG, TRACE_ENV, {},
+     "a file that gets one JSON line per decode round under --hsd-adaptive: the batch size, "
+     "each request's estimated acceptance rate, the draft catch-up owed, the chosen length and "
+     "the round's seconds (to see why the controller chose what it did)"),
     (CATCH_UP_FLAG, CATCH_UP_ENV, {"choices": ON_OFF},
      "on (default with --hsd-draft-kind model on CPU under --hsd-adaptive): a round that drafts "
      "nothing skips the draft model's extend and a prefill the draft model's prefill, and the "
