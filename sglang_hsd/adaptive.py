@@ -45,7 +45,7 @@ model's cache up over requests whose draft prefill and extends were skipped whil
 plainly). It is spread over the rounds drafting would serve (the batch's remaining tokens over the
 tokens a round of L commits) and added to every positive length's seconds, so a batch near its end,
 or one whose catch-up would be long, keeps decoding plainly unless drafting earns the catch-up back;
-its fixed part (paid however little is owed) is charged whole to the round that resumes drafting.
+its fixed part (paid however little is owed) over the drafting rounds a setup has served here.
 
 Why it is lossless: L for round n is a function of rounds 1..n-1 only (their drafted and accepted
 counts and their timings), never of round n's drafts, so every round is a verification of a draft
@@ -60,7 +60,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from sglang_hsd.adaptive_costs import NO_SETUP, DraftSetup, RoundCosts, batch_bucket
+from sglang_hsd.adaptive_costs import NO_SETUP, DraftSetup, RoundCosts, SetupHistory, batch_bucket
 from sglang_hsd.adaptive_rates import AcceptanceEstimate, expected_tokens
 from sglang_hsd.adaptive_recheck import Rechecks
 
@@ -202,6 +202,7 @@ class BudgetController:
         # totals show what the rounds cost on average (a slow first round after a switch).
         self.totals: dict[tuple[int, int], list[float]] = {}
         self.rechecks = Rechecks(config.recheck_rounds, config.recheck_drift, config.refresh_rounds)
+        self.setups = SetupHistory()
 
     @property
     def server_rate(self) -> float:
@@ -311,6 +312,7 @@ class BudgetController:
         it drafts; the choice is recorded."""
         length, probe_against, leader = self._plan(rates, batch, setup)
         bucket = batch_bucket(batch)
+        self.setups.observe(bucket, length, setup)
         self.rechecks.lead(bucket, leader, self.costs, self.bucket_rounds.get(bucket, 0))
         self._probe = None if probe_against is None else (bucket, length, probe_against)
         self.choices[(bucket, length)] = self.choices.get((bucket, length), 0) + 1
@@ -328,6 +330,7 @@ class BudgetController:
         if len(rates) != batch:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
+        setup = self.setups.spread(bucket, setup)
         best, best_speed = self._fastest(bucket, rates, setup)
         due = self._due_anchor(bucket, rates, setup)
         if due is not None:
@@ -380,6 +383,7 @@ class BudgetController:
                 "mean_steps": None if mean is None else round(mean, 3),
                 "server_accept_rate": round(self.server_rate, 4),
                 "recheck_rounds": self.rechecks.rounds,
+                "rounds_per_setup_by_batch_bucket": self.setups.as_dict(),
                 "explore_ms_by_batch_bucket": {str(b): round(1000 * v, 2)
                                                for b, v in sorted(self.explore_spent.items())},
                 "choices_by_batch_bucket": choices, "round_ms_by_batch_bucket": costs,

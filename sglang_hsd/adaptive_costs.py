@@ -7,13 +7,14 @@ starts (:class:`DraftSetup`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from sglang_hsd.adaptive_rates import expected_tokens
 
-__all__ = ["NO_SETUP", "DraftSetup", "RoundCosts", "batch_bucket"]
+__all__ = ["NO_SETUP", "DraftSetup", "RoundCosts", "SetupHistory", "batch_bucket"]
 
 
 def batch_bucket(batch: int) -> int:
@@ -119,7 +120,17 @@ class RoundCosts:
 
     def estimate(self, bucket: int, length: int) -> float | None:
         """Seconds of a round of ``length`` at ``bucket``: measured, else linear between the
-        nearest measured positive lengths (extrapolated from the two nearest), else None."""
+        nearest measured positive lengths (extrapolated from the two nearest), else None; at
+        most what a longer length measured here (a round does all a shorter one does, and
+        more: on the 2-core Xeon two slow rounds put 3 drafts at batch 4 at 1.25 s beside 0.82 s
+        for 4, and 3 was not tried again for 64 rounds)."""
+        own = self._own_estimate(bucket, length)
+        longer = [s for (b, l), s in self.seconds.items() if b == bucket and l > length]
+        if own is None or not longer:
+            return own
+        return min(own, min(longer))
+
+    def _own_estimate(self, bucket: int, length: int) -> float | None:
         measured = self.measured(bucket, length)
         if measured is not None:
             return measured
@@ -148,17 +159,25 @@ class DraftSetup:
             spread over the rounds drafting would serve (0: none).
         remaining_tokens: the mean number of tokens the batch's requests may still generate.
         fixed_seconds: the part paid again each time drafting resumes, however little is owed
-            (a catch-up's pass over the draft model's weights), charged in full to the round
-            that resumes: drafting that stops for a round and resumes pays it every time, so a
-            length that only just beats plain decoding must also beat this to take over from
-            it (on the 2-core Xeon, 0 and 2 drafts alternating at batch 4 on chat prompts: 82
-            catch-ups of 729 rows in all took 8.4 s, where the per-row price gives 4.4 s;
-            ``benchmarks/results/loaded_rounds_xeon_sharegpt_t1_c4_cycle02.md``).
+            (a catch-up's pass over the draft model's weights): drafting that stops for a round
+            and resumes pays it every time (on the 2-core Xeon, 0 and 2 drafts alternating at
+            batch 4 on chat prompts: 82 catch-ups of 729 rows in all took 8.4 s, where the
+            per-row price gives 4.4 s;
+            ``benchmarks/results/loaded_rounds_xeon_sharegpt_t1_c4_cycle02.md``), so it is
+            spread only over ``fixed_rounds``.
+        fixed_rounds: the drafting rounds one catch-up has served on this server (at most the
+            rounds the remaining tokens take; ``BudgetController`` sets it from its history,
+            1 before any: charged whole to the round that resumes, so a length that only just
+            beats plain decoding does not take over until drafting has shown it lasts). Charged
+            whole always, a batch that went plain on chat prompts at c = 4 stayed plain for 50
+            rounds while 2 drafts were 13% faster: the 45 ms pass cost 7% of a round and the
+            rows it owed grew with every plain round.
     """
 
     seconds: float = 0.0
     remaining_tokens: float = math.inf
     fixed_seconds: float = 0.0
+    fixed_rounds: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.seconds >= 0.0:
@@ -167,6 +186,8 @@ class DraftSetup:
             raise ValueError(f"remaining_tokens must be > 0, got {self.remaining_tokens}")
         if not self.fixed_seconds >= 0.0:
             raise ValueError(f"fixed_seconds must be >= 0, got {self.fixed_seconds}")
+        if not self.fixed_rounds >= 1.0:
+            raise ValueError(f"fixed_rounds must be >= 1, got {self.fixed_rounds}")
 
     @property
     def total_seconds(self) -> float:
@@ -174,12 +195,44 @@ class DraftSetup:
         return self.seconds + self.fixed_seconds
 
     def share(self, rates: Sequence[float], length: int) -> float:
-        """The seconds one round of ``length`` drafts carries: ``fixed_seconds`` plus ``seconds``
-        over the rounds of that length the remaining tokens take (at least one)."""
+        """The seconds one round of ``length`` drafts carries: ``seconds`` over the rounds of
+        that length the remaining tokens take (at least one), ``fixed_seconds`` over at most
+        ``fixed_rounds`` of them."""
         if length <= 0 or self.total_seconds == 0.0:
             return 0.0
         per_round = sum(expected_tokens(r, length) for r in rates) / len(rates)
-        return self.fixed_seconds + self.seconds / max(self.remaining_tokens / per_round, 1.0)
+        rounds = max(self.remaining_tokens / per_round, 1.0)
+        return self.fixed_seconds / min(self.fixed_rounds, rounds) + self.seconds / rounds
 
 
 NO_SETUP = DraftSetup()
+
+
+@dataclass
+class SetupHistory:
+    """How many drafting rounds a paid :class:`DraftSetup` has served, per batch bucket: what a
+    setup's fixed part is spread over (``DraftSetup.fixed_rounds``)."""
+
+    counts: dict[int, list[int]] = field(default_factory=dict)  # bucket -> [drafting rounds, setups paid]
+
+    def observe(self, bucket: int, length: int, setup: DraftSetup) -> None:
+        """A round of ``length`` was chosen at ``bucket`` owing ``setup``."""
+        if length > 0:
+            counts = self.counts.setdefault(bucket, [0, 0])
+            counts[0] += 1
+            counts[1] += setup.total_seconds > 0.0
+
+    def rounds_per_setup(self, bucket: int) -> float:
+        """Drafting rounds per paid setup at ``bucket``, counting one more of each (1 before any:
+        the fixed part is charged whole until drafting has shown that it lasts)."""
+        drafted, paid = self.counts.get(bucket, (0, 0))
+        return (drafted + 1) / (paid + 1)
+
+    def spread(self, bucket: int, setup: DraftSetup) -> DraftSetup:
+        """``setup`` with its fixed part spread over this bucket's rounds per setup."""
+        if setup.fixed_seconds == 0.0:
+            return setup
+        return dataclasses.replace(setup, fixed_rounds=self.rounds_per_setup(bucket))
+
+    def as_dict(self) -> dict[str, float]:
+        return {str(b): round(self.rounds_per_setup(b), 2) for b in sorted(self.counts)}

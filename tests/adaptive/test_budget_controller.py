@@ -405,6 +405,42 @@ def test_a_fixed_catch_up_cost_is_charged_to_the_round_that_resumes():
     assert controller.decide([0.9] * 4, 4, owed) == 2  # a clear win resumes at once
     with pytest.raises(ValueError, match="fixed_seconds"):
         DraftSetup(0.0, 10.0, fixed_seconds=-0.1)
+    with pytest.raises(ValueError, match="fixed_rounds"):
+        DraftSetup(0.0, 10.0, fixed_seconds=0.1, fixed_rounds=0.5)
+
+
+def test_the_fixed_catch_up_cost_is_spread_over_the_rounds_a_setup_has_served():
+    """Once drafting at a batch size has run 20 rounds per paid setup, the fixed part counts a
+    twentieth per round: the same marginal win that stayed plain above resumes (a batch that
+    went plain stays plain while 2 drafts are 13% faster otherwise); the rows owed still count
+    over the remaining tokens, and a batch near its end stays plain. The history is per bucket."""
+    controller = BudgetController(AdaptiveConfig.up_to(2))
+    for length, seconds in ((0, 0.32), (0, 0.32), (1, 0.45), (1, 0.45), (2, 0.55), (2, 0.55)):
+        controller.observe_round(4, length, seconds)
+    rates = [0.64] * 4
+    owed = DraftSetup(0.016, 500.0, fixed_seconds=0.1)
+    assert controller.decide(rates, 4, owed) == 0
+    assert controller.choose(rates, 4, owed) == 0  # a plain round records no setup
+    controller.setups.observe(4, 2, owed)  # resumed once, then 40 rounds without a setup
+    for _ in range(40):
+        controller.setups.observe(4, 2, NO_SETUP)
+    assert controller.setups.rounds_per_setup(4) == pytest.approx(42 / 2)
+    assert controller.setups.rounds_per_setup(8) == 1.0
+    assert controller.decide(rates, 4, owed) == 2
+    assert controller.decide(rates, 4, DraftSetup(0.016, 3.0, fixed_seconds=0.1)) == 0  # 1.5 rounds left
+    assert controller.as_dict()["rounds_per_setup_by_batch_bucket"] == {"4": 21.0}
+
+
+def test_a_shorter_length_is_never_estimated_dearer_than_a_longer_one():
+    """Two slow rounds of 3 drafts do not make 3 look dearer than 4 (a round of 3 does a subset
+    of a round of 4's work): its estimate is capped at 4's."""
+    costs = RoundCosts()
+    for length, seconds in ((2, 0.61), (2, 0.61), (3, 1.93), (3, 1.25), (4, 0.82), (4, 0.80)):
+        costs.observe(4, length, seconds, 0)
+    assert costs.measured(4, 3) == pytest.approx(1.25)
+    assert costs.estimate(4, 3) == pytest.approx(0.80)
+    assert costs.estimate(4, 2) == pytest.approx(0.61)
+    assert costs.estimate(4, 4) == pytest.approx(0.80)
 
 
 def _run_in_time(controller, rate, seconds, rounds, start=0):
