@@ -28,7 +28,8 @@ positive anchor is explored only as far as it can pay (``BudgetController._due_a
 or the same round at a smaller batch measured) the controller bounds the speed it could reach with
 the current rates; an anchor that could beat the best known speed is explored at once, one that
 could only come within ``contention`` of it is explored from a budget (its expected extra seconds
-over the best choice, paid out of ``explore_share`` of the seconds this bucket has run), and one
+over the best choice, paid out of ``explore_share`` of the seconds this bucket has run and the
+current batch's remaining tokens will take at the best speed), and one
 that cannot come that close is not explored while the rates say so. A probe of a batch that
 decodes plainly and owes a :class:`DraftSetup` risks the whole setup (wasted if the probe loses):
 it runs at once only when, at its floor, drafting would save the setup again over the batch's
@@ -83,7 +84,9 @@ class AdaptiveConfig:
             best known speed there is not explored there, in (0, 1].
         explore_share: exploration rounds of anchors that can only come close to the best
             (within ``contention``) may cost, beyond the best choice, at most this share of the
-            seconds the bucket has run, in [0, 1).
+            seconds the bucket has run and the current batch's remaining tokens will take, in
+            [0, 1). (Counting only the past, the first batch at batch 4 on a cold server decoded
+            63 rounds plainly: the rows its catch-up owed grew faster than the budget.)
         draft_margin: a round that drafts is priced at this factor times its estimated seconds
             when lengths are compared (>= 1): what the medians of its rounds do not show. On the
             2-core Xeon at batch 4, rounds drafting 2 tokens cost on average 13% more than the
@@ -285,7 +288,9 @@ class BudgetController:
                 continue  # it cannot come close while the rates stay as they are
             best_seconds = self.costs.estimate(bucket, best) + setup.share(rates, best)
             extra = max(floor - best_seconds, 0.0) + wasted
-            budget = self.config.explore_share * self.bucket_seconds.get(bucket, 0.0)
+            ahead = len(rates) * setup.remaining_tokens / best_speed  # the batch's work left
+            budget = self.config.explore_share * (self.bucket_seconds.get(bucket, 0.0)
+                                                  + (ahead if ahead < math.inf else 0.0))
             if self.explore_spent.get(bucket, 0.0) + extra <= budget:
                 return length, best_seconds - wasted  # observe_round charges the setup too
         return None

@@ -497,3 +497,23 @@ def test_rechecks_back_off_and_skip_leads_lost_to_the_rates():
     _run_in_time(rates, 0.98, lambda index, length: _xeon_seconds(1, length), 30)
     chosen = _run_in_time(rates, 0.5, lambda index, length: _xeon_seconds(1, length), 60, start=30)
     assert 8 not in chosen[2:] and rates.rechecks.rounds == 0
+
+
+def test_the_first_batch_at_a_bucket_explores_from_the_work_ahead_of_it():
+    """A cold server's first batch of 4 (plain decoding measured there, drafting only at batch
+    1; each plain round adds 4 rows to the catch-up it owes): the exploration budget counts the
+    seconds its remaining tokens will take, so it probes a draft length in its first rounds
+    instead of decoding its 63 tokens plainly while the owed rows outgrow a budget counted from
+    the past alone; a batch with 3 tokens left does not."""
+    controller = BudgetController(AdaptiveConfig.up_to(8))
+    for index in range(2):
+        for length, seconds in ((0, 0.25), (1, 0.344), (8, 0.728)):
+            controller.observe_round(1, length, seconds)
+        controller.observe_round(4, 0, 0.30)
+    rates = [0.62] * 4
+    owed = DraftSetup(0.23, 63.0, fixed_seconds=0.048)
+    assert controller.decide(rates, 4, DraftSetup(0.23, 3.0, fixed_seconds=0.048)) == 0
+    probe = controller.choose(rates, 4, owed)
+    assert probe > 0
+    controller.observe_round(4, probe, 0.45 + owed.total_seconds)
+    assert controller.explore_spent[4] > owed.total_seconds  # the setup is charged to the budget
