@@ -517,3 +517,23 @@ def test_the_first_batch_at_a_bucket_explores_from_the_work_ahead_of_it():
     assert probe > 0
     controller.observe_round(4, probe, 0.45 + owed.total_seconds)
     assert controller.explore_spent[4] > owed.total_seconds  # the setup is charged to the budget
+
+
+def test_a_floor_is_never_above_a_round_measured_there():
+    """At batch 16 the bounds from batch 4 put 8 drafts at >= 4.3 s; one 8-draft round measured
+    there took 3.2 s, so its floor is 3.2 s and the controller, seeing it could beat 1 draft,
+    measures it again at once instead of waiting for the exploration budget."""
+    controller = BudgetController(AdaptiveConfig.up_to(8))
+    for index in range(2):
+        for length, seconds in ((0, 0.30), (1, 0.47), (2, 0.61), (4, 0.85), (8, 1.30)):
+            controller.observe_round(4, length, seconds)
+    for seconds in (0.63, 0.62):
+        controller.observe_round(16, 0, seconds)
+    for _ in range(6):
+        controller.observe_round(16, 1, 0.90)
+    assert controller.costs.floor(16, 8) == pytest.approx(1.30 + 9 * (0.62 - 0.30))
+    controller.observe_round(16, 8, 3.2)
+    assert controller.costs.floor(16, 8) == pytest.approx(3.2)
+    assert controller.decide([0.98] * 16, 16) == 8
+    controller.costs.samples[(16, 8)] = []  # without that round: 1 draft, 8 waits for the budget
+    assert controller.decide([0.98] * 16, 16) == 1
