@@ -55,9 +55,8 @@ def add_generate_parser(subparsers) -> None:
     )
     parser.add_argument(
         "--drafter-precision", choices=DRAFTER_PRECISION_CHOICES,
-        help="weights a separate draft model's batch-1 drafting steps read: a bf16 / fp16 / int8 / int4 copy "
-        "streams 1/2, 1/4 or 1/8 of fp32's bytes (w8a8: int8 weights and 8-bit activations on an integer "
-        "kernel); the output law is unchanged, acceptance may change. 'auto' "
+        help="weights a separate draft model's batch-1 drafting steps read: bf16 / fp16 / int8 / int4 / w8a8 "
+        "(8-bit activations too) copies stream less; the output law is unchanged, acceptance may change. 'auto' "
         "times them on this CPU and takes the fastest. Default: auto with a model: drafter, else fp32",
     )
     parser.add_argument(
