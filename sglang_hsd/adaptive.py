@@ -232,7 +232,9 @@ class BudgetController:
 
     def speeds(self, bucket: int, rates: Sequence[float], setup: DraftSetup = NO_SETUP) -> dict[int, float]:
         """Expected tokens per second of each candidate whose cost at ``bucket`` is known, at its
-        price with ``setup``'s share (what the choice compares)."""
+        price with ``setup``'s share, its fixed part spread as this bucket's history says (what
+        the choice compares)."""
+        setup = self.setups.spread(bucket, setup)
         speeds = {}
         for candidate in self.config.candidates:
             seconds = self.costs.estimate(bucket, candidate)
@@ -252,15 +254,16 @@ class BudgetController:
                 best, best_speed = candidate, speed
         return best, best_speed
 
-    def _due_anchor(self, bucket: int, rates: Sequence[float],
-                    setup: DraftSetup = NO_SETUP) -> tuple[int, float | None] | None:
+    def _due_anchor(self, bucket: int, rates: Sequence[float], setup: DraftSetup,
+                    fastest: tuple[int, float]) -> tuple[int, float | None] | None:
         """The anchor to measure now at ``bucket`` and, for a probe paid from the exploration
-        budget, the best choice's seconds (what the probe's extra cost is counted against); None
+        budget, the best choice's seconds (what the probe's extra cost is counted against), given
+        ``fastest`` (``_fastest`` at these rates and setup); None
         when no anchor is due or none can pay. An anchor is due with fewer than two measurements
         here or when it last ran ``refresh_rounds`` rounds ago; plain decoding (0) is always
         measured; a positive anchor as far as its best possible speed allows (module docstring)."""
         seen = self.bucket_rounds.get(bucket, 0)
-        fastest = None
+        best, best_speed = fastest
         for length in self.config.anchors:
             last = self.costs.last_run.get((bucket, length))
             if not (last is None or self.costs.measured(bucket, length) is None
@@ -270,9 +273,6 @@ class BudgetController:
             if floor is None or floor <= 0:
                 return length, None  # plain decoding, or nothing bounds what it costs: measure
             floor += setup.share(rates, length)
-            if fastest is None:
-                fastest = self._fastest(bucket, rates, setup)
-            best, best_speed = fastest
             # Compared at its price (as _fastest prices the best); its extra seconds below are real.
             speed = sum(expected_tokens(r, length) for r in rates) / self.config.priced(length, floor)
             if best_speed == -math.inf:
@@ -337,7 +337,7 @@ class BudgetController:
         bucket = batch_bucket(batch)
         setup = self.setups.spread(bucket, setup)
         best, best_speed = self._fastest(bucket, rates, setup)
-        due = self._due_anchor(bucket, rates, setup)
+        due = self._due_anchor(bucket, rates, setup, (best, best_speed))
         if due is not None:
             return (*due, best)
         recheck = self.rechecks.due(bucket, self.bucket_rounds.get(bucket, 0))

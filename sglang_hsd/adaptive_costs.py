@@ -90,8 +90,8 @@ class RoundCosts:
         smaller bucket b where it and plain decoding ran: its least measurement there plus, for
         each of its L + 1 verify rows per request, what a request's row added to plain decoding's
         cost from b to here, and (d) that measurement scaled as plain decoding's cost grew from b
-        to here; at most any round of it measured here. None without any. (c) and (d) are lower bounds only in the sense of a round's
-        rows turning compute bound no later than plain decoding's: on the 2-core CPU a 1-draft
+        to here; at most any round of it measured here. None without any. (c) and (d) are lower
+        bounds only in the sense of a round's rows turning compute bound no later than plain decoding's: on the 2-core CPU a 1-draft
         round at batch 16 cost 3.4 plain rounds there but 1.2 at batch 4.) Also (e) with two
         shorter positive lengths measured here, the line through the least of the shortest and
         of the longest of them, extended to ``length``: each further draft adds a draft step
@@ -120,7 +120,7 @@ class RoundCosts:
             return None
         # A round measured once here may be a cold one, but it was not cheaper than a steady
         # one: at batch 16 one 8-draft round took 3.2 s where the bounds from batch 4 said at
-        # least 4.3 s, and 8 drafts (42 tok/s against 32 for 1) waited 22 rounds to be tried again.
+        # least 4.3 s, and 8 drafts (42 tok/s against 32 for 1) waited 21 rounds to be tried again.
         once = self.samples.get((bucket, length), [])
         return min(max(bounds), min(once)) if once else max(bounds)
 

@@ -173,7 +173,8 @@ class AdaptiveRounds:
                 self._traced = {"t": round(started, 4), "batch": len(reqs),
                                 "rates": [round(r, 4) for r in rates],
                                 "setup_s": round(setup.seconds, 5), "fixed_s": round(setup.fixed_seconds, 5),
-                                "remaining": setup.remaining_tokens, "length": self.length,
+                                "remaining": None if math.isinf(setup.remaining_tokens) else setup.remaining_tokens,
+                                "length": self.length,
                                 "speeds": {str(length): round(speed, 3) for length, speed in
                                            self.controller.speeds(batch_bucket(len(reqs)), rates,
                                                                   setup).items()}}

@@ -55,3 +55,39 @@ def test_a_pending_catch_up_is_priced_per_row_plus_a_fixed_part():
     assert catch_up.pending_seconds(current) == (0.0, 0.0)
     state = catch_up.as_dict()
     assert state["small_catch_ups"] == 2 and state["catch_ups"] == 3
+
+
+def test_the_trace_writes_one_line_per_round_with_what_the_controller_compared():
+    """``--hsd-adaptive-trace``: each decode round appends a JSON line with the batch, the rates,
+    the owed catch-up (remaining tokens null when unbounded), the speeds compared, the chosen
+    length and the round's seconds; a cycle of forced lengths writes none (nothing was chosen)."""
+    import io
+    import json
+
+    from sglang_hsd.adaptive import DraftSetup
+
+    trace = io.StringIO()
+    rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(2)), trace=trace)
+    reqs = _reqs(2)
+    for _ in range(6):
+        rounds.begin(reqs)
+        rounds.end(excluded=0.0)
+    reqs = [SimpleNamespace(customized_info=None,
+                            sampling_params=SimpleNamespace(max_new_tokens=40), output_ids=[0] * 10)
+            for _ in range(2)]
+    length = rounds.begin(reqs, setup_seconds=0.05, fixed_seconds=0.01)
+    rates = [rounds.controller.request_rate(req.hsd_acceptance) for req in reqs]
+    expected = rounds.controller.speeds(2, rates, DraftSetup(0.05, 30.0, 0.01))  # before end() observes
+    rounds.end(excluded=0.004)
+    lines = [json.loads(line) for line in trace.getvalue().splitlines()]
+    assert len(lines) == 7
+    assert lines[0]["remaining"] is None and lines[0]["speeds"] == {}
+    last = lines[-1]
+    assert (last["batch"], last["length"], last["remaining"]) == (2, length, 30.0)
+    assert last["setup_s"] == 0.05 and last["fixed_s"] == 0.01 and last["excluded"] == 0.004
+    assert last["speeds"] == {str(k): round(v, 3) for k, v in expected.items()}
+    forced = io.StringIO()
+    cycled = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(2)), lengths_cycle=(0, 1), trace=forced)
+    cycled.begin(_reqs(1))
+    cycled.end()
+    assert forced.getvalue() == ""

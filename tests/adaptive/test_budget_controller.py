@@ -147,8 +147,9 @@ def test_a_large_batch_does_not_pay_for_long_exploration_rounds():
     plain = 64 * _batch_costs(16, 0)
     assert sum(_batch_costs(16, l) for l in chosen) <= 1.05 * plain
 
-    def explore_everything(bucket, rates, setup):  # the wrong variant: every due anchor runs
-        return BudgetController._due_anchor(wrong, bucket, [1.0] * len(rates), setup)
+    def explore_everything(bucket, rates, setup, fastest):  # the wrong variant: every due anchor runs
+        ones = [1.0] * len(rates)
+        return BudgetController._due_anchor(wrong, bucket, ones, setup, wrong._fastest(bucket, ones, setup))
 
     wrong = BudgetController(config)
     wrong._due_anchor = explore_everything
