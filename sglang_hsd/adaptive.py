@@ -7,7 +7,8 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
 * each request's per-token acceptance rate, estimated from its own past rounds
   (:class:`AcceptanceEstimate`: a rejection ends a round, so a round that drafted L and accepted
   a < L tokens is a successes and one failure, a = L is L successes), shrunk towards the server-wide
-  rate for requests with few rounds, older rounds discounted; the server-wide rate pools the same
+  rate for requests with few rounds, older rounds discounted by every later round, plain ones
+  included (a request that stopped drafting drifts back to the server rate); the server-wide rate pools the same
   counts over every request's recent rounds (discounted per request-round, so one request's bad
   rounds move it by their share, not by a fixed step each);
 * the measured seconds of a round at this batch size (:class:`RoundCosts`: per power-of-two batch
@@ -32,9 +33,9 @@ over the best choice, paid out of ``explore_share`` of the seconds this bucket h
 current batch's remaining tokens will take at the best speed), and one
 that cannot come that close is not explored while the rates say so. A probe of a batch that
 decodes plainly and owes a :class:`DraftSetup` risks the whole setup (wasted if the probe loses):
-it runs at once only when, at its floor, drafting would save the setup again over the batch's
-remaining tokens after paying it (``AdaptiveConfig.setup_payback``), else from the budget, setup
-included. (Without that, a cold server at batch 4 with code prompts, 94% of drafts accepted,
+it runs at once only when, at its floor, drafting would save a quarter of the setup again over
+the batch's remaining tokens after paying it (``AdaptiveConfig.setup_payback``), else from the
+budget, setup included. (Without that, a cold server at batch 4 with code prompts, 94% of drafts accepted,
 decoded plainly in 189 of 200 rounds: each new batch owed its prompts' draft prefill, about 2 s
 against 20 s of plain rounds, and the budget paid for a probe only after a minute.) At large
 batches the verify of
@@ -103,7 +104,12 @@ class AdaptiveConfig:
         setup_payback: a probe from plain decoding that owes a setup runs at once when, at its
             floor and the current rates, drafting the batch's remaining tokens would save at
             least this many times the setup's seconds beyond paying it (>= 0); otherwise it
-            waits for the exploration budget.
+            waits for the exploration budget. The margin covers what the floor misses: at batch
+            16 on the 2-core Xeon the floors of 2, 4 and 8 drafts were 1.35, 1.92 and 3.5 s
+            where their rounds then took 1.33-1.48, 2.26-2.29 and 3.05-3.96 s; asking for the
+            whole setup again (1.0) kept a cold batch of 16 code prompts (92% accepted) plain
+            for 8 rounds while its 3.3 s catch-up waited, 0.25 probes after the two rounds that
+            measure plain decoding (``benchmarks/README.md``, "Server goodput, nineteenth run").
         recheck_rounds: a length that lost the lead after its median rose more than
             ``recheck_drift`` above the least it showed while leading is run again this many
             rounds later, its old samples dropped, then after twice as many, while that stays
@@ -122,7 +128,7 @@ class AdaptiveConfig:
     explore_share: float = 0.03
     draft_margin: float = 1.1
     server_memory: float = 0.97
-    setup_payback: float = 1.0
+    setup_payback: float = 0.25
     recheck_rounds: int = 8
     recheck_drift: float = 0.1
 

@@ -26,11 +26,15 @@ class AcceptanceEstimate:
     trials: float = 0.0
 
     def observe(self, drafted: int, accepted: int, memory: float) -> None:
-        """A round that drafted ``drafted`` tokens and accepted the first ``accepted``."""
+        """A round that drafted ``drafted`` tokens and accepted the first ``accepted``; earlier
+        rounds are discounted by ``memory``. A round that drafted nothing (plain decoding) adds no
+        count but discounts the earlier ones too: acceptance belongs to the stretch of text being
+        written, and plain rounds move the text on. (Without it a request whose rate fell after
+        a few rejected rounds decoded plainly for the rest of its output: its estimate could only
+        change by drafting. On chat prompts at T = 1, batch 1, 435 of 690 rounds were plain, in
+        runs of 60 at rates 0.33-0.46 against the server's 0.65.)"""
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
-        if drafted == 0:
-            return
         self.successes = self.successes * memory + accepted
         self.trials = self.trials * memory + accepted + (1 if accepted < drafted else 0)
 

@@ -214,10 +214,14 @@ class AdaptiveRounds:
     def verified(self, num_correct_drafts_per_req: list[int]) -> None:
         """SGLang's accepted draft counts of the last decode round, in its requests' order."""
         reqs, length = self._reqs, self._round_length
-        if len(num_correct_drafts_per_req) != len(reqs) or length == 0:
+        if len(num_correct_drafts_per_req) != len(reqs):
+            return
+        memory = self.controller.config.memory
+        if length == 0:
+            for req in reqs:
+                _estimate(req).observe(0, 0, memory)  # discounts its drafted rounds
             return
         accepted = rejections = 0
-        memory = self.controller.config.memory
         counts = self.accepted_counts.setdefault(length, [0] * (length + 1))
         for req, correct in zip(reqs, num_correct_drafts_per_req):
             correct = min(int(correct), length)

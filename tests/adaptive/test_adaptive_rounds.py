@@ -91,3 +91,25 @@ def test_the_trace_writes_one_line_per_round_with_what_the_controller_compared()
     cycled.begin(_reqs(1))
     cycled.end()
     assert forced.getvalue() == ""
+
+
+def test_a_plain_round_ages_each_requests_acceptance_counts():
+    """``verified`` after an L = 0 round discounts each request's counts by ``memory`` (plain
+    rounds move the text on) and leaves the server-wide counts and the per-length histogram
+    alone (nothing was drafted)."""
+    rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(2)), lengths_cycle=(2, 0))
+    reqs = _reqs(2)
+    assert rounds.begin(reqs) == 2
+    rounds.end()
+    rounds.verified([0, 2])
+    before = [(req.hsd_acceptance.successes, req.hsd_acceptance.trials) for req in reqs]
+    assert before == [(0.0, 1.0), (2.0, 2.0)]
+    server = (rounds.controller.server_counts.successes, rounds.controller.server_counts.trials)
+    assert rounds.begin(reqs) == 0
+    rounds.end()
+    rounds.verified([0, 0])
+    memory = rounds.controller.config.memory
+    assert [(req.hsd_acceptance.successes, req.hsd_acceptance.trials) for req in reqs] == [
+        (s * memory, t * memory) for s, t in before]
+    assert (rounds.controller.server_counts.successes, rounds.controller.server_counts.trials) == server
+    assert set(rounds.accepted_counts) == {2}

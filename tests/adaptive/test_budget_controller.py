@@ -42,6 +42,27 @@ def test_acceptance_counts_a_rejection_as_one_failure():
         estimate.observe(2, 3, memory=1.0)
 
 
+def test_plain_rounds_age_a_requests_counts_back_towards_the_server_rate():
+    """A round that drafted nothing adds no count but discounts the earlier ones: a request
+    whose rate fell after rejected rounds drifts back to the server's rate while it decodes
+    plainly (its estimate is not frozen at its worst stretch), and drafts again."""
+    estimate = AcceptanceEstimate()
+    for _ in range(3):
+        estimate.observe(3, 0, memory=0.9)  # three rejected rounds
+    low = estimate.rate(0.65, 2.0)
+    assert low < 0.4
+    rates = [low]
+    for _ in range(20):
+        estimate.observe(0, 0, memory=0.9)
+        rates.append(estimate.rate(0.65, 2.0))
+    assert all(a < b for a, b in zip(rates, rates[1:]))
+    assert rates[-1] > 0.55  # 0.9^20 of three rejections left: 0.57
+    frozen = AcceptanceEstimate()
+    frozen.observe(3, 0, memory=1.0)
+    frozen.observe(0, 0, memory=1.0)  # memory 1: nothing forgotten
+    assert (frozen.successes, frozen.trials) == (0, 1)
+
+
 def test_costs_interpolate_between_measured_lengths():
     costs = RoundCosts(window=3, min_samples=2)
     costs.observe(1, 1, 1.0, 0)
