@@ -104,12 +104,11 @@ class AdaptiveConfig:
         setup_payback: a probe from plain decoding that owes a setup runs at once when, at its
             floor and the current rates, drafting the batch's remaining tokens would save at
             least this many times the setup's seconds beyond paying it (>= 0); otherwise it
-            waits for the exploration budget. The margin covers what the floor misses: at batch
-            16 on the 2-core Xeon the floors of 2, 4 and 8 drafts were 1.35, 1.92 and 3.5 s
-            where their rounds then took 1.33-1.48, 2.26-2.29 and 3.05-3.96 s; asking for the
-            whole setup again (1.0) kept a cold batch of 16 code prompts (92% accepted) plain
-            for 8 rounds while its 3.3 s catch-up waited, 0.25 probes after the two rounds that
-            measure plain decoding (``benchmarks/README.md``, "Server goodput, nineteenth run").
+            waits for the exploration budget. At batch 16 on the 2-core Xeon the floors of 2, 4
+            and 8 drafts were 1.35, 1.92, 3.5 s where their rounds took 1.33-1.48, 2.26-2.29,
+            3.05-3.96 s; asking for the whole setup again (1.0) kept a cold batch of 16 code
+            prompts plain for 8 rounds while its 3.3 s catch-up waited, 0.25 probes after the
+            two rounds that measure plain decoding (``benchmarks/README.md``, nineteenth run).
         recheck_rounds: a length that lost the lead after its median rose more than
             ``recheck_drift`` above the least it showed while leading is run again this many
             rounds later, its old samples dropped, then after twice as many, while that stays

@@ -83,6 +83,26 @@ class AdaptiveSetting:
                    lengths_cycle=_parse_cycle(os.environ.get(CYCLE_ENV, "")),
                    trace_path=os.environ.get(TRACE_ENV, "").strip() or None)
 
+    def trace_problem(self) -> str | None:
+        """Why ``trace_path`` cannot be written or would stay empty (the lengths are not the
+        controller's choice), or None."""
+        if self.trace_path is None:
+            return None
+        if not self.enabled:
+            return f"{TRACE_FLAG}: it records {ADAPTIVE_FLAG}'s choices; it is off"
+        if self.lengths_cycle is not None:
+            return (f"{TRACE_FLAG} with {CYCLE_FLAG}: the cycle forces every length, nothing is "
+                    f"chosen to trace; drop one of them")
+        path = os.path.abspath(os.path.expanduser(self.trace_path))
+        if os.path.isdir(path):
+            return f"{TRACE_FLAG} {self.trace_path}: a directory; expected a file to append to"
+        folder = os.path.dirname(path)
+        if not os.path.isdir(folder):
+            return f"{TRACE_FLAG} {self.trace_path}: the folder {folder} does not exist"
+        if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+            return f"{TRACE_FLAG} {self.trace_path}: not writable"
+        return None
+
     def cycle_problem(self, num_steps: int) -> str | None:
         """Why ``lengths_cycle`` cannot run with ``num_steps`` (``--speculative-num-steps``)."""
         if self.lengths_cycle is None:
@@ -307,7 +327,7 @@ def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bo
         raise ValueError(problem)
     trace = None
     if setting.trace_path is not None:
-        trace = open(setting.trace_path, "a", encoding="utf-8")  # noqa: SIM115 (the server's lifetime)
+        trace = open(os.path.expanduser(setting.trace_path), "a", encoding="utf-8")  # noqa: SIM115 (the server's lifetime)
         logger.info("sglang-hsd: %s: one line per decode round in %s", TRACE_FLAG, setting.trace_path)
     rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(worker.speculative_num_steps)),
                             setting.lengths_cycle, trace)

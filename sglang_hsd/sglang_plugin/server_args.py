@@ -358,17 +358,23 @@ def _adaptive_unsupported(args) -> str | None:
 
 
 def adaptive_problems(args) -> list[str]:
-    """What an explicit ``--hsd-adaptive on`` cannot honour (the default turns itself off)."""
-    from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG, CYCLE_FLAG, AdaptiveSetting
+    """What an explicit ``--hsd-adaptive on`` cannot honour (the default turns itself off), a
+    cycle that cannot run, and a ``--hsd-adaptive-trace`` that cannot be written or would record
+    nothing."""
+    from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG, CYCLE_FLAG, TRACE_FLAG, AdaptiveSetting
 
     try:
         setting = AdaptiveSetting.from_env()
     except ValueError as err:
         return [str(err)]
-    problems = []
-    cycle = setting.cycle_problem(args.speculative_num_steps or DEFAULT_NUM_STEPS)
-    if cycle is not None:
-        problems.append(cycle)
+    problems = [problem for problem in (
+        setting.cycle_problem(args.speculative_num_steps or DEFAULT_NUM_STEPS), setting.trace_problem())
+        if problem is not None]
+    if setting.trace_path is not None and setting.enabled and not setting.explicit:
+        reason = _adaptive_unsupported(args)
+        if reason is not None:
+            problems.append(f"{TRACE_FLAG} with {reason}: {ADAPTIVE_FLAG} is not applied there, nothing "
+                            f"would be traced")
     if not (setting.enabled and (setting.explicit or setting.lengths_cycle is not None)):
         return problems
     reason = _adaptive_unsupported(args)

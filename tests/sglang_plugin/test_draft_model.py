@@ -16,7 +16,7 @@ pytestmark = pytest.mark.sglang
 
 from sglang_hsd.sglang_plugin.config import (  # noqa: E402
     EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
-from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_ENV, CYCLE_ENV  # noqa: E402
+from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_ENV, CYCLE_ENV, TRACE_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
@@ -36,7 +36,7 @@ def clean_env(monkeypatch):
     # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
     # resolution and the flags write os.environ directly.
     for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV,
-                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV, CYCLE_ENV, CATCH_UP_ENV):
+                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV, CYCLE_ENV, CATCH_UP_ENV, TRACE_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -213,6 +213,16 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-adaptive's choice; it is off"),
     ({CYCLE_ENV: "0,2"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
      "--hsd-draft-lengths-cycle with --speculative-eagle-topk 2"),
+    ({TRACE_ENV: "/nonexistent-hsd/trace.jsonl"}, {},
+     "--hsd-adaptive-trace /nonexistent-hsd/trace.jsonl: the folder /nonexistent-hsd does not exist"),
+    ({TRACE_ENV: "/"}, {}, "--hsd-adaptive-trace /: a directory; expected a file to append to"),
+    ({TRACE_ENV: "trace.jsonl", ADAPTIVE_ENV: "off"}, {},
+     "--hsd-adaptive-trace: it records --hsd-adaptive's choices; it is off"),
+    ({TRACE_ENV: "trace.jsonl", CYCLE_ENV: "0,2"}, {},
+     "--hsd-adaptive-trace with --hsd-draft-lengths-cycle: the cycle forces every length"),
+    ({TRACE_ENV: "trace.jsonl"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
+     "--hsd-adaptive-trace with --speculative-eagle-topk 2 (trees keep their configured shape): "
+     "--hsd-adaptive is not applied there"),
     ({CATCH_UP_ENV: "on", ADAPTIVE_ENV: "off"}, {},
      "--hsd-draft-catch-up on with --hsd-adaptive off (no round drafts zero tokens)"),
     ({CATCH_UP_ENV: "on"}, dict(device="cuda"), "--hsd-draft-catch-up on with --device cuda"),
@@ -243,6 +253,14 @@ def test_catch_up_and_lengths_cycle_accepted_where_they_run(hsd, pair, clean_env
     clean_env.delenv(CYCLE_ENV)
     clean_env.setenv(ADAPTIVE_ENV, "off")
     hsd.validate_server_args(_args(pair.target, pair.draft, device="cuda"))
+
+
+def test_a_writable_trace_is_accepted(hsd, pair, clean_env, tmp_path):
+    """``--hsd-adaptive-trace`` into an existing folder passes with the adaptive default; nothing
+    is written before the server runs."""
+    clean_env.setenv(TRACE_ENV, str(tmp_path / "trace.jsonl"))
+    hsd.validate_server_args(_args(pair.target, pair.draft, speculative_num_steps=3))
+    assert not (tmp_path / "trace.jsonl").exists()
 
 
 def test_catch_up_refused_for_an_eagle3_head(hsd, pair, clean_env):
