@@ -8,9 +8,9 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
   (:class:`AcceptanceEstimate`: a rejection ends a round, so a round that drafted L and accepted
   a < L tokens is a successes and one failure, a = L is L successes), shrunk towards the server-wide
   rate for requests with few rounds, older rounds discounted by every later round, plain ones
-  included (a request that stopped drafting drifts back to the server rate); the server-wide rate pools the same
-  counts over every request's recent rounds (discounted per request-round, so one request's bad
-  rounds move it by their share, not by a fixed step each);
+  included (a request that stopped drafting drifts back to the server rate); the server-wide
+  rate pools the same counts over every request's recent rounds (discounted per request-round,
+  so one request's bad rounds move it by their share, not by a fixed step each);
 * the measured seconds of a round at this batch size (:class:`RoundCosts`: per power-of-two batch
   bucket and length, the median of the last few rounds; lengths not measured are interpolated
   linearly between measured ones, since each draft step adds about one small forward);
@@ -35,9 +35,9 @@ that cannot come that close is not explored while the rates say so. A probe of a
 decodes plainly and owes a :class:`DraftSetup` risks the whole setup (wasted if the probe loses):
 it runs at once only when, at its floor, drafting would save a quarter of the setup again over
 the batch's remaining tokens after paying it (``AdaptiveConfig.setup_payback``), else from the
-budget, setup included. (Without that, a cold server at batch 4 with code prompts, 94% of drafts accepted,
-decoded plainly in 189 of 200 rounds: each new batch owed its prompts' draft prefill, about 2 s
-against 20 s of plain rounds, and the budget paid for a probe only after a minute.) At large
+budget, setup included. (Without that, a cold server at batch 4 with code prompts, 94% of drafts
+accepted, decoded plainly in 189 of 200 rounds: each new batch owed its prompts' draft prefill,
+about 2 s against 20 s of plain rounds, and the budget paid for a probe only after a minute.) At large
 batches the verify of
 B (L + 1) rows costs more than the tokens it adds and the choice falls to 0: speculation backs off to
 off.
