@@ -37,10 +37,9 @@ it runs at once only when, at its floor, drafting would save a quarter of the se
 the batch's remaining tokens after paying it (``AdaptiveConfig.setup_payback``), else from the
 budget, setup included. (Without that, a cold server at batch 4 with code prompts, 94% of drafts
 accepted, decoded plainly in 189 of 200 rounds: each new batch owed its prompts' draft prefill,
-about 2 s against 20 s of plain rounds, and the budget paid for a probe only after a minute.) At large
-batches the verify of
-B (L + 1) rows costs more than the tokens it adds and the choice falls to 0: speculation backs off to
-off.
+about 2 s against 20 s of plain rounds, and the budget paid for a probe only after a minute.)
+At large batches the verify of B (L + 1) rows costs more than the tokens it adds and the choice
+falls to 0: speculation backs off to off.
 
 Drafting may first owe a one-time cost (:class:`DraftSetup`: on the server, catching the draft
 model's cache up over requests whose draft prefill and extends were skipped while they decoded

@@ -91,8 +91,9 @@ class RoundCosts:
         each of its L + 1 verify rows per request, what a request's row added to plain decoding's
         cost from b to here, and (d) that measurement scaled as plain decoding's cost grew from b
         to here; at most any round of it measured here. None without any. (c) and (d) are lower
-        bounds only in the sense of a round's rows turning compute bound no later than plain decoding's: on the 2-core CPU a 1-draft
-        round at batch 16 cost 3.4 plain rounds there but 1.2 at batch 4.) Also (e) with two
+        bounds only in the sense of a round's rows turning compute bound no later than plain
+        decoding's: on the 2-core CPU a 1-draft round at batch 16 cost 3.4 plain rounds there but
+        1.2 at batch 4.) Also (e) with two
         shorter positive lengths measured here, the line through the least of the shortest and
         of the longest of them, extended to ``length``: each further draft adds a draft step
         and a request's row to the verify and to the draft extend, and a row costs no less as

@@ -370,16 +370,15 @@ def adaptive_problems(args) -> list[str]:
     problems = [problem for problem in (
         setting.cycle_problem(args.speculative_num_steps or DEFAULT_NUM_STEPS), setting.trace_problem())
         if problem is not None]
-    if setting.trace_path is not None and setting.enabled and not setting.explicit:
-        reason = _adaptive_unsupported(args)
-        if reason is not None:
-            problems.append(f"{TRACE_FLAG} with {reason}: {ADAPTIVE_FLAG} is not applied there, nothing "
-                            f"would be traced")
-    if not (setting.enabled and (setting.explicit or setting.lengths_cycle is not None)):
+    forced = setting.explicit or setting.lengths_cycle is not None
+    if not (setting.enabled and (forced or setting.trace_path is not None)):
         return problems
     reason = _adaptive_unsupported(args)
     if reason is None:
         return problems
+    if not forced:  # the default turns itself off here: the trace would stay empty
+        return problems + [f"{TRACE_FLAG} with {reason}: {ADAPTIVE_FLAG} is not applied there, nothing "
+                           f"would be traced"]
     flag = f"{ADAPTIVE_FLAG} on" if setting.explicit else CYCLE_FLAG
     return problems + [f"{flag} with {reason}: adaptive draft lengths are built for chains without "
                        f"an exit level; pass {ADAPTIVE_FLAG} off or drop the other option"]
