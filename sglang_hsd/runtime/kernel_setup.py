@@ -119,7 +119,7 @@ def fastest_precision_for_shapes(counts: Mapping[tuple[int, int], int], pack_lin
                                  config: MeasureConfig = SINGLE_ROW_MEASURE,
                                  candidates: tuple[str, ...] = tuple(DRAFTER_PRECISIONS)) -> tuple[str, dict[str, float]]:
     """The ``candidates`` name (:data:`DRAFTER_PRECISIONS`) whose single-row projections cost a
-    drafter with these linear shapes least here.
+    drafter with these linear shapes least here (``config.rows``: one row count, 1 by default).
 
     Args:
         counts: ``(in_features, out_features)`` -> how many of the drafter's layers have it (the
@@ -136,8 +136,8 @@ def fastest_precision_for_shapes(counts: Mapping[tuple[int, int], int], pack_lin
     Returns: ``(name, {precision: milliseconds of one step's projections})``; a copy that fails
     to run costs ``inf``, and ties go to fp32.
     """
-    if tuple(config.rows) != (1,):
-        raise ValueError(f"config.rows must be (1,), got {config.rows}")
+    if len(tuple(config.rows)) != 1:
+        raise ValueError(f"config.rows must hold one row count, got {config.rows}")
     for name in candidates:
         parse_drafter_precision(name, name="candidates")
     copy_paths = {kind: path for kind, path in COPY_PATHS.items() if kind in candidates}

@@ -1,7 +1,8 @@
 """What ``register()`` changes in SGLang at run time, in every process it loads in.
 
 * on platforms without them (CPU), torch versions of the top-k / top-p renormalisation kernels and
-  of the draft sampler's Triton ``row_argmax`` (``cpu/cpu_sampling.py``);
+  of the draft sampler's Triton ``row_argmax``, and on CPU the draft sampler's draw by inverse
+  transform sampling instead of an exponential race (``cpu/cpu_sampling.py``);
 * on CPU, the eager form of SGLang's ``torch.compile``-d ``_select_top_k_tokens_later`` (the
   draft steps after the first): compiling it on its first call, with inductor probing the CPU's
   vector instructions by building test programs, took 11-15 s of the first round drafting two
@@ -46,6 +47,9 @@ def install_patches() -> None:
         original = spec_utils.row_argmax
         spec_utils.row_argmax = cpu_sampling.torch_row_argmax
         spec_utils.row_argmax.__sglang_hsd_original__ = original
+        # The draft sampler's draw (sample_draft_proposal calls it through the module).
+        if not hasattr(spec_utils.fast_sample, "__sglang_hsd_original__"):
+            spec_utils.fast_sample = cpu_sampling.make_draft_fast_sample(spec_utils.fast_sample)
         _run_eagerly(spec_utils, "_select_top_k_tokens_later")
         # Every server in this process, speculative or not, runs the same linear kernels.
         install_cpu_linear_path(CpuLinearConfig.from_env())

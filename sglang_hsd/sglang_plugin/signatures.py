@@ -71,6 +71,8 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(next_token_logits, temperatures, top_ks=None, *, sampling_seed=None, positions=None, "
         "draft_step=0)",
     "sglang.srt.speculative.spec_utils.row_argmax": "(x)",
+    "sglang.srt.speculative.spec_utils.fast_sample":
+        "(probs, num_samples=1, *, sampling_seed=None, positions=None, draft_step=0)",
     "sglang.srt.speculative.spec_utils._select_top_k_tokens_later":
         "(i, topk_p, topk_index, hidden_states, scores, topk)",
     "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",

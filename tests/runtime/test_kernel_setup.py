@@ -64,8 +64,8 @@ def test_fastest_drafter_precision_sums_one_row_over_the_layers(monkeypatch):
     # Without packing, fp32 single rows run on MKL only.
     kernel_setup.fastest_drafter_precision(_two_shape_model(), pack_linears=False)
     assert seen_paths[-1] == sorted([PATH_MKL, "bf16", "fp16", "int8", "int4", "w8a8"])
-    with pytest.raises(ValueError, match="config.rows must be"):
-        kernel_setup.fastest_drafter_precision(_two_shape_model(), config=MeasureConfig(rows=(2,)))
+    with pytest.raises(ValueError, match="config.rows must hold one row count"):
+        kernel_setup.fastest_drafter_precision(_two_shape_model(), config=MeasureConfig(rows=(1, 2)))
 
 
 def test_a_copy_that_fails_to_run_is_never_the_fastest(monkeypatch):

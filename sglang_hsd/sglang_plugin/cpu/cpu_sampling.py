@@ -10,11 +10,24 @@ prefix of the sorted row whose mass reaches p (the largest entry always kept), t
 Row argmax: SGLang's draft sampler (``spec_utils.fast_sample``) picks each sampled draft with the
 Triton kernel ``row_argmax``, which has no CPU backend; on CPU ``register()`` puts
 ``torch_row_argmax`` in its place (the same argmax, for every algorithm).
+
+Draft draws: SGLang's unseeded ``fast_sample`` draws each draft by an exponential race (one
+``exponential_`` per vocabulary entry, then ``argmax(q / e)``). On the 2-core Xeon that ``exponential_``
+costs 53-57 ms at 16 rows x 151,936 tokens (torch's CPU exponential is not vectorised), paid once
+per draft step and once more in the draft extend, every round: at batch 16 with 4 drafts at T = 1,
+11% of the round (``benchmarks/results/loaded_rounds_xeon_humaneval_c16_t1_profile.md``).
+``draft_fast_sample`` draws the same law by inverse transform sampling instead, one uniform per
+row mapped through the row's cumulative mass (``tree_draft.children.sequential_draws``, the tree
+drafter's draw: block masses then the chosen block's entries, float64 across blocks), ~4 ms there.
+The law is q's, so the verifier, which reads the q the draft was drawn from, stays lossless. Seeded
+draws (``--hsd-request-seeds``) and several draws per row keep SGLang's path.
 """
 
 from __future__ import annotations
 
 import torch
+
+from sglang_hsd.tree_draft.children import sequential_draws
 
 
 def top_k_renorm_prob(probs: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
@@ -39,3 +52,23 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor
 def torch_row_argmax(x: torch.Tensor) -> torch.Tensor:
     """CPU stand-in for SGLang's Triton ``row_argmax``: float32 [rows, n] -> int64 [rows]."""
     return x.argmax(dim=-1)
+
+
+def make_draft_fast_sample(original):
+    """Replacement for ``spec_utils.fast_sample`` (module docstring): one unseeded draw per row
+    by inverse transform sampling; anything else goes to ``original``.
+
+    The replacement takes ``probs`` float [R, V] (non-negative rows, any positive mass) and
+    returns ``(probs[r, X_r], X)``, float [R, 1] and int64 [R, 1], with X_r ~ probs[r] / sum.
+    """
+
+    def draft_fast_sample(probs, num_samples=1, *, sampling_seed=None, positions=None, draft_step=0):
+        if sampling_seed is not None or num_samples != 1 or probs.device.type != "cpu":
+            return original(probs, num_samples, sampling_seed=sampling_seed, positions=positions,
+                            draft_step=draft_step)
+        uniforms = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
+        index = sequential_draws(probs, uniforms, 1)
+        return probs.gather(1, index), index
+
+    draft_fast_sample.__sglang_hsd_original__ = original
+    return draft_fast_sample

@@ -9,8 +9,10 @@ model served by SGLang (``--hsd-draft-kind model``) the same copies.
 ``--hsd-draft-precision`` (``SGLANG_HSD_DRAFT_PRECISION``) takes ``fp32`` (no copy), ``bf16``,
 ``fp16``, ``int8``, ``int4``, ``w8a8`` or ``auto`` (the default): the copy whose single-row products,
 summed over the draft model's linear layers and LM head, measure fastest here at start-up
-(``runtime.kernel_setup.fastest_precision_for_shapes``, a few seconds; the choice and every
-total are logged and reported in ``/server_info``). Each layer then computes on the copy the
+(``runtime.kernel_setup.fastest_precision_for_shapes``, a few seconds), or, where other copies
+come within ``AUTO_CLOSE`` of it, the one of those fastest at ``AUTO_BATCH_ROWS`` rows
+(``auto_precision``: a server drafts for a whole batch); the choice and every total are logged
+and reported in ``/server_info``. Each layer then computes on the copy the
 row counts where the copy measured faster than its float32 kernel at start-up
 (``measured_copy_rows``: the layers and the LM head each timed at 1 to 32 rows, and at 256 rows
 when the copy won at all of those, after which it serves every row count; the kind's default
@@ -33,6 +35,7 @@ server answers weight-update requests with a failure naming the flag.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -42,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from sglang_hsd.runtime.kernel_paths import SINGLE_ROW_MEASURE
 from sglang_hsd.runtime.kernel_setup import (AUTO_PRECISION, DRAFTER_PRECISION_OPTIONS, DRAFTER_PRECISIONS,
                                              fastest_precision_for_shapes)
 from sglang_hsd.runtime.layers import PackedRows
@@ -61,6 +65,10 @@ COMPARED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)
 # A copy that wins at every one of them is compared once more at this many rows (a prefill's, a
 # catch-up's): winning there too, it serves every row count.
 BULK_ROWS = 256
+# ``auto``: copies whose single rows cost at most this factor times the fastest's are compared
+# again at AUTO_BATCH_ROWS rows (``auto_precision``).
+AUTO_CLOSE = 1.15
+AUTO_BATCH_ROWS = 16
 # ``DraftCopyReport.copy_rows`` for a copy that serves every row count.
 EVERY_ROW_COUNT = "all"
 
@@ -124,6 +132,8 @@ class DraftCopyReport:
         layers: layers given a copy.
         skipped_shared: layers left in float32 because the target shares their weight.
         measured_ms: with ``auto``, one draft step's single-row projections per precision (ms).
+        batch_ms: with ``auto``, the same at ``AUTO_BATCH_ROWS`` rows for the copies that came
+            within ``AUTO_CLOSE`` of the fastest single rows (empty: none did).
         copy_rows: ``{"layers": m, "lm_head": m}``: calls of 1..m rows take the copy, as
             measured at start-up (``measured_copy_rows``; m = ``EVERY_ROW_COUNT``: every call);
             the kind's default where not measured.
@@ -135,11 +145,13 @@ class DraftCopyReport:
     skipped_shared: int = 0
     measured_ms: dict[str, float] = field(default_factory=dict)
     copy_rows: dict[str, int | str] = field(default_factory=dict)
+    batch_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"precision": self.precision, "requested": self.requested, "layers": self.layers,
                 "skipped_shared": self.skipped_shared, "copy_rows": dict(self.copy_rows),
-                "measured_ms": {k: round(v, 3) for k, v in self.measured_ms.items()}}
+                "measured_ms": {k: round(v, 3) for k, v in self.measured_ms.items()},
+                f"measured_ms_{AUTO_BATCH_ROWS}_rows": {k: round(v, 3) for k, v in self.batch_ms.items()}}
 
 
 def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Module,
@@ -163,7 +175,7 @@ def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Mod
     precision = config.precision
     if precision == AUTO_PRECISION:
         counts = Counter((m.weight.shape[1], m.weight.shape[0]) for m in own)
-        precision, report.measured_ms = fastest_precision_for_shapes(counts, pack_linears=True)
+        precision, report.measured_ms, report.batch_ms = auto_precision(counts)
     report.precision = precision
     kind = DRAFTER_PRECISIONS[precision]
     if kind is None:
@@ -181,6 +193,30 @@ def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Mod
             setattr(module, COPY_ATTR, LayerCopy(copies[module], rows))
     report.layers = len(own)
     return report
+
+
+def auto_precision(counts: Counter) -> tuple[str, dict[str, float], dict[str, float]]:
+    """``--hsd-draft-precision auto`` for a draft model with these ``(in, out)`` linear shapes:
+    the copy whose single-row projections measure fastest, unless others come within
+    ``AUTO_CLOSE`` of it; then the one of those fastest at ``AUTO_BATCH_ROWS`` rows.
+
+    Why: a server drafts for every request of its batch. On the 2-core Xeon int4 and w8a8 are
+    within 1-4% of each other for one row (either may win at a start-up), while at batch 16 a
+    draft step on int4 cost 172 ms against 102 ms on w8a8 and its draft extend 432 ms against
+    274 ms (int4's kernel works in blocks of rows, and falls back to float32 beyond the row
+    counts it wins; ``benchmarks/README.md``, "Server goodput, twentieth run").
+
+    Returns: ``(precision, {name: ms of one step's single rows}, {name: ms at
+    AUTO_BATCH_ROWS rows}`` (the latter empty when no other copy came close))."""
+    precision, single = fastest_precision_for_shapes(counts, pack_linears=True)
+    close = tuple(name for name, ms in single.items() if ms <= AUTO_CLOSE * single[precision])
+    if len(close) < 2:
+        return precision, single, {}
+    _, batch = fastest_precision_for_shapes(
+        counts, pack_linears=True, config=dataclasses.replace(SINGLE_ROW_MEASURE, rows=(AUTO_BATCH_ROWS,)),
+        candidates=close)
+    batch = {name: ms for name, ms in batch.items() if name in close}
+    return min(batch, key=batch.__getitem__), single, batch
 
 
 def choose_copy_rows(copy_seconds: Callable[[int], float], float_seconds: Callable[[int], float],
@@ -248,6 +284,8 @@ def _float32_product(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def log_report(report: DraftCopyReport) -> None:
     measured = ", ".join(f"{k} {v:.1f} ms" for k, v in report.measured_ms.items())
+    if report.batch_ms:
+        measured += f"; at {AUTO_BATCH_ROWS} rows " + ", ".join(f"{k} {v:.1f} ms" for k, v in report.batch_ms.items())
     rows = ", ".join(f"{group} {'every row count' if last == EVERY_ROW_COUNT else f'1-{last} rows'}"
                      for group, last in report.copy_rows.items())
     logger.info("sglang-hsd: draft model weight copy %s (%s %s%s): %d layers%s%s", report.precision,
