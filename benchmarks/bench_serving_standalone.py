@@ -27,6 +27,9 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
 * ``hsd-adaptive-k8`` the same configured with 8 draft steps (lengths 0..8 to choose from);
 * ``hsd-adaptive-k8-int4`` the same with ``--hsd-draft-precision int4`` (``auto`` elsewhere
                   unless ``--extra-server-args`` says otherwise): what the drafter's copy changes;
+* ``hsd-adaptive-k8-tuned`` the same, for a controller setting passed as ``--extra-server-args
+                  'hsd-adaptive-k8-tuned=--hsd-adaptive-tuning draft_margin=1.05'``: two
+                  settings compared in one run;
 * ``hsd-adaptive-k16`` the same with 16 (lengths 0..16);
 * ``hsd-adaptive-k8-extend`` the same with ``--hsd-draft-catch-up off`` (a round that drafts
                   nothing still extends the draft cache): what the catch-up saves;
@@ -116,6 +119,11 @@ CONFIGS = {c.name: c for c in (
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on")),
     DraftModelConfig("hsd-adaptive-k8", "hsd-adaptive configured with 8 draft steps (each "
                      "round's length chosen in 0..8)",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
+                     num_steps=8),
+    DraftModelConfig("hsd-adaptive-k8-tuned", "hsd-adaptive-k8 for a controller setting given in "
+                     "--extra-server-args 'hsd-adaptive-k8-tuned=--hsd-adaptive-tuning ...', "
+                     "compared with the default in one run",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
                      num_steps=8),
     DraftModelConfig("hsd-adaptive-k8-int4", "hsd-adaptive-k8 with the draft model on its int4 "

@@ -31,21 +31,14 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
-from sglang_hsd.adaptive import (NO_SETUP, AcceptanceEstimate, AdaptiveConfig, BudgetController,
-                                 DraftSetup, batch_bucket)
-from sglang_hsd.sglang_plugin.config import on_off_from_env
+from sglang_hsd.adaptive import NO_SETUP, AcceptanceEstimate, BudgetController, DraftSetup, batch_bucket
+from sglang_hsd.sglang_plugin.adaptive_setting import (ADAPTIVE_FLAG, CYCLE_FLAG, TRACE_FLAG, TUNING_FLAG,
+                                                       AdaptiveSetting, unsupported_reason)
 
 logger = logging.getLogger(__name__)
 
-ADAPTIVE_ENV = "SGLANG_HSD_ADAPTIVE"
-ADAPTIVE_FLAG = "--hsd-adaptive"
-CYCLE_ENV = "SGLANG_HSD_DRAFT_LENGTHS_CYCLE"
-CYCLE_FLAG = "--hsd-draft-lengths-cycle"
-TRACE_ENV = "SGLANG_HSD_ADAPTIVE_TRACE"
-TRACE_FLAG = "--hsd-adaptive-trace"
 # meta_info key of a request's per-round draft lengths (a request-level customized-info key).
 BUDGET_KEY = "hsd_draft_budget"
 # Attribute of SGLang's Req holding its AcceptanceEstimate.
@@ -55,90 +48,6 @@ ESTIMATE_ATTR = "hsd_acceptance"
 _MAX_OVERHEAD_FORWARDS = 1.0
 
 
-@dataclass(frozen=True)
-class AdaptiveSetting:
-    """Fields:
-        enabled: the flag's value (True: on).
-        explicit: whether the user set it (the default turns itself off where unsupported;
-            an explicit ``on`` is refused there).
-        lengths_cycle: ``--hsd-draft-lengths-cycle``: each request's decode rounds take these
-            lengths in turn from its first round (a batch: its youngest request's turn) instead
-            of the controller's choice (measuring what each length costs, testing the switches
-            between them); None: the controller chooses. Each is fixed before the round's
-            drafts exist, so the output law is the target's.
-        trace_path: ``--hsd-adaptive-trace``: a JSON-lines file that gets one line per decode
-            round (what the controller saw, chose and measured; :class:`AdaptiveRounds`); None:
-            no trace.
-    """
-
-    enabled: bool = True
-    explicit: bool = False
-    lengths_cycle: tuple[int, ...] | None = None
-    trace_path: str | None = None
-
-    @classmethod
-    def from_env(cls) -> "AdaptiveSetting":
-        value = on_off_from_env(ADAPTIVE_ENV, ADAPTIVE_FLAG)
-        return cls(value != "off", explicit=value is not None,
-                   lengths_cycle=_parse_cycle(os.environ.get(CYCLE_ENV, "")),
-                   trace_path=os.environ.get(TRACE_ENV, "").strip() or None)
-
-    def trace_problem(self) -> str | None:
-        """Why ``trace_path`` cannot be written or would stay empty (the lengths are not the
-        controller's choice), or None."""
-        if self.trace_path is None:
-            return None
-        if not self.enabled:
-            return f"{TRACE_FLAG}: it records {ADAPTIVE_FLAG}'s choices; it is off"
-        if self.lengths_cycle is not None:
-            return (f"{TRACE_FLAG} with {CYCLE_FLAG}: the cycle forces every length, nothing is "
-                    f"chosen to trace; drop one of them")
-        path = os.path.abspath(os.path.expanduser(self.trace_path))
-        if os.path.isdir(path):
-            return f"{TRACE_FLAG} {self.trace_path}: a directory; expected a file to append to"
-        folder = os.path.dirname(path)
-        if not os.path.isdir(folder):
-            return f"{TRACE_FLAG} {self.trace_path}: the folder {folder} does not exist"
-        if not os.access(path if os.path.exists(path) else folder, os.W_OK):
-            return f"{TRACE_FLAG} {self.trace_path}: not writable"
-        return None
-
-    def cycle_problem(self, num_steps: int) -> str | None:
-        """Why ``lengths_cycle`` cannot run with ``num_steps`` (``--speculative-num-steps``)."""
-        if self.lengths_cycle is None:
-            return None
-        if not self.enabled:
-            return f"{CYCLE_FLAG}: the lengths replace {ADAPTIVE_FLAG}'s choice; it is off"
-        bad = [length for length in self.lengths_cycle if not 0 <= length <= num_steps]
-        if bad:
-            return (f"{CYCLE_FLAG}: every length must be in 0..{num_steps} (--speculative-num-steps), "
-                    f"got {bad}")
-        return None
-
-
-def _parse_cycle(text: str) -> tuple[int, ...] | None:
-    text = text.strip()
-    if not text:
-        return None
-    try:
-        lengths = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"{CYCLE_FLAG} ({CYCLE_ENV}) must be comma-separated draft lengths such as "
-                         f"0,0,3, got {text!r}") from None
-    return lengths
-
-
-def unsupported_reason(topk: int, exit_layer: bool, request_seeds: bool = False) -> str | None:
-    """Why adaptive lengths cannot run with this shape, or None."""
-    if request_seeds:
-        # A seeded request must give the same tokens every time; the length of its rounds
-        # (chosen from measured timings) would change which drafts its stream is spent on.
-        return "--hsd-request-seeds on (seeded requests must not depend on timings)"
-    if topk > 1:
-        return f"--speculative-eagle-topk {topk} (trees keep their configured shape)"
-    if exit_layer:
-        return "--hsd-exit-layer (the exit level's verify window is fixed)"
-    return None
 
 
 class AdaptiveRounds:
@@ -329,8 +238,10 @@ def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bo
     if setting.trace_path is not None:
         trace = open(os.path.expanduser(setting.trace_path), "a", encoding="utf-8")  # noqa: SIM115 (the server's lifetime)
         logger.info("sglang-hsd: %s: one line per decode round in %s", TRACE_FLAG, setting.trace_path)
-    rounds = AdaptiveRounds(BudgetController(AdaptiveConfig.up_to(worker.speculative_num_steps)),
+    rounds = AdaptiveRounds(BudgetController(setting.config(worker.speculative_num_steps)),
                             setting.lengths_cycle, trace)
+    if setting.tuning:
+        logger.info("sglang-hsd: %s: %s", TUNING_FLAG, ", ".join(f"{k}={v}" for k, v in setting.tuning))
     worker.adaptive_controller = AdaptiveController(worker, HSDAdaptivePolicy(rounds))
     if setting.lengths_cycle is not None:
         logger.info("sglang-hsd: %s: rounds take the lengths %s in turn", CYCLE_FLAG,

@@ -26,8 +26,8 @@ from sglang_hsd.sglang_plugin.config import (
     VERIFY_METHOD_ENV,
 )
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
-from sglang_hsd.sglang_plugin.adaptive_spec import (
-    ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG, TRACE_ENV, TRACE_FLAG)
+from sglang_hsd.sglang_plugin.adaptive_setting import (
+    ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG, TRACE_ENV, TRACE_FLAG, TUNABLE, TUNING_ENV, TUNING_FLAG)
 from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, CATCH_UP_FLAG
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_ENV, LEAN_DECODE_FLAG, LEAN_DECODE_MODES
@@ -115,6 +115,10 @@ HSD_FLAGS = (
      "a file that gets one JSON line per decode round under --hsd-adaptive: the batch size, "
      "each request's estimated acceptance rate, the draft catch-up owed, the chosen length and "
      "the round's seconds (to see why the controller chose what it did)"),
+    (TUNING_FLAG, TUNING_ENV, {},
+     "comma-separated name=value settings of the adaptive controller instead of its defaults "
+     f"(names: {', '.join(TUNABLE)}), e.g. draft_margin=1.05; refused before models load where a "
+     "value cannot hold or --hsd-adaptive does not choose (off, or a --hsd-draft-lengths-cycle)"),
     (CATCH_UP_FLAG, CATCH_UP_ENV, {"choices": ON_OFF},
      "on (default with --hsd-draft-kind model on CPU under --hsd-adaptive): a round that drafts "
      "nothing skips the draft model's extend and a prefill the draft model's prefill, and the "

@@ -323,8 +323,7 @@ def plan_knob_refusals(path: str, knobs: RunKnobs) -> list[str]:
     from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_FLAG
 
     server_setting = {
-        # adaptive_spec.ADAPTIVE_FLAG, spelled out: adaptive_spec imports this module (through
-        # request_seeds)
+        # adaptive_setting.ADAPTIVE_FLAG, spelled out: adaptive_setting imports this module
         "draft_length": "flags (--speculative-num-steps, --hsd-adaptive)",
         "tree": "flags (--speculative-eagle-topk / --speculative-num-draft-tokens)",
         "threads": "threads (SGLang binds them to cores with SGLANG_CPU_OMP_THREADS_BIND)",

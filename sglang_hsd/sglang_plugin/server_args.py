@@ -268,7 +268,7 @@ def draft_forward_problems(args) -> list[str]:
 
 def catch_up_problems(args) -> list[str]:
     """What an explicit ``--hsd-draft-catch-up on`` cannot honour (the default turns itself off)."""
-    from sglang_hsd.sglang_plugin.adaptive_spec import AdaptiveSetting
+    from sglang_hsd.sglang_plugin.adaptive_setting import AdaptiveSetting
     from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_FLAG, CatchUpSetting, unsupported_reason
 
     try:
@@ -346,7 +346,7 @@ def draft_precision_problems(args) -> list[str]:
 def _adaptive_unsupported(args) -> str | None:
     """Why adaptive lengths cannot run with ``args`` and the ``--hsd-*`` environment (a tree, an
     exit level, seeded requests), or None."""
-    from sglang_hsd.sglang_plugin.adaptive_spec import unsupported_reason
+    from sglang_hsd.sglang_plugin.adaptive_setting import unsupported_reason
     from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
 
     exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
@@ -359,16 +359,17 @@ def _adaptive_unsupported(args) -> str | None:
 
 def adaptive_problems(args) -> list[str]:
     """What an explicit ``--hsd-adaptive on`` cannot honour (the default turns itself off), a
-    cycle that cannot run, and a ``--hsd-adaptive-trace`` that cannot be written or would record
-    nothing."""
-    from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG, CYCLE_FLAG, TRACE_FLAG, AdaptiveSetting
+    cycle that cannot run, a ``--hsd-adaptive-trace`` that cannot be written or would record
+    nothing, and ``--hsd-adaptive-tuning`` values that cannot hold or would tune nothing."""
+    from sglang_hsd.sglang_plugin.adaptive_setting import ADAPTIVE_FLAG, CYCLE_FLAG, TRACE_FLAG, AdaptiveSetting
 
     try:
         setting = AdaptiveSetting.from_env()
     except ValueError as err:
         return [str(err)]
+    num_steps = args.speculative_num_steps or DEFAULT_NUM_STEPS
     problems = [problem for problem in (
-        setting.cycle_problem(args.speculative_num_steps or DEFAULT_NUM_STEPS), setting.trace_problem())
+        setting.cycle_problem(num_steps), setting.trace_problem(), setting.tuning_problem(num_steps))
         if problem is not None]
     forced = setting.explicit or setting.lengths_cycle is not None
     if not (setting.enabled and (forced or setting.trace_path is not None)):

@@ -15,7 +15,8 @@ import time
 import torch
 from sglang.srt.speculative import eagle_worker_common
 
-from sglang_hsd.sglang_plugin.adaptive_spec import AdaptiveSetting, install_adaptive
+from sglang_hsd.sglang_plugin.adaptive_setting import AdaptiveSetting
+from sglang_hsd.sglang_plugin.adaptive_spec import install_adaptive
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, ExitLevelConfigError, PluginConfig
 from sglang_hsd.sglang_plugin.exit_head import ExitHead, load_exit_map
 from sglang_hsd.sglang_plugin.exit_level import ExitLevelTarget, ExitLevelVerifier

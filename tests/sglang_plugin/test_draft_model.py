@@ -16,7 +16,7 @@ pytestmark = pytest.mark.sglang
 
 from sglang_hsd.sglang_plugin.config import (  # noqa: E402
     EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
-from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_ENV, CYCLE_ENV, TRACE_ENV  # noqa: E402
+from sglang_hsd.sglang_plugin.adaptive_setting import ADAPTIVE_ENV, CYCLE_ENV, TRACE_ENV, TUNING_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
@@ -36,7 +36,7 @@ def clean_env(monkeypatch):
     # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
     # resolution and the flags write os.environ directly.
     for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV,
-                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV, CYCLE_ENV, CATCH_UP_ENV, TRACE_ENV):
+                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV, CYCLE_ENV, CATCH_UP_ENV, TRACE_ENV, TUNING_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -223,6 +223,15 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
     ({TRACE_ENV: "trace.jsonl"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
      "--hsd-adaptive-trace with --speculative-eagle-topk 2 (trees keep their configured shape): "
      "--hsd-adaptive is not applied there"),
+    ({TUNING_ENV: "draft_margin=0.9"}, {}, "--hsd-adaptive-tuning: draft_margin must be >= 1, got 0.9"),
+    ({TUNING_ENV: "margin=1.05"}, {}, "--hsd-adaptive-tuning (SGLANG_HSD_ADAPTIVE_TUNING) takes name=value "
+     "pairs of prior_rate, prior_rounds, memory"),
+    ({TUNING_ENV: "cost_window=2.5"}, {}, "--hsd-adaptive-tuning (SGLANG_HSD_ADAPTIVE_TUNING): cost_window "
+     "must be an integer, got '2.5'"),
+    ({TUNING_ENV: "memory=0.8", ADAPTIVE_ENV: "off"}, {},
+     "--hsd-adaptive-tuning: it tunes --hsd-adaptive's controller; it is off"),
+    ({TUNING_ENV: "memory=0.8", CYCLE_ENV: "0,2"}, {},
+     "--hsd-adaptive-tuning with --hsd-draft-lengths-cycle: the cycle forces every length"),
     ({CATCH_UP_ENV: "on", ADAPTIVE_ENV: "off"}, {},
      "--hsd-draft-catch-up on with --hsd-adaptive off (no round drafts zero tokens)"),
     ({CATCH_UP_ENV: "on"}, dict(device="cuda"), "--hsd-draft-catch-up on with --device cuda"),
@@ -261,6 +270,20 @@ def test_a_writable_trace_is_accepted(hsd, pair, clean_env, tmp_path):
     clean_env.setenv(TRACE_ENV, str(tmp_path / "trace.jsonl"))
     hsd.validate_server_args(_args(pair.target, pair.draft, speculative_num_steps=3))
     assert not (tmp_path / "trace.jsonl").exists()
+
+
+def test_adaptive_tuning_reaches_the_controllers_configuration(hsd, pair, clean_env):
+    """``--hsd-adaptive-tuning`` values pass the checks and become ``AdaptiveConfig`` fields of
+    their own types; the candidates still come from ``--speculative-num-steps``."""
+    from sglang_hsd.sglang_plugin.adaptive_setting import AdaptiveSetting
+
+    clean_env.setenv(TUNING_ENV, "draft_margin=1.05, server_memory=0.99,refresh_rounds=32")
+    hsd.validate_server_args(_args(pair.target, pair.draft, speculative_num_steps=3))
+    config = AdaptiveSetting.from_env().config(3)
+    assert (config.draft_margin, config.server_memory, config.refresh_rounds) == (1.05, 0.99, 32)
+    assert isinstance(config.refresh_rounds, int) and config.candidates == (0, 1, 2, 3)
+    clean_env.setenv(TUNING_ENV, "")
+    assert AdaptiveSetting.from_env().config(3) == AdaptiveSetting().config(3)
 
 
 def test_catch_up_refused_for_an_eagle3_head(hsd, pair, clean_env):

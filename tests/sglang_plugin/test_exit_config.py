@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from sglang_hsd.sglang_plugin.adaptive_spec import ADAPTIVE_FLAG
+from sglang_hsd.sglang_plugin.adaptive_setting import ADAPTIVE_FLAG
 from sglang_hsd.sglang_plugin.cpu import cpu_sampling
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.linear_path import CPU_LINEAR_FLAG
