@@ -80,15 +80,23 @@ class AdaptiveSetting:
         """Why ``tuning`` cannot be used (values that cannot hold, or nothing to tune), or None."""
         if not self.tuning:
             return None
-        if not self.enabled:
-            return f"{TUNING_FLAG}: it tunes {ADAPTIVE_FLAG}'s controller; it is off"
-        if self.lengths_cycle is not None:
-            return (f"{TUNING_FLAG} with {CYCLE_FLAG}: the cycle forces every length, the "
-                    f"controller chooses nothing; drop one of them")
+        idle = self._idle_controller(TUNING_FLAG, f"tunes {ADAPTIVE_FLAG}'s controller")
+        if idle is not None:
+            return idle
         try:
             self.config(num_steps)
         except ValueError as err:
             return str(err)
+        return None
+
+    def _idle_controller(self, flag: str, what: str) -> str | None:
+        """Why ``flag`` (which ``what``, e.g. "records --hsd-adaptive's choices") would do
+        nothing: the controller is off, or a cycle forces every length; None when it chooses."""
+        if not self.enabled:
+            return f"{flag}: it {what}; it is off"
+        if self.lengths_cycle is not None:
+            return (f"{flag} with {CYCLE_FLAG}: the cycle forces every length, the controller "
+                    f"chooses nothing; drop one of them")
         return None
 
     def trace_problem(self) -> str | None:
@@ -96,11 +104,9 @@ class AdaptiveSetting:
         controller's choice), or None."""
         if self.trace_path is None:
             return None
-        if not self.enabled:
-            return f"{TRACE_FLAG}: it records {ADAPTIVE_FLAG}'s choices; it is off"
-        if self.lengths_cycle is not None:
-            return (f"{TRACE_FLAG} with {CYCLE_FLAG}: the cycle forces every length, nothing is "
-                    f"chosen to trace; drop one of them")
+        idle = self._idle_controller(TRACE_FLAG, f"records {ADAPTIVE_FLAG}'s choices")
+        if idle is not None:
+            return idle
         path = os.path.abspath(os.path.expanduser(self.trace_path))
         if os.path.isdir(path):
             return f"{TRACE_FLAG} {self.trace_path}: a directory; expected a file to append to"

@@ -18,7 +18,8 @@ per draft step and once more in the draft extend, every round: at batch 16 with 
 11% of the round (``benchmarks/results/loaded_rounds_xeon_humaneval_c16_t1_profile.md``).
 ``draft_fast_sample`` draws the same law by inverse transform sampling instead, one uniform per
 row mapped through the row's cumulative mass (``tree_draft.children.sequential_draws``, the tree
-drafter's draw: block masses then the chosen block's entries, float64 across blocks), ~4 ms there.
+drafter's draw: block masses then the chosen block's entries, float64 across blocks): 0.7 ms
+there, 0.15 ms for one row against 3.6.
 The law is q's, so the verifier, which reads the q the draft was drawn from, stays lossless. Seeded
 draws (``--hsd-request-seeds``) and several draws per row keep SGLang's path.
 """
