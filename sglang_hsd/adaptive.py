@@ -15,8 +15,12 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
   bucket and length, the median of the last few rounds; lengths not measured are interpolated
   linearly between measured ones, since each draft step adds about one small forward);
 
-as ``argmax_L sum_i E_i(L) / cost(B, L)`` with ``E(L) = 1 + r + ... + r^L`` the expected tokens of
-a chain whose tokens are accepted with probability r each (the bonus token included), the cost of
+as ``argmax_L sum_i E_i(L) / cost(B, L)`` with ``E(L)`` the expected tokens of a chain of L drafts
+(the bonus token included): ``1 + r + ... + r^L`` if every round's tokens were accepted at the
+request's one rate r; since acceptance varies from round to round (easy and hard stretches of
+text), with the spread the server measured where rounds stopped (:class:`RateSpread`, a
+Beta-geometric model: one rate per round, drawn afresh; short drafts commit less and long ones
+more than one rate says). The cost of
 a length that drafts priced at ``AdaptiveConfig.draft_margin`` times its estimate (drafting must
 win by more than what the estimates miss). Before it can
 compare, the controller measures each *anchor* length (0, the shortest and the longest positive one,
@@ -58,131 +62,15 @@ would not be (``verify/oracles/adaptive_rounds_exact.py`` checks both over sever
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
+from sglang_hsd.adaptive_config import AdaptiveConfig
 from sglang_hsd.adaptive_costs import NO_SETUP, DraftSetup, RoundCosts, SetupHistory, batch_bucket
-from sglang_hsd.adaptive_rates import AcceptanceEstimate, expected_tokens
+from sglang_hsd.adaptive_rates import AcceptanceEstimate, RateSpread, expected_tokens
 from sglang_hsd.adaptive_recheck import Rechecks
 
-__all__ = ["NO_SETUP", "AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "DraftSetup", "RoundCosts",
+__all__ = ["NO_SETUP", "AcceptanceEstimate", "AdaptiveConfig", "BudgetController", "DraftSetup", "RateSpread", "RoundCosts",
            "batch_bucket", "expected_tokens"]
-
-
-@dataclass(frozen=True)
-class AdaptiveConfig:
-    """Fields:
-        candidates: the draft lengths the server can switch between (0 = plain decoding), sorted,
-            distinct, each >= 0, at least one positive.
-        prior_rate: per-token acceptance assumed before any round was observed, in (0, 1).
-        prior_rounds: weight, in rounds, of the server-wide rate in a request's estimate (> 0).
-        memory: factor by which a request's earlier rounds are discounted each round, in (0, 1].
-        cost_window: a round cost's estimate is the median of this many recent rounds (>= 2).
-        refresh_rounds: an anchor length not run at a batch bucket for this many rounds there is
-            run again (>= 1), as far as exploring it can pay (module docstring).
-        contention: an anchor whose best possible speed at a bucket is below this fraction of the
-            best known speed there is not explored there, in (0, 1].
-        explore_share: exploration rounds of anchors that can only come close to the best
-            (within ``contention``) may cost, beyond the best choice, at most this share of the
-            seconds the bucket has run and the current batch's remaining tokens will take, in
-            [0, 1). (Counting only the past, the first batch at batch 4 on a cold server decoded
-            63 rounds plainly: the rows its catch-up owed grew faster than the budget.)
-        draft_margin: a round that drafts is priced at this factor times its estimated seconds
-            when lengths are compared (>= 1): what the medians of its rounds do not show. On the
-            2-core Xeon at batch 4, rounds drafting 2 tokens cost on average 13% more than the
-            median of their recent rounds (707 vs 625 ms, a tail of slow rounds whose cause was
-            not isolated), and the draft model's prefill (deferred to the first drafting round)
-            cost 34 s over 350 rounds; drafting that the medians put 20-40% ahead of plain
-            decoding ran at 0.94-0.98x (``benchmarks/README.md``, "Server goodput, thirteenth
-            run"). So drafting is chosen only where it is expected to win by more than this
-            factor. Exploration budgets count a probe's real (unpriced) seconds.
-        server_memory: factor by which the server-wide counts are discounted per request-round
-            that drafted, in (0, 1]: 0.97 keeps about the last 30 request-rounds. (An average
-            moving a tenth of the way per round let one request's four rejected rounds take the
-            server rate from 0.92 to 0.58, and the next batch's new requests started there.)
-        setup_payback: a probe from plain decoding that owes a setup runs at once when, at its
-            floor and the current rates, drafting the batch's remaining tokens would save at
-            least this many times the setup's seconds beyond paying it (>= 0); otherwise it
-            waits for the exploration budget. At batch 16 on the 2-core Xeon the floors of 2, 4
-            and 8 drafts were 1.35, 1.92, 3.5 s where their rounds took 1.33-1.48, 2.26-2.29,
-            3.05-3.96 s; asking for the whole setup again (1.0) kept a cold batch of 16 code
-            prompts plain for 8 rounds while its 3.3 s catch-up waited, 0.25 probes after the
-            two rounds that measure plain decoding (``benchmarks/README.md``, nineteenth run).
-        recheck_rounds: a length that lost the lead after its median rose more than
-            ``recheck_drift`` above the least it showed while leading is run again this many
-            rounds later, its old samples dropped, then after twice as many, while that stays
-            below ``refresh_rounds`` (``sglang_hsd/adaptive_recheck.py``; >= 1, and
-            ``>= refresh_rounds`` turns rechecks off).
-        recheck_drift: see ``recheck_rounds`` (>= 0).
-    """
-
-    candidates: tuple[int, ...]
-    prior_rate: float = 0.6
-    prior_rounds: float = 2.0
-    memory: float = 0.9
-    cost_window: int = 5
-    refresh_rounds: int = 64
-    contention: float = 0.9
-    explore_share: float = 0.03
-    draft_margin: float = 1.1
-    server_memory: float = 0.97
-    setup_payback: float = 0.25
-    recheck_rounds: int = 8
-    recheck_drift: float = 0.1
-
-    def __post_init__(self) -> None:
-        c = tuple(self.candidates)
-        if not c or list(c) != sorted(set(c)) or c[0] < 0 or c[-1] < 1:
-            raise ValueError(f"candidates must be sorted distinct lengths >= 0 with a positive one, got {c}")
-        if not 0.0 < self.prior_rate < 1.0:
-            raise ValueError(f"prior_rate must be in (0, 1), got {self.prior_rate}")
-        if not self.prior_rounds > 0:
-            raise ValueError(f"prior_rounds must be > 0, got {self.prior_rounds}")
-        if not 0.0 < self.memory <= 1.0:
-            raise ValueError(f"memory must be in (0, 1], got {self.memory}")
-        if self.cost_window < 2:
-            raise ValueError(f"cost_window must be >= 2, got {self.cost_window}")
-        if self.refresh_rounds < 1:
-            raise ValueError(f"refresh_rounds must be >= 1, got {self.refresh_rounds}")
-        if not 0.0 < self.contention <= 1.0:
-            raise ValueError(f"contention must be in (0, 1], got {self.contention}")
-        if not 0.0 <= self.explore_share < 1.0:
-            raise ValueError(f"explore_share must be in [0, 1), got {self.explore_share}")
-        if not self.draft_margin >= 1.0:
-            raise ValueError(f"draft_margin must be >= 1, got {self.draft_margin}")
-        if not 0.0 < self.server_memory <= 1.0:
-            raise ValueError(f"server_memory must be in (0, 1], got {self.server_memory}")
-        if not self.setup_payback >= 0.0:
-            raise ValueError(f"setup_payback must be >= 0, got {self.setup_payback}")
-        if self.recheck_rounds < 1:
-            raise ValueError(f"recheck_rounds must be >= 1, got {self.recheck_rounds}")
-        if not self.recheck_drift >= 0.0:
-            raise ValueError(f"recheck_drift must be >= 0, got {self.recheck_drift}")
-
-    def priced(self, length: int, seconds: float) -> float:
-        """The seconds a round of ``length`` is compared at: ``draft_margin`` times ``seconds``
-        for a round that drafts, ``seconds`` for plain decoding."""
-        return seconds * self.draft_margin if length > 0 else seconds
-
-    @classmethod
-    def up_to(cls, longest: int, **kwargs) -> "AdaptiveConfig":
-        """Every length 0..``longest`` (the configured draft length)."""
-        if longest < 1:
-            raise ValueError(f"longest must be >= 1, got {longest}")
-        return cls(tuple(range(longest + 1)), **kwargs)
-
-    @property
-    def anchors(self) -> tuple[int, ...]:
-        """The lengths measured at every bucket before costs are compared: the shortest, the
-        shortest and longest positive ones and, with at least four positive ones, the second
-        shortest and the one in between (the first draft costs more than each later one, since
-        it brings the draft model's extend and the verify's fixed costs, so a line from the
-        shortest to the longest overestimates the lengths between them by 15-20% on the Qwen
-        pair; the two shortest give the slope that bounds longer rounds from below,
-        ``RoundCosts.floor``)."""
-        positive = [c for c in self.candidates if c > 0]
-        more = [positive[1], positive[(len(positive) - 1) // 2]] if len(positive) >= 4 else []
-        return tuple(sorted({self.candidates[0], positive[0], *more, positive[-1]}))
 
 
 class BudgetController:
@@ -190,7 +78,8 @@ class BudgetController:
 
     Use: ``length = choose(rates, batch)`` before a round; ``observe_round(batch, length,
     seconds)`` after it; ``AcceptanceEstimate.observe`` per request with its drafted / accepted
-    counts and ``observe_rates`` with the rates of the requests that drafted. ``decide`` is
+    counts, ``observe_rates`` with the rates of the requests that drafted and ``observe_stops``
+    with their (drafted, accepted) pairs. ``decide`` is
     ``choose`` without recording the choice (what the length would be, e.g. for an oracle).
     """
 
@@ -198,6 +87,7 @@ class BudgetController:
         self.config = config
         self.costs = RoundCosts(window=config.cost_window)
         self.server_counts = AcceptanceEstimate()  # every request's rounds, pooled
+        self.spread = RateSpread(config.spread_memory, config.spread_trials)
         self.rounds = 0
         self.bucket_rounds: dict[int, int] = {}
         self.bucket_seconds: dict[int, float] = {}  # seconds of all rounds run at a bucket
@@ -220,6 +110,16 @@ class BudgetController:
 
     def request_rate(self, estimate: AcceptanceEstimate) -> float:
         return estimate.rate(self.server_rate, self.config.prior_rounds)
+
+    def observe_stops(self, counts: Sequence[tuple[int, int]]) -> None:
+        """Where a round's chains stopped, (drafted, accepted) per request: the server-wide
+        counts per draft position that measure how acceptance varies between rounds (``spread``)."""
+        self.spread.observe(counts)
+
+    def tokens(self, rates: Sequence[float], length: int) -> float:
+        """Tokens a round of ``length`` drafts is expected to commit over requests at ``rates``,
+        with the measured spread between rounds (``RateSpread.expected_tokens``)."""
+        return sum(self.spread.expected_tokens(r, length) for r in rates)
 
     def observe_rates(self, accepted: int, drafted_rounds: int, rejections: int) -> None:
         """A round in which ``drafted_rounds`` requests drafted, accepting ``accepted`` tokens in
@@ -245,7 +145,7 @@ class BudgetController:
             if seconds is None or seconds <= 0:
                 continue
             seconds = self.config.priced(candidate, seconds + setup.share(rates, candidate))
-            speeds[candidate] = sum(expected_tokens(r, candidate) for r in rates) / seconds
+            speeds[candidate] = self.tokens(rates, candidate) / seconds
         return speeds
 
     def _fastest(self, bucket: int, rates: Sequence[float],
@@ -278,7 +178,7 @@ class BudgetController:
                 return length, None  # plain decoding, or nothing bounds what it costs: measure
             floor += setup.share(rates, length)
             # Compared at its price (as _fastest prices the best); its extra seconds below are real.
-            speed = sum(expected_tokens(r, length) for r in rates) / self.config.priced(length, floor)
+            speed = self.tokens(rates, length) / self.config.priced(length, floor)
             if best_speed == -math.inf:
                 return length, None  # nothing known to compare with: measure it now
             # A probe from plain decoding must pay the whole setup first, all of it wasted if
@@ -348,7 +248,7 @@ class BudgetController:
         if recheck is not None and recheck.length != best:
             # Only while it would lead again at the cost it showed while leading.
             seconds = self.config.priced(recheck.length, recheck.baseline + setup.share(rates, recheck.length))
-            if sum(expected_tokens(r, recheck.length) for r in rates) / seconds >= best_speed:
+            if self.tokens(rates, recheck.length) / seconds >= best_speed:
                 return recheck.length, None, best
         return best, None, best
 
@@ -390,7 +290,7 @@ class BudgetController:
         mean = self.mean_length()
         return {"candidates": list(self.config.candidates), "rounds": self.rounds,
                 "mean_steps": None if mean is None else round(mean, 3),
-                "server_accept_rate": round(self.server_rate, 4),
+                "server_accept_rate": round(self.server_rate, 4), "rate_spread": self.spread.as_dict(),
                 "recheck_rounds": self.rechecks.rounds,
                 "rounds_per_setup_by_batch_bucket": self.setups.as_dict(),
                 "explore_ms_by_batch_bucket": {str(b): round(1000 * v, 2)

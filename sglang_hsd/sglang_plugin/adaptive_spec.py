@@ -58,8 +58,10 @@ class AdaptiveRounds:
         lengths_cycle: lengths each request's rounds take in turn instead of the controller's
             choice (``AdaptiveSetting.lengths_cycle``); None: the controller chooses.
         trace: a text file opened for appending that gets one JSON line per decode round
-            (``AdaptiveSetting.trace_path``): the batch, the requests' rates, the owed setup,
-            the chosen length, the round's measured and excluded seconds; None: none.
+            (``AdaptiveSetting.trace_path``): the batch, the requests' ids and rates, the owed
+            setup, the chosen length, the round's measured and excluded seconds and, once SGLang
+            hands them, each request's accepted drafts (so a request's rounds can be followed
+            and another controller setting's estimates replayed); None: none.
     """
 
     def __init__(self, controller: BudgetController, lengths_cycle: tuple[int, ...] | None = None,
@@ -68,6 +70,7 @@ class AdaptiveRounds:
         self.lengths_cycle = lengths_cycle
         self.trace = trace
         self._traced: dict | None = None  # the current round's trace line, finished by end()
+        self._untraced: dict | None = None  # a finished line waiting for its accepted counts
         self.length = controller.config.candidates[-1]  # SGLang starts at the configured length
         self._reqs: list = []
         self._round_length = 0
@@ -84,6 +87,7 @@ class AdaptiveRounds:
         ``setup_seconds`` + ``fixed_seconds`` (a draft-cache catch-up: the part that scales
         with its rows, the part it costs however few) before it drafts; returns it."""
         started = time.perf_counter()
+        self._write_trace()  # a round whose accepted counts never came
         if self._last_end is not None:
             gap = started - self._last_end
             if gap <= _MAX_OVERHEAD_FORWARDS * max(self._last_forward, 1e-3):
@@ -100,6 +104,7 @@ class AdaptiveRounds:
             self.length = self.controller.choose(rates, len(reqs), setup)
             if self.trace is not None:
                 self._traced = {"t": round(started, 4), "batch": len(reqs),
+                                "rids": [str(getattr(req, "rid", "")) for req in reqs],
                                 "rates": [round(r, 4) for r in rates],
                                 "setup_s": round(setup.seconds, 5), "fixed_s": round(setup.fixed_seconds, 5),
                                 "remaining": None if math.isinf(setup.remaining_tokens) else setup.remaining_tokens,
@@ -132,19 +137,30 @@ class AdaptiveRounds:
                                           max(self._last_forward - excluded, 0.0) + self.overhead)
         if self._traced is not None:
             self._traced.update(seconds=round(self._last_forward, 5), excluded=round(excluded, 5))
-            self.trace.write(json.dumps(self._traced) + "\n")
-            self.trace.flush()
-            self._traced = None
+            self._untraced, self._traced = self._traced, None
+
+    def _write_trace(self, accepted: list[int] | None = None) -> None:
+        """Append the last finished round's trace line, with ``accepted`` (per request) if given."""
+        if self._untraced is None:
+            return
+        if accepted is not None:
+            self._untraced["accepted"] = accepted
+        self.trace.write(json.dumps(self._untraced) + "\n")
+        self.trace.flush()
+        self._untraced = None
 
     def interrupt(self) -> None:
         """A non-decode forward ran: the next gap is not scheduler overhead."""
+        self._write_trace()
         self._last_end = None
 
     def verified(self, num_correct_drafts_per_req: list[int]) -> None:
         """SGLang's accepted draft counts of the last decode round, in its requests' order."""
         reqs, length = self._reqs, self._round_length
         if len(num_correct_drafts_per_req) != len(reqs):
+            self._write_trace()
             return
+        self._write_trace([min(int(correct), length) for correct in num_correct_drafts_per_req])
         memory = self.controller.config.memory
         if length == 0:
             for req in reqs:
@@ -152,13 +168,16 @@ class AdaptiveRounds:
             return
         accepted = rejections = 0
         counts = self.accepted_counts.setdefault(length, [0] * (length + 1))
+        stops = []
         for req, correct in zip(reqs, num_correct_drafts_per_req):
             correct = min(int(correct), length)
             counts[correct] += 1
             _estimate(req).observe(length, correct, memory)
             accepted += correct
             rejections += correct < length
+            stops.append((length, correct))
         self.controller.observe_rates(accepted, len(reqs), rejections)
+        self.controller.observe_stops(stops)
 
     def as_dict(self) -> dict:
         state = self.controller.as_dict()

@@ -58,9 +58,11 @@ def test_a_pending_catch_up_is_priced_per_row_plus_a_fixed_part():
 
 
 def test_the_trace_writes_one_line_per_round_with_what_the_controller_compared():
-    """``--hsd-adaptive-trace``: each decode round appends a JSON line with the batch, the rates,
-    the owed catch-up (remaining tokens null when unbounded), the speeds compared, the chosen
-    length and the round's seconds; a cycle of forced lengths writes none (nothing was chosen)."""
+    """``--hsd-adaptive-trace``: each decode round appends a JSON line with the batch, the ids and
+    rates, the owed catch-up (remaining tokens null when unbounded), the speeds compared, the
+    chosen length, the round's seconds and, once verified, each request's accepted drafts (a
+    round never verified is written without them when the next one begins); a cycle of forced
+    lengths writes none (nothing was chosen)."""
     import io
     import json
 
@@ -72,18 +74,21 @@ def test_the_trace_writes_one_line_per_round_with_what_the_controller_compared()
     for _ in range(6):
         rounds.begin(reqs)
         rounds.end(excluded=0.0)
-    reqs = [SimpleNamespace(customized_info=None,
+    reqs = [SimpleNamespace(customized_info=None, rid=f"r{i}",
                             sampling_params=SimpleNamespace(max_new_tokens=40), output_ids=[0] * 10)
-            for _ in range(2)]
+            for i in range(2)]
     length = rounds.begin(reqs, setup_seconds=0.05, fixed_seconds=0.01)
     rates = [rounds.controller.request_rate(req.hsd_acceptance) for req in reqs]
     expected = rounds.controller.speeds(2, rates, DraftSetup(0.05, 30.0, 0.01))  # before end() observes
     rounds.end(excluded=0.004)
+    assert len(trace.getvalue().splitlines()) == 6  # the last round waits for its accepted counts
+    rounds.verified([length, 0])
     lines = [json.loads(line) for line in trace.getvalue().splitlines()]
     assert len(lines) == 7
-    assert lines[0]["remaining"] is None and lines[0]["speeds"] == {}
+    assert lines[0]["remaining"] is None and lines[0]["speeds"] == {} and "accepted" not in lines[0]
     last = lines[-1]
     assert (last["batch"], last["length"], last["remaining"]) == (2, length, 30.0)
+    assert last["rids"] == ["r0", "r1"] and last["accepted"] == [length, 0]
     assert last["setup_s"] == 0.05 and last["fixed_s"] == 0.01 and last["excluded"] == 0.004
     assert last["speeds"] == {str(k): round(v, 3) for k, v in expected.items()}
     forced = io.StringIO()

@@ -224,6 +224,7 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-adaptive-trace with --speculative-eagle-topk 2 (trees keep their configured shape): "
      "--hsd-adaptive is not applied there"),
     ({TUNING_ENV: "draft_margin=0.9"}, {}, "--hsd-adaptive-tuning: draft_margin must be >= 1, got 0.9"),
+    ({TUNING_ENV: "spread_trials=0"}, {}, "--hsd-adaptive-tuning: spread_trials must be >= 1 (inf: never fitted), got 0.0"),
     ({TUNING_ENV: "margin=1.05"}, {}, "--hsd-adaptive-tuning (SGLANG_HSD_ADAPTIVE_TUNING) takes name=value "
      "pairs of prior_rate, prior_rounds, memory"),
     ({TUNING_ENV: "cost_window=2.5"}, {}, "--hsd-adaptive-tuning (SGLANG_HSD_ADAPTIVE_TUNING): cost_window "
@@ -282,6 +283,9 @@ def test_adaptive_tuning_reaches_the_controllers_configuration(hsd, pair, clean_
     config = AdaptiveSetting.from_env().config(3)
     assert (config.draft_margin, config.server_memory, config.refresh_rounds) == (1.05, 0.99, 32)
     assert isinstance(config.refresh_rounds, int) and config.candidates == (0, 1, 2, 3)
+    clean_env.setenv(TUNING_ENV, "spread_trials=inf")  # the geometric model: no spread fitted
+    hsd.validate_server_args(_args(pair.target, pair.draft, speculative_num_steps=3))
+    assert AdaptiveSetting.from_env().config(3).spread_trials == float("inf")
     clean_env.setenv(TUNING_ENV, "")
     assert AdaptiveSetting.from_env().config(3) == AdaptiveSetting().config(3)
 

@@ -11,7 +11,7 @@ every round
    the within-round ``DraftLengthRule`` when it is adaptive (its cap also adapts from past rounds);
 3. verifies with the exact outcome law of the chain method (``adaptive_exact.counted_round_law``,
    built on ``exact.OUTCOME_LAWS``), keeping the drafted and accepted counts;
-4. feeds the counts to the estimate, ``observe_rates`` and ``observe_round`` (deterministic fake
+4. feeds the counts to the estimate, ``observe_rates``, ``observe_stops`` and ``observe_round`` (deterministic fake
    seconds ``1 + 0.3 L``), on a copy of the branch's state per outcome.
 
 Each branch carries its own deep copy of the controller and estimate, so a branch's L is exactly
@@ -123,11 +123,13 @@ class ControllerSetup:
 def finish_round(controller: BudgetController, setup: ControllerSetup, length: int,
                  estimates: list[AcceptanceEstimate], counts: list[tuple[int, int]]) -> None:
     """After a round of ``len(counts)`` requests at draft length ``length``: each request's estimate
-    observes its (drafted, accepted), then the server rate and the round's fake seconds."""
+    observes its (drafted, accepted), then the server rate, where the chains stopped and the
+    round's fake seconds."""
     for estimate, (drafted, accepted) in zip(estimates, counts, strict=True):
         estimate.observe(drafted, accepted, setup.config.memory)
     drafted_rounds = sum(1 for d, _ in counts if d > 0)
     controller.observe_rates(sum(a for _, a in counts), drafted_rounds, sum(1 for d, a in counts if a < d))
+    controller.observe_stops(counts)
     controller.observe_round(len(counts), length, setup.seconds(length))
 
 

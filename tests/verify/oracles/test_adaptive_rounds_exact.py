@@ -35,8 +35,9 @@ PROMPT = (2, 0, 1)
 LENGTH = 6
 # Small memories and a short refresh so that L moves within a few rounds: anchors (0, 1, 3) are
 # re-run every 6 rounds, and one round's outcome moves the request's rate across the thresholds
-# of the speed comparison (about 0.3 / 0.63 / 0.76 for costs 1 + 0.3 L).
-CONFIG = AdaptiveConfig((0, 1, 2, 3), prior_rate=0.7, prior_rounds=1.0, memory=0.8, cost_window=2,
+# of the speed comparison (about 0.3 / 0.63 / 0.76 for costs 1 + 0.3 L). ``spread_trials=1`` fits
+# the rate spread from the first rounds on, so the enumeration covers choices made with it.
+CONFIG = AdaptiveConfig((0, 1, 2, 3), prior_rate=0.7, prior_rounds=1.0, memory=0.8, cost_window=2, spread_trials=1.0,
                         refresh_rounds=6)
 WARM = (0, 0, 1, 1, 3, 3)  # the controller has measured the anchors before the request arrives
 HALF_WARM = (0, 1, 3)  # one measurement each: the request's own first rounds finish the exploration
