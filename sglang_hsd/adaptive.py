@@ -16,11 +16,10 @@ swaps its speculative runtime state between pre-built lengths; L = 0 is plain de
   linearly between measured ones, since each draft step adds about one small forward);
 
 as ``argmax_L sum_i E_i(L) / cost(B, L)`` with ``E(L)`` the expected tokens of a chain of L drafts
-(the bonus token included): ``1 + r + ... + r^L`` if every round's tokens were accepted at the
-request's one rate r; since acceptance varies from round to round (easy and hard stretches of
-text), with the spread the server measured where rounds stopped (:class:`RateSpread`, a
-Beta-geometric model: one rate per round, drawn afresh; short drafts commit less and long ones
-more than one rate says). The cost of
+(the bonus token included): ``1 + r + ... + r^L``, every round's tokens accepted at the
+request's one rate r; or, with ``AdaptiveConfig.spread_trials`` finite, the Beta-geometric law
+whose spread between rounds the server measures where its rounds stopped (:class:`RateSpread`:
+one rate per round, drawn afresh; off by default, as its one A/B did not win). The cost of
 a length that drafts priced at ``AdaptiveConfig.draft_margin`` times its estimate (drafting must
 win by more than what the estimates miss). Before it can
 compare, the controller measures each *anchor* length (0, the shortest and the longest positive one,

@@ -60,8 +60,11 @@ class AdaptiveConfig:
             0.995 keeps about the last 200. The spread they measure belongs to the workload
             (prompts, temperature), so it is kept longer than the rate itself.
         spread_trials: the discounted trials at the first draft position before the spread is
-            fitted and used (>= 1; ``inf``: never, every round's tokens are taken as accepted
-            at the request's one rate, the geometric model).
+            fitted and used (>= 1; ``inf``, the default: never, every round's tokens are taken
+            as accepted at the request's one rate, the geometric model). In one ShareGPT run on
+            a 2-core AVX2 EPYC, fitting from 32 trials served 0.96-1.11 the one-rate model's tok/s
+            at T = 0 and 0.87-0.96 at T = 1 (c = 1 and 4; ``benchmarks/README.md``, twenty-first
+            run): not better overall, so it stays off until a run says otherwise.
     """
 
     candidates: tuple[int, ...]
@@ -78,7 +81,7 @@ class AdaptiveConfig:
     recheck_rounds: int = 8
     recheck_drift: float = 0.1
     spread_memory: float = 0.995
-    spread_trials: float = 32.0
+    spread_trials: float = float("inf")
 
     def __post_init__(self) -> None:
         c = tuple(self.candidates)

@@ -75,7 +75,8 @@ class RateSpread:
     when every draft was accepted or none, or when the fit prefers the largest s. A request's own
     rate r (its pooled estimate, ``AcceptanceEstimate``) moves the fitted mean by the odds ratio
     of r to the counts' pooled rate, the spread kept. Server-wide because the spread belongs to the
-    workload and one request has too few rounds to measure it.
+    workload and one request has too few rounds to measure it. Used only where
+    ``AdaptiveConfig.spread_trials`` is finite (off by default: its one A/B did not win).
     """
 
     memory: float
