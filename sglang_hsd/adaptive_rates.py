@@ -67,7 +67,7 @@ class RateSpread:
     0.70, 0.79, 0.80, 0.86, which a Beta with m = 0.70, s = 2.3 reproduces (0.70, 0.79, 0.79,
     0.84). One rate (their pooled 0.76) puts one draft 4% above what it commits and, in that law,
     eight drafts 8% below: it overvalues short drafts against long ones, the more so for a request
-    whose rate reads low, and sent such requests to short drafts.
+    whose rate reads low.
 
     The fit: maximum likelihood of (a, b) over the discounted counts per position (``trials[i]``:
     rounds that reached draft i + 1, ``successes[i]``: those that accepted it), on a grid of s, a
@@ -92,9 +92,10 @@ class RateSpread:
 
     def observe(self, counts: Sequence[tuple[int, int]]) -> None:
         """Rounds that drafted: (drafted, accepted) per request; earlier counts are discounted by
-        ``memory`` per request-round."""
+        ``memory`` per request-round. Nothing is counted when the spread is off (``min_trials``
+        inf): the counts would serve no fit, and this runs every round."""
         counts = [(d, a) for d, a in counts if d > 0]
-        if not counts:
+        if not counts or math.isinf(self.min_trials):
             return
         longest = max(d for d, _ in counts)
         if len(self.trials) < longest:

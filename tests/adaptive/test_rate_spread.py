@@ -86,6 +86,9 @@ def test_no_spread_until_the_first_position_has_enough_trials_or_when_degenerate
     assert everything.fitted is None
     with pytest.raises(ValueError, match="accepted"):
         spread.observe([(2, 3)])
+    off = RateSpread(1.0, math.inf)  # the default: no fit, so nothing is counted
+    off.observe(_beta_rounds(2.1, 0.9, 4, 100))
+    assert off.fitted is None and off.trials == []
 
 
 def test_a_requests_rate_moves_the_mean_by_its_odds_and_keeps_the_spread():
