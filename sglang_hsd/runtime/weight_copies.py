@@ -26,7 +26,10 @@ produced. So copies are only for a separate draft model, never for a target or a
   ShareGPT prompts): 0.808 against 0.808 in fp32 and 0.794 on int4. Activations are quantized per
   row (each row scaled to [-1, 1] before the kernel's per-call quantization, the scale
   multiplied back after): quantized over a whole call, one row's outliers would coarsen every
-  row.
+  row. Without VNNI (an AVX2-only EPYC, for one) fbgemm multiplies with ``vpmaddubsw``, whose
+  16-bit pair sums saturate on 8-bit activations (a probe of 64 products of 127 x 255 came back
+  as 32.4 instead of 64), so there the activations take 7 bits (the kernel's ``reduce_range``,
+  which keeps every pair sum in range): :func:`w8a8_activation_levels` probes the kernel once.
 
 The integer copies pad shapes their kernels cannot take (input features to a multiple of 32,
 int4's output features to 16) with zero weights.
@@ -37,6 +40,7 @@ fp32 ``[rows, out_features]``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -54,6 +58,7 @@ __all__ = [
     "WeightCopy",
     "WeightCopyKind",
     "build_weight_copy",
+    "w8a8_activation_levels",
 ]
 
 # Input features sharing one int4 scale and zero point (GGUF's Q4_0 / Q4_1 block size).
@@ -183,23 +188,43 @@ class Int4Copy(_IntegerCopy):
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, INT4_GROUP_SIZE, self.scales_and_zeros)
 
 
+def _w8a8_prepack(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fbgemm's packed int8 weight for ``weight`` ``[out, in]`` fp32 at per-row ``scale`` ``[out]``."""
+    zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        # torch marks its quantized tensor types deprecated; fbgemm's packed weight is built from
+        # one and is what its integer kernel reads.
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_channel(weight, scale, zero_points, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(quantized, None)
+
+
+@functools.cache
+def w8a8_activation_levels() -> int:
+    """255 where fbgemm's dynamic int8 product is exact on 8-bit activations, 127 (7 bits, its
+    ``reduce_range``) where it saturates (no VNNI: module docstring).
+
+    The probe: weights all 127 (scale 1/127) against activations all at the top of their range,
+    64 products summing to 64.0; a kernel adding pairs in 16 bits returns about half.
+    """
+    packed = _w8a8_prepack(torch.ones(8, 64), torch.full((8,), 1 / 127))
+    out = torch.ops.quantized.linear_dynamic(torch.ones(1, 64), packed, False)
+    return 255 if torch.allclose(out, torch.full_like(out, 64.0), rtol=1e-2) else 127
+
+
 class W8A8Copy(WeightCopy):
     """int8 weights ``weight ~ int8 [out, in] * scale [out]`` (symmetric per output channel) in
-    fbgemm's packed layout, activations quantized to 8 bits per row at each call (module
-    docstring); bias added in fp32."""
+    fbgemm's packed layout, activations quantized per row at each call to
+    :func:`w8a8_activation_levels` levels (module docstring); bias added in fp32."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         _check_weight(weight, bias)
         self.out_features, self.in_features = weight.shape
-        scale = _int8_channel_scale(weight.detach())
-        zero_points = torch.zeros(self.out_features, dtype=torch.long)
-        with warnings.catch_warnings():
-            # torch marks its quantized tensor types deprecated; fbgemm's packed weight is built
-            # from one and is what its integer kernel reads.
-            warnings.simplefilter("ignore", UserWarning)
-            quantized = torch.quantize_per_channel(weight.detach(), scale, zero_points, 0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(quantized, None)
+        self.packed = _w8a8_prepack(weight.detach(), _int8_channel_scale(weight.detach()))
         self.bias = None if bias is None else bias.detach().float()
+        # 7-bit activations where the kernel's 16-bit pair sums would saturate on 8.
+        self.activation_levels = w8a8_activation_levels()
+        self.reduce_range = self.activation_levels < 255
 
     def stored_weight(self) -> torch.Tensor:
         """The fp32 weight ``[out, in]`` the packed int8 weight stands for."""
@@ -208,11 +233,11 @@ class W8A8Copy(WeightCopy):
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         x = x.float()
         if x.shape[0] == 1:  # one row: the kernel's per-call quantization is per row already
-            out = torch.ops.quantized.linear_dynamic(x, self.packed, False)
+            out = torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
         else:
             reach = x.abs().amax(dim=1, keepdim=True)
             reach = torch.where(reach > 0, reach, torch.ones_like(reach))
-            out = torch.ops.quantized.linear_dynamic(x / reach, self.packed, False) * reach
+            out = torch.ops.quantized.linear_dynamic(x / reach, self.packed, self.reduce_range) * reach
         return out if self.bias is None else out + self.bias
 
 

@@ -18,7 +18,14 @@ from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.layers import CopyRowsLinear, PackedLinear, PackedRows, packed_linear_supported
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama
-from sglang_hsd.runtime.weight_copies import INT4_GROUP_SIZE, WEIGHT_COPIES, Int8Copy, W8A8Copy, build_weight_copy
+from sglang_hsd.runtime.weight_copies import (
+    INT4_GROUP_SIZE,
+    WEIGHT_COPIES,
+    Int8Copy,
+    W8A8Copy,
+    build_weight_copy,
+    w8a8_activation_levels,
+)
 from sglang_hsd.sampling import SamplingParams
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
 from tests.runtime.helpers import PROMPTS, exact_target_prefix_probs, sharpen_lm_head
@@ -111,17 +118,35 @@ def test_w8a8_quantizes_activations_per_row():
     x = torch.randn(5, 96) * torch.tensor([[100.0], [1.0], [0.01], [1.0], [3.0]])
 
     def within_row_steps(out):
-        step = 2 * x.abs().amax(1, keepdim=True) / 255  # the row scaled to [-1, 1], 8 bits
+        # The row scaled to [-1, 1] on the kernel's levels: 8 bits, 7 where 8 would saturate.
+        step = 2 * x.abs().amax(1, keepdim=True) / copy.activation_levels
         bound = 0.5 * step * stored.abs().sum(1) * 1.01 + 1e-6
         return ((out - (x @ stored.T + bias)).abs() <= bound).all()
 
     assert within_row_steps(copy(x))
-    whole_call = torch.ops.quantized.linear_dynamic(x, copy.packed, False) + bias
+    whole_call = torch.ops.quantized.linear_dynamic(x, copy.packed, copy.reduce_range) + bias
     assert not within_row_steps(whole_call)
-    assert torch.equal(copy(x[1:2]), torch.ops.quantized.linear_dynamic(x[1:2], copy.packed, False) + bias)
+    assert torch.equal(copy(x[1:2]), torch.ops.quantized.linear_dynamic(x[1:2], copy.packed, copy.reduce_range) + bias)
     for shape in ((6, 40), (32, 72)):  # in_features not a multiple of 32, out of 16
         w, many = torch.randn(*shape) / shape[1] ** 0.5, torch.randn(2000, shape[1])
-        assert torch.allclose(build_weight_copy("w8a8", w)(many), many @ w.T, atol=CLOSE_TO_FP32["w8a8"])
+        # 7-bit activations (a CPU without VNNI) take steps twice as large.
+        atol = CLOSE_TO_FP32["w8a8"] * 255 / copy.activation_levels
+        assert torch.allclose(build_weight_copy("w8a8", w)(many), many @ w.T, atol=atol)
+
+
+def test_w8a8_activations_never_saturate_the_kernel():
+    """Large activations against large weights: every 16-bit pair sum of a kernel without VNNI
+    would saturate on 8-bit activations (the probe's case, at scale). The copy stays within its
+    quantization error; the wrong variant, 8 bits on a CPU whose probe found saturation, lands
+    far off (about half), so on such a CPU the same bound rejects it."""
+    weight = torch.ones(16, 256) + 0.01 * torch.randn(16, 256)
+    x = torch.ones(3, 256) + 0.01 * torch.randn(3, 256)
+    copy = build_weight_copy("w8a8", weight)
+    exact = x @ weight.T
+    assert torch.allclose(copy(x), exact, rtol=0.02)
+    assert copy.activation_levels in (127, 255) and copy.reduce_range == (copy.activation_levels == 127)
+    eight_bits = torch.ops.quantized.linear_dynamic(x[:1], copy.packed, False)
+    assert torch.allclose(eight_bits, exact[:1], rtol=0.02) == (w8a8_activation_levels() == 255)
 
 
 def test_fp16_overflow_is_recomputed_in_fp32():
