@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from sglang_hsd.runtime.weight_copies import w8a8_activation_levels
 from sglang_hsd.sglang_plugin.cpu import draft_copies
 from sglang_hsd.sglang_plugin.cpu.draft_copies import (
     AUTO_BATCH_ROWS, AUTO_CLOSE, COPY_ATTR, DRAFT_PRECISION_ENV, DraftPrecisionConfig, DraftPrecisionError,
@@ -87,6 +88,16 @@ def test_auto_measures_and_reports_every_precision():
     else:
         assert report.measured_ms[report.precision] == fastest
     assert report.as_dict()["requested"] == "auto"
+
+
+def test_w8a8_reports_its_activation_bits():
+    """8 bits, or 7 where the CPU's integer kernel saturates on 8 (no VNNI); other copies none."""
+    target, draft = _models()
+    report = attach_draft_copies(draft, target, DraftPrecisionConfig("w8a8"))
+    assert report.activation_bits == {255: 8, 127: 7}[w8a8_activation_levels()]
+    assert report.as_dict()["activation_bits"] == report.activation_bits
+    _, other = _models()
+    assert attach_draft_copies(other, target, DraftPrecisionConfig("int8")).activation_bits is None
 
 
 def test_auto_takes_the_close_copy_that_is_fastest_at_a_batchs_rows(monkeypatch):
@@ -169,7 +180,8 @@ def test_a_copy_ahead_at_every_count_serves_prefills_too(monkeypatch):
     every call (reported as such); one behind at the prefill's rows stops at the last count."""
     from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 
-    from sglang_hsd.sglang_plugin.cpu import draft_copies
+    from sglang_hsd.runtime.weight_copies import w8a8_activation_levels
+from sglang_hsd.sglang_plugin.cpu import draft_copies
 
     target, draft = _models()
     draft.big = _Layer(UnquantizedLinearMethod(), torch.randn(2048, 2048) * 0.02)  # 16 MiB: measured

@@ -52,7 +52,7 @@ from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.row_padding import NO_PADDING, padded_linear
 from sglang_hsd.sglang_plugin.cpu.linear_path import (COPY_ATTR, MIN_MEASURED_BYTES, PACKED_ATTR, PADDING_ATTR,
                                                       float32_linear_layers)
-from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, WeightCopy, build_weight_copy
+from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, WeightCopy, build_weight_copy, w8a8_activation_levels
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,9 @@ class DraftCopyReport:
         copy_rows: ``{"layers": m, "lm_head": m}``: calls of 1..m rows take the copy, as
             measured at start-up (``measured_copy_rows``; m = ``EVERY_ROW_COUNT``: every call);
             the kind's default where not measured.
+        activation_bits: with w8a8, the bits its activations are quantized to here (8, or 7 where
+            the CPU's integer kernel saturates on 8: ``weight_copies.w8a8_activation_levels``);
+            None for other copies.
     """
 
     precision: str
@@ -146,10 +149,12 @@ class DraftCopyReport:
     measured_ms: dict[str, float] = field(default_factory=dict)
     copy_rows: dict[str, int | str] = field(default_factory=dict)
     batch_ms: dict[str, float] = field(default_factory=dict)
+    activation_bits: int | None = None
 
     def as_dict(self) -> dict:
         return {"precision": self.precision, "requested": self.requested, "layers": self.layers,
                 "skipped_shared": self.skipped_shared, "copy_rows": dict(self.copy_rows),
+                "activation_bits": self.activation_bits,
                 "measured_ms": {k: round(v, 3) for k, v in self.measured_ms.items()},
                 f"measured_ms_{AUTO_BATCH_ROWS}_rows": {k: round(v, 3) for k, v in self.batch_ms.items()}}
 
@@ -182,6 +187,8 @@ def attach_draft_copies(draft_model: torch.nn.Module, target_model: torch.nn.Mod
         return report
     default = PackedRows((WEIGHT_COPIES[kind].rows,))
     copies = {module: build_weight_copy(kind, module.weight.detach()) for module in own}
+    if kind == "w8a8":
+        report.activation_bits = w8a8_activation_levels().bit_length()
     lm_head = getattr(draft_model, "lm_head", None)
     for group, modules in (("layers", [m for m in own if m is not lm_head]),
                            ("lm_head", [m for m in own if m is lm_head])):
@@ -288,7 +295,8 @@ def log_report(report: DraftCopyReport) -> None:
         measured += f"; at {AUTO_BATCH_ROWS} rows " + ", ".join(f"{k} {v:.1f} ms" for k, v in report.batch_ms.items())
     rows = ", ".join(f"{group} {'every row count' if last == EVERY_ROW_COUNT else f'1-{last} rows'}"
                      for group, last in report.copy_rows.items())
-    logger.info("sglang-hsd: draft model weight copy %s (%s %s%s): %d layers%s%s", report.precision,
+    bits = f", {report.activation_bits}-bit activations" if report.activation_bits else ""
+    logger.info("sglang-hsd: draft model weight copy %s%s (%s %s%s): %d layers%s%s", report.precision, bits,
                 DRAFT_PRECISION_FLAG, report.requested,
                 f"; one draft step's single rows measured {measured}" if measured else "",
                 report.layers,
