@@ -180,8 +180,7 @@ def test_a_copy_ahead_at_every_count_serves_prefills_too(monkeypatch):
     every call (reported as such); one behind at the prefill's rows stops at the last count."""
     from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 
-    from sglang_hsd.runtime.weight_copies import w8a8_activation_levels
-from sglang_hsd.sglang_plugin.cpu import draft_copies
+    from sglang_hsd.sglang_plugin.cpu import draft_copies
 
     target, draft = _models()
     draft.big = _Layer(UnquantizedLinearMethod(), torch.randn(2048, 2048) * 0.02)  # 16 MiB: measured
