@@ -222,9 +222,12 @@ class W8A8Copy(WeightCopy):
         self.out_features, self.in_features = weight.shape
         self.packed = _w8a8_prepack(weight.detach(), _int8_channel_scale(weight.detach()))
         self.bias = None if bias is None else bias.detach().float()
-        # 7-bit activations where the kernel's 16-bit pair sums would saturate on 8.
         self.activation_levels = w8a8_activation_levels()
-        self.reduce_range = self.activation_levels < 255
+
+    @property
+    def reduce_range(self) -> bool:
+        """7-bit activations: where the kernel's 16-bit pair sums would saturate on 8."""
+        return self.activation_levels < 255
 
     def stored_weight(self) -> torch.Tensor:
         """The fp32 weight ``[out, in]`` the packed int8 weight stands for."""

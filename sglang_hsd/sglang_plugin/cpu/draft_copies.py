@@ -17,8 +17,9 @@ row counts where the copy measured faster than its float32 kernel at start-up
 (``measured_copy_rows``: the layers and the LM head each timed at 1 to 32 rows, and at 256 rows
 when the copy won at all of those, after which it serves every row count; the kind's default
 ``WeightCopyKind.rows`` for a draft too small to time), and every other call (a long draft
-extend, a prefill) on its float32 kernel. A copy that serves every count (w8a8 on the Xeon and the AVX2 EPYC)
-also runs the draft model's prefill and catch-ups, whose KV the later draft steps then read.
+extend, a prefill) on its float32 kernel. A copy that serves every count (w8a8 on the Xeon and
+the AVX2 EPYC) also runs the draft model's prefill and catch-ups, whose KV the later draft steps
+then read.
 
 Why it is lossless: only the *drafter's* numbers change. The draft tokens are drawn from the q the
 copy produced and the verifier reads that same q, so the output law is the target's whatever q
