@@ -9,7 +9,8 @@ continuations, call costs timed under 1 thread / every core x ``mkl`` / ``onednn
 first ``--plan-prompts`` prompts of the set, then measures on the next ``--num-prompts`` (no
 overlap), batch 1, ``--repeats`` times: plain decoding with the runtime's defaults (1 thread,
 ``mkl``) and in the best plain setting, the planner's choice, and the best predicted candidate of
-every other kind (fixed length, adaptive, tree). Each runs in its own setting. The table gives
+every other kind (fixed length, adaptive, tree, a lookup verified by the target, a lookup verified
+by the drafter model first: three levels). Each runs in its own setting. The table gives
 predicted and measured ms per token (measured: wall time including prefill, which the prediction
 leaves out), measured speed-ups over both plain rows, and whether greedy outputs equal plain
 decoding's. Writes ``benchmarks/results/<name>.json`` and ``.md``.
@@ -26,7 +27,10 @@ from benchmarks.bench_e2e import WARMUP_TOKENS, run_runtime
 from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run, write_results
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting
-from sglang_hsd.hierarchy.round_planner import RoundPrediction, RoundShape, candidate_shapes, plan_rounds
+from sglang_hsd.hierarchy.lookup_replay import LookupShape
+from sglang_hsd.hierarchy.round_planner import (
+    DEFAULT_LOOKUPS, RoundPrediction, RoundShape, candidate_shapes, plan_rounds,
+)
 from sglang_hsd.levels import LevelKind, parse_level_specs
 from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.engine import SpeculativeGenerator
@@ -48,13 +52,34 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", default="auto", help="thread counts the planner may choose: 'auto' = 1 and every core")
+    parser.add_argument("--drafter-precisions", default="fp32",
+                        help="comma list of a separate drafter's weight copies the planner may choose (default fp32)")
+    parser.add_argument("--lookups", help="comma list of lookup candidates n:K or n:N_d:N_1 ('' for none; default: "
+                        "round_planner.DEFAULT_LOOKUPS, n:K only for an exit drafter)")
     return parser.parse_args(argv)
 
 
+def _levels(level: str | None, shape: RoundShape) -> str:
+    """The ``--levels`` text of ``shape`` over the drafter ``level`` (None: plain decoding)."""
+    if shape.plain:
+        return "target"
+    if shape.lookup is None:
+        return f"{level},target"
+    middle = f"{level}," if shape.lookup.uses_model else ""
+    return f"lookup:{shape.lookup.ngram},{middle}target"
+
+
+def _buffers(shape: RoundShape) -> list[int]:
+    if shape.lookup is not None:
+        return [shape.lookup.copies] + ([shape.lookup.model_buffer] if shape.lookup.uses_model else [])
+    return [] if shape.plain else [shape.buffer]
+
+
 def _generator(target, drafter, level, shape: RoundShape, setting: KernelSetting, heads) -> SpeculativeGenerator:
-    levels = parse_level_specs("target") if shape.plain else parse_level_specs(f"{level},target", [shape.buffer])
+    levels = parse_level_specs(_levels(level, shape), _buffers(shape) or None)
     config = HierarchyConfig(levels, draft_length=shape.adaptive or DraftLengthRule(), tree=shape.tree)
-    return SpeculativeGenerator(target, config, drafter=drafter, exit_heads=heads, pack_linears=setting.packed)
+    return SpeculativeGenerator(target, config, drafter=drafter, exit_heads=heads, pack_linears=setting.packed,
+                                drafter_precision=setting.drafter_precision)
 
 
 def _measure(target, drafter, level, shape, setting, heads, prompts, params, max_new, eos, repeats):
@@ -87,7 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.inference_mode().__enter__()
     level = parse_level_specs(f"{args.drafter},target")[0]
     threads = [1, os.cpu_count() or 1] if args.threads == "auto" else [int(t) for t in args.threads.split(",")]
-    settings = [KernelSetting(t, path) for t in sorted(set(threads)) for path in (PATH_MKL, PATH_PACKED)]
+    precisions = [p.strip() for p in args.drafter_precisions.split(",") if p.strip()]
+    settings = [KernelSetting(t, path, precision) for t in sorted(set(threads)) for path in (PATH_MKL, PATH_PACKED)
+                for precision in precisions]
     loaded = load_model(args.model)
     target = loaded.model
     drafter, heads = None, {}
@@ -100,8 +127,12 @@ def main(argv: list[str] | None = None) -> None:
     prompts = encoded_prompts(loaded.tokenizer, args.prompt_set, args.plan_prompts + args.num_prompts)
     plan_prompts, eval_prompts = prompts[: args.plan_prompts], prompts[args.plan_prompts :]
     params = SamplingParams(args.temperature)
-    plan = plan_rounds(target, spec, plan_prompts, params, args.max_new_tokens, candidate_shapes(), settings,
-                       progress=lambda text: print(text, flush=True))
+    if args.lookups is None:
+        lookups = [s for s in DEFAULT_LOOKUPS if drafter is not None or not s.uses_model]
+    else:
+        lookups = [LookupShape.parse(t.strip(), "--lookups") for t in args.lookups.split(",") if t.strip()]
+    plan = plan_rounds(target, spec, plan_prompts, params, args.max_new_tokens, candidate_shapes(lookups=lookups),
+                       settings, progress=lambda text: print(text, flush=True))
 
     chosen, plain = plan.best, plan.plain
     rows: list[tuple[str, RoundPrediction | None, RoundShape, KernelSetting]] = [
@@ -110,10 +141,12 @@ def main(argv: list[str] | None = None) -> None:
         ("planner's choice", chosen, chosen.shape, chosen.costs.setting),
     ]
     kinds = {"fixed": lambda s: s.fixed is not None, "adaptive": lambda s: s.adaptive is not None,
-             "tree": lambda s: s.tree is not None}
+             "tree": lambda s: s.tree is not None,
+             "lookup -> target": lambda s: s.lookup is not None and not s.lookup.uses_model,
+             "lookup -> drafter -> target": lambda s: s.lookup is not None and s.lookup.uses_model}
     for kind, test in kinds.items():
-        best = next(p for p in plan.ranked if test(p.shape))
-        if best is not chosen:
+        best = next((p for p in plan.ranked if test(p.shape)), None)
+        if best is not None and best is not chosen:
             rows.append((f"best {kind}", best, best.shape, best.costs.setting))
 
     eos = loaded.tokenizer.eos_token_id
@@ -128,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         rate = statistics.median(rates)
         results.append({
             "role": role, "shape": shape.label, "threads": setting.threads, "kernel_path": setting.kernel_path,
+            "drafter_precision": setting.drafter_precision,
             "predicted_ms_per_token": None if pred is None else pred.seconds_per_token * 1e3,
             "predicted_tokens_per_round": None if pred is None else pred.tokens_per_round,
             "measured_tokens_per_second": rate, "measured_ms_per_token": 1e3 / rate,
@@ -165,16 +199,19 @@ def _markdown(args, results, plan) -> str:
         f"{args.max_new_tokens} new tokens, batch 1, median of {args.repeats}. Predicted ms/token leaves out "
         "prefill; measured includes it.",
         "",
-        "| row | shape | setting | predicted ms/tok | measured ms/tok (range) | tokens/round pred. / meas. | "
-        "vs plain (defaults) | vs plain (best setting) | greedy = plain |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| row | shape | setting | predicted ms/tok | measured ms/tok (range) | abs. error | "
+        "tokens/round pred. / meas. | vs plain (defaults) | vs plain (best setting) | greedy = plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
         same = {None: "-", True: "yes", False: "NO"}[row["output_equals_plain"]]
+        predicted, measured = row["predicted_ms_per_token"], row["measured_ms_per_token"]
+        error = None if predicted is None else abs(predicted - measured) / measured * 100
+        drafter = "" if row.get("drafter_precision", "fp32") == "fp32" else f", drafter {row['drafter_precision']}"
         lines.append(
-            f"| {row['role']} | {row['shape']} | {row['threads']} thr, {row['kernel_path']} | "
-            f"{num(row['predicted_ms_per_token'], '.1f')} | {row['measured_ms_per_token']:.1f} "
-            f"({_range(row['measured_ms_per_token_per_repeat'])}) | "
+            f"| {row['role']} | {row['shape']} | {row['threads']} thr, {row['kernel_path']}{drafter} | "
+            f"{num(predicted, '.1f')} | {measured:.1f} "
+            f"({_range(row['measured_ms_per_token_per_repeat'])}) | {num(error, '.0f')}{'' if error is None else '%'} | "
             f"{num(row['predicted_tokens_per_round'], '.2f')} / {row['measured_tokens_per_round']:.2f} | "
             f"{row['vs_plain_defaults']:.2f}x | {row['vs_plain_best']:.2f}x | {same} |")
     lines += ["", "Shapes (in x out) whose single rows ran on the packed kernel, per row (each packed row measures "

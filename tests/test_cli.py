@@ -128,6 +128,8 @@ def test_generate_measures_a_separate_drafters_precision_by_default():
     ("--trees", "4x2", "--trees"),
     ("--kernel-paths", "mkl,int8", "kernel_path"),
     ("--drafter-precisions", "fp32,int3", "--drafter-precisions must be one of"),
+    ("--lookups", "3:zero", "--lookups must be"),
+    ("--lookups", "3:0:8", "--lookups must be"),
 ])
 def test_round_plan_rejects_bad_options_before_loading_a_model(option, value, message):
     args = ["plan", "--model", "no-such-model", "--drafter", "model:no-such-drafter", option, value]
@@ -138,6 +140,11 @@ def test_round_plan_rejects_bad_options_before_loading_a_model(option, value, me
 def test_round_plan_refuses_half_precision_for_an_exit_drafter():
     with pytest.raises(ValueError, match="--drafter-precisions: an exit drafter runs the target's own weights"):
         cli.main(["plan", "--model", "no-such-model", "--drafter", "exit:8", "--drafter-precisions", "bf16"])
+
+
+def test_round_plan_refuses_a_lookup_verified_by_an_exit_drafter():
+    with pytest.raises(ValueError, match="--lookups: n:N_d:N_1 needs a separate drafter model"):
+        cli.main(["plan", "--model", "no-such-model", "--drafter", "exit:8", "--lookups", "3:4:8"])
 
 
 def test_generate_offers_exactly_the_runtimes_drafter_precisions():

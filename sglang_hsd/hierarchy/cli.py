@@ -49,6 +49,10 @@ def add_plan_parser(subparsers) -> None:
                        "thresholds 0.2, 0.4, 0.6 x maxima 8, 16, 24, 32)")
     knobs.add_argument("--trees", help="comma list of D:k:N trees ('' for none; default: "
                        "round_planner.DEFAULT_TREES, 2:2:4 to 6:3:16)")
+    knobs.add_argument("--lookups", help="comma list of prompt lookups at the bottom ('' for none): n:K (copies of up "
+                       "to K tokens after the longest n-gram match, verified by the target) or n:N_d:N_1 (verified "
+                       "by the drafter model first, which fills a buffer of N_1 for the target; model: drafters "
+                       "only). Default: round_planner.DEFAULT_LOOKUPS (3:4 to 3:16:16; n:K only for an exit drafter)")
     parser.set_defaults(func=run_plan)
 
 
@@ -68,7 +72,8 @@ def _round_plan_inputs(args: argparse.Namespace):
     import os
 
     from sglang_hsd.hierarchy.round_costs import KernelSetting
-    from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes
+    from sglang_hsd.hierarchy.lookup_replay import LookupShape
+    from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_LOOKUPS, DEFAULT_TREES, candidate_shapes
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.tree_draft import TreeShape
     from sglang_hsd.runtime.kernel_setup import AUTO_PRECISION, DRAFTER_PRECISIONS, parse_drafter_precision
@@ -100,7 +105,14 @@ def _round_plan_inputs(args: argparse.Namespace):
         parsed = [TreeShape.parse(t, "--trees") for t in args.trees.split(",") if t.strip()]
         trees = [(t.depth, t.topk, t.num_draft_tokens) for t in parsed if t is not None]
     adaptive = [a for a in args.adaptive.split(",") if a.strip()] if args.adaptive is not None else DEFAULT_ADAPTIVE
-    shapes = candidate_shapes(_int_list(args.fixed, "--fixed"), adaptive, trees)
+    if args.lookups is None:
+        lookups = [s for s in DEFAULT_LOOKUPS if separate or not s.uses_model]
+    else:
+        lookups = [LookupShape.parse(text.strip(), "--lookups") for text in args.lookups.split(",") if text.strip()]
+        if not separate and any(s.uses_model for s in lookups):
+            raise ValueError(f"--lookups: n:N_d:N_1 needs a separate drafter model (--drafter model:<name>), "
+                             f"got {args.lookups!r} with --drafter {args.drafter}")
+    shapes = candidate_shapes(_int_list(args.fixed, "--fixed"), adaptive, trees, lookups)
     return drafter_level, settings, shapes, SamplingParams(args.temperature, args.top_k, args.top_p)
 
 
@@ -133,6 +145,8 @@ def run_round_plan(args: argparse.Namespace) -> int:
               f"{plain.seconds_per_token / pred.seconds_per_token:>12.2f}x")
     chosen = result.planned_hierarchy(drafter_level)
     data = PlanFile(chosen).to_json()
+    if any(level.kind is LevelKind.LOOKUP for level in chosen.levels):
+        print("note: the SGLang server does not take a lookup level; this plan is for `sglang-hsd generate --plan`")
     data["round_planner"] = {
         "model": args.model, "drafter": args.drafter, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "prompts": args.prompts, "num_prompts": len(prompts), "new_tokens": args.new_tokens,

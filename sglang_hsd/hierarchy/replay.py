@@ -35,6 +35,7 @@ import torch
 
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.tree_draft import TreeShape
+from sglang_hsd.hierarchy.lookup_record import LookupRecord
 from sglang_hsd.tree_draft.rules import spine_wide_order
 
 # Thresholds at which stop probabilities are recorded; an adaptive candidate must use one of them.
@@ -58,12 +59,15 @@ class AcceptanceRecord:
         stop_prob: float64 [len(STOP_THRESHOLDS), P]; probability that the adaptive rule stops
             after the token drafted at i: the q_i-mass of tokens whose raw confidence is below the
             threshold (greedy: 1.0 or 0.0 for the argmax).
+        lookup: what a prompt lookup copies along the continuation (``lookup_replay.py``), for
+            rounds with a lookup at the bottom (``lookup_record.py``); None when not recorded.
     """
 
     greedy: bool
     alpha: np.ndarray
     rank: np.ndarray
     stop_prob: np.ndarray
+    lookup: LookupRecord | None = None
 
     def __post_init__(self) -> None:
         length = self.alpha.shape[0]
@@ -113,6 +117,7 @@ class ReplayStats:
         drafted: tokens the drafter drafted (tree: kept nodes).
         drafter_calls: {rows: number of drafter forwards on that many rows}.
         target_calls: {rows: number of target (verification) forwards on that many rows}.
+        lookups: prompt lookups (rounds with a lookup at the bottom, ``lookup_replay.py``).
     """
 
     rounds: float
@@ -120,6 +125,7 @@ class ReplayStats:
     drafted: float
     drafter_calls: dict[int, float]
     target_calls: dict[int, float]
+    lookups: float = 0.0
 
     @property
     def tokens_per_round(self) -> float:

@@ -76,6 +76,8 @@ class RoundCosts:
         draft_seconds: a drafter call on n rows (head and sampling transform on every row).
         verify_seconds: a target call on n rows, head, transform and ``verify_chain`` of n - 1 drafts.
         sample_seconds: one draw from a vocabulary row (a drafted token, or a plain decoding step's).
+        lookup_seconds: one prompt lookup that finds nothing (every n-gram tried) on a context of
+            the planning prompts' length: the most a lookup level's step costs.
     """
 
     setting: KernelSetting
@@ -83,6 +85,7 @@ class RoundCosts:
     draft_seconds: tuple[float, ...]
     verify_seconds: tuple[float, ...]
     sample_seconds: float
+    lookup_seconds: float = 0.0
 
     def draft(self, rows: int) -> float:
         return _interp(self.rows, self.draft_seconds, rows)
@@ -95,12 +98,13 @@ class RoundCosts:
         """One plain decoding step: the target on one row and a draw."""
         return self.verify(1) + self.sample_seconds
 
-    def round_seconds(self, drafter_calls: dict[int, float], target_calls: dict[int, float], drafted: float) -> float:
-        """Seconds of drafter calls ``{rows: count}``, target calls ``{rows: count}`` and ``drafted``
-        draws."""
+    def round_seconds(self, drafter_calls: dict[int, float], target_calls: dict[int, float], drafted: float,
+                      lookups: float = 0.0) -> float:
+        """Seconds of drafter calls ``{rows: count}``, target calls ``{rows: count}``, ``drafted``
+        draws and ``lookups`` prompt lookups."""
         return (sum(count * self.draft(rows) for rows, count in drafter_calls.items())
                 + sum(count * self.verify(rows) for rows, count in target_calls.items())
-                + drafted * self.sample_seconds)
+                + drafted * self.sample_seconds + lookups * self.lookup_seconds)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -108,7 +112,8 @@ class RoundCosts:
     @classmethod
     def from_dict(cls, data: dict) -> RoundCosts:
         return cls(KernelSetting(**data["setting"]), tuple(data["rows"]), tuple(data["draft_seconds"]),
-                   tuple(data["verify_seconds"]), float(data["sample_seconds"]))
+                   tuple(data["verify_seconds"]), float(data["sample_seconds"]),
+                   float(data.get("lookup_seconds", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,13 @@ class _CallTimer:
         return _median_seconds(lambda: verify_chain(tokens, probs[:, : n - 1], probs, generator=self.generator,
                                                     validate=False), self.repeats, warmup=1)
 
+    def lookup(self, vocab: int, context_len: int, ngram: int) -> float:
+        """Median seconds of a lookup over ``context_len`` random tokens that finds nothing."""
+        from sglang_hsd.lookup_draft import lookup_continuation
+
+        context = torch.randperm(max(vocab, context_len), generator=self.generator)[:context_len]
+        return _median_seconds(lambda: lookup_continuation(context, ngram, 1), self.repeats, warmup=1)
+
     def sample(self, vocab: int) -> float:
         q = torch.softmax(torch.randn(1, vocab, generator=self.generator), -1)
         return _median_seconds(lambda: torch.multinomial(q, 1, generator=self.generator), self.repeats, warmup=1)
@@ -180,12 +192,14 @@ def measure_round_costs(
     rows: Sequence[int] = DEFAULT_ROWS,
     repeats: int = 3,
     progress=None,
+    lookup_ngram: int | None = None,
 ) -> list[RoundCosts]:
     """Time drafter and target calls of ``rows`` rows under every setting (threads are restored,
     the models are left unpacked).
 
     Args:
         progress: optional callable(str) told which setting is being measured.
+        lookup_ngram: also time a prompt lookup of this longest n-gram (``lookup_seconds``).
     """
     rows = tuple(sorted(set(int(n) for n in rows)))
     if not rows or rows[0] != 1:
@@ -217,7 +231,9 @@ def measure_round_costs(
                 draft = [timer.call(target, 0, layer, n, drafter.head) for n in rows]
                 verify = [timer.call(target, layer, target.num_layers, n, extra=(0, layer)) for n in rows]
             verify = [v + timer.verify_chain(target.vocab_size, n) for v, n in zip(verify, rows)]
-            results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size)))
+            lookup = timer.lookup(target.vocab_size, context_len, lookup_ngram) if lookup_ngram else 0.0
+            results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size),
+                                      lookup))
     finally:
         torch.set_num_threads(threads_before)
         if drafter.model is not None:

@@ -1,9 +1,11 @@
-"""Choose a two-level hierarchy's runtime knobs from measured costs and replayed acceptance.
+"""Choose a drafter's round shape and the runtime knobs from measured costs and replayed acceptance.
 
 The knobs: the round's draft shape (a fixed draft length K, an adaptive stopping rule
-``adaptive:threshold:max``, or a sampled tree ``D:k:N``) and the ``KernelSetting`` (threads,
-kernel path). Plain decoding under each setting is a candidate too, so the choice is never
-predicted slower than plain decoding.
+``adaptive:threshold:max``, a sampled tree ``D:k:N``, or a prompt lookup at the bottom: copies
+verified by the target, ``lookup:n,target``, or by the drafter model first, ``lookup:n,model:D,target``,
+a three-level hierarchy) and the ``KernelSetting`` (threads, kernel path, drafter precision). Plain
+decoding under each setting is a candidate too, so the choice is never predicted slower than plain
+decoding.
 
 Prediction of a candidate, in seconds per token: replay its rounds over the acceptance records
 (``replay.py``: rounds, tokens, drafter and target calls by row count), price the calls with the
@@ -27,6 +29,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from sglang_hsd.draft_length import DraftLengthRule, format_draft_length, parse_draft_length
+from sglang_hsd.hierarchy.lookup_record import lookup_record
+from sglang_hsd.hierarchy.lookup_replay import LookupShape, replay_lookup
 from sglang_hsd.hierarchy.measure import target_continuation
 from sglang_hsd.runtime.plan_file import CHAINS, PlannedHierarchy, RunKnobs
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
@@ -41,6 +45,9 @@ from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES
 
 DEFAULT_FIXED = tuple(range(1, 17))
 DEFAULT_ADAPTIVE = tuple(f"adaptive:{t}:{m}" for t in (0.2, 0.4, 0.6) for m in (8, 16, 24, 32))
+# Lookups at the bottom: copies of 4-16 tokens verified by the target, or by the drafter model
+# filling a buffer of 8-16 for the target (``lookup_replay.py``).
+DEFAULT_LOOKUPS = tuple(LookupShape(3, *sizes) for sizes in ((4,), (8,), (16,), (4, 8), (8, 8), (8, 16), (16, 16)))
 DEFAULT_TREES = ((2, 2, 4), (3, 2, 6), (4, 2, 8), (5, 2, 10), (6, 2, 12), (8, 2, 16), (3, 3, 8),
                  (4, 3, 10), (6, 3, 16))
 
@@ -48,16 +55,18 @@ DEFAULT_TREES = ((2, 2, 4), (3, 2, 6), (4, 2, 8), (5, 2, 10), (6, 2, 12), (8, 2,
 @dataclass(frozen=True)
 class RoundShape:
     """How a round drafts. Exactly one of: ``fixed`` (K drafts), ``adaptive`` (a
-    ``DraftLengthRule`` of kind adaptive), ``tree`` (a ``TreeShape``); all None: plain decoding.
+    ``DraftLengthRule`` of kind adaptive), ``tree`` (a ``TreeShape``), ``lookup`` (a
+    ``LookupShape``: a prompt lookup at the bottom); all None: plain decoding.
     """
 
     fixed: int | None = None
     adaptive: DraftLengthRule | None = None
     tree: TreeShape | None = None
+    lookup: LookupShape | None = None
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.fixed, self.adaptive, self.tree)) > 1:
-            raise ValueError("a RoundShape is one of fixed, adaptive and tree")
+        if sum(x is not None for x in (self.fixed, self.adaptive, self.tree, self.lookup)) > 1:
+            raise ValueError("a RoundShape is one of fixed, adaptive, tree and lookup")
         if self.fixed is not None and self.fixed < 1:
             raise ValueError(f"fixed draft length must be >= 1, got {self.fixed}")
         if self.adaptive is not None and not self.adaptive.adaptive:
@@ -65,7 +74,12 @@ class RoundShape:
 
     @property
     def plain(self) -> bool:
-        return self.fixed is None and self.adaptive is None and self.tree is None
+        return self.fixed is None and self.adaptive is None and self.tree is None and self.lookup is None
+
+    @property
+    def uses_drafter(self) -> bool:
+        """The drafter model or exit runs (not plain decoding, not copies verified by the target)."""
+        return not self.plain and (self.lookup is None or self.lookup.uses_model)
 
     @property
     def draft_length(self) -> str:
@@ -84,7 +98,11 @@ class RoundShape:
 
     @property
     def buffer(self) -> int:
-        """The drafter level's buffer: K, the adaptive maximum, or the tree's depth (1 for plain)."""
+        """The drafter level's buffer: K, the adaptive maximum, the tree's depth, or the level above a
+        lookup's (the drafter model's N_1, or the lookup's copies when the target verifies them);
+        1 for plain."""
+        if self.lookup is not None:
+            return self.lookup.model_buffer or self.lookup.copies
         if self.fixed is not None:
             return self.fixed
         if self.adaptive is not None:
@@ -97,11 +115,15 @@ class RoundShape:
             return "plain"
         if self.fixed is not None:
             return f"fixed {self.fixed}"
+        if self.lookup is not None:
+            return self.lookup.label
         return self.draft_length if self.adaptive is not None else f"tree {self.tree_text}"
 
     @property
     def longest(self) -> int:
-        """The most positions past the round's start it can draft."""
+        """The most positions past the round's start its replay reads."""
+        if self.lookup is not None:
+            return self.lookup.longest
         return self.tree.depth if self.tree is not None else (self.buffer if not self.plain else 0)
 
 
@@ -131,9 +153,11 @@ def candidate_shapes(
     fixed: Sequence[int] = DEFAULT_FIXED,
     adaptive: Sequence[str] = DEFAULT_ADAPTIVE,
     trees: Sequence[tuple[int, int, int]] = DEFAULT_TREES,
+    lookups: Sequence[LookupShape] = (),
 ) -> list[RoundShape]:
-    """Plain decoding and every given shape. Trees that ``spine_wide`` cannot fill, and adaptive
-    thresholds outside ``replay.STOP_THRESHOLDS``, raise ``ValueError`` naming them."""
+    """Plain decoding and every given shape. Trees that ``spine_wide`` cannot fill, adaptive
+    thresholds outside ``replay.STOP_THRESHOLDS`` and lookups of different n-grams (one recording
+    serves them) raise ``ValueError`` naming them."""
     shapes = [RoundShape()]
     shapes += [RoundShape(fixed=k) for k in fixed]
     for text in adaptive:
@@ -148,6 +172,9 @@ def candidate_shapes(
         if cfg.budget > min(cfg.pool, rule.capacity(cfg)):
             raise ValueError(f"tree candidate {depth}:{topk}:{nodes} does not fit rule {DEFAULT_LEVEL_RULE!r}")
         shapes.append(RoundShape(tree=cfg))
+    if len({shape.ngram for shape in lookups}) > 1:
+        raise ValueError(f"lookup candidates must share one n-gram, got {sorted({s.ngram for s in lookups})}")
+    shapes += [RoundShape(lookup=shape) for shape in lookups]
     return shapes
 
 
@@ -158,13 +185,15 @@ def replay(shape: RoundShape, records: list[AcceptanceRecord], new_tokens: int) 
         return ReplayStats(tokens, tokens, 0.0, {}, {1: tokens})
     if shape.tree is not None:
         return replay_tree(records, new_tokens, shape.tree)
+    if shape.lookup is not None:
+        return replay_lookup(records, new_tokens, shape.lookup)
     rule = shape.adaptive or DraftLengthRule()
     return replay_chain(records, new_tokens, rule, shape.fixed or 1)
 
 
 def predict(shape: RoundShape, costs: RoundCosts, records: list[AcceptanceRecord], new_tokens: int) -> RoundPrediction:
     stats = replay(shape, records, new_tokens)
-    seconds = costs.round_seconds(stats.drafter_calls, stats.target_calls, stats.drafted)
+    seconds = costs.round_seconds(stats.drafter_calls, stats.target_calls, stats.drafted, stats.lookups)
     if shape.plain:
         seconds += stats.tokens * costs.sample_seconds
     return RoundPrediction(shape, costs, seconds / stats.tokens, stats.tokens_per_round,
@@ -180,9 +209,14 @@ def rank_candidates(
     for cost in costs:
         if not records.get(cost.setting.drafter_precision):
             raise ValueError(f"records: none for drafter precision {cost.setting.drafter_precision!r}")
-    # Plain decoding does not run the drafter: one candidate per threads and kernel path.
+    # Plain decoding and copies the target verifies do not run the drafter: one candidate per
+    # threads and kernel path (priced with the first setting that has them).
+    first = {}
+    for cost in costs:
+        first.setdefault((cost.setting.threads, cost.setting.kernel_path), cost)
     out = [predict(shape, cost, records[cost.setting.drafter_precision], new_tokens) for cost in costs
-           for shape in shapes if not (shape.plain and cost.setting.drafter_precision != "fp32")]
+           for shape in shapes
+           if shape.uses_drafter or first[(cost.setting.threads, cost.setting.kernel_path)] is cost]
     return sorted(out, key=lambda p: p.seconds_per_token)
 
 
@@ -210,13 +244,17 @@ def record_acceptance(
     length: int,
     seed: int = 0,
     drafter_precisions: Sequence[str] = ("fp32",),
+    lookup: tuple[int, int] | None = None,
 ) -> dict[str, list[AcceptanceRecord]]:
     """Per drafter precision, one ``AcceptanceRecord`` of ``length`` positions per prompt (module
     docstring). The target's continuation is drawn once; a separate drafter's rows are computed
     on each precision's weight copy (every row on the copy, as its drafting steps run), an exit
-    drafter's only in fp32 (the target's own weights)."""
+    drafter's only in fp32 (the target's own weights). ``lookup``: (longest n-gram, most copies):
+    also record what a prompt lookup copies (``lookup_replay.lookup_record``)."""
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
+    if lookup is not None and (lookup[0] < 1 or lookup[1] < 1):
+        raise ValueError(f"lookup must be (ngram >= 1, copies >= 1), got {lookup}")
     for precision in drafter_precisions:
         parse_drafter_precision(precision, name="drafter_precisions")
     if drafter.model is None and tuple(drafter_precisions) != ("fp32",):
@@ -237,8 +275,12 @@ def record_acceptance(
                 else:
                     raw = _logits_at(target, ids, start, drafter.layer, drafter.head)
                 q = logits_to_probs(raw[None], params)[0]
-                records[precision].append(AcceptanceRecord.from_distributions(
-                    torch.tensor(tail), p, q, raw, greedy=params.temperature == 0.0))
+                record = AcceptanceRecord.from_distributions(torch.tensor(tail), p, q, raw,
+                                                             greedy=params.temperature == 0.0)
+                if lookup is not None:
+                    copies = lookup_record(torch.tensor(ids), len(prompt), p, q, *lookup)
+                    record = dataclasses.replace(record, lookup=copies)
+                records[precision].append(record)
     finally:
         if drafter.model is not None:
             drafter.model.set_weight_copy(None)
@@ -269,16 +311,20 @@ class RoundPlan:
 
     def planned_hierarchy(self, drafter: LevelSpec) -> PlannedHierarchy:
         """The best candidate as a plan-file hierarchy with its knobs (``drafter``: the drafter
-        level, its buffer replaced by the shape's); plain decoding: ``target`` alone. The predicted
-        speed-up is against the best plain decoding setting."""
+        level, its buffer replaced by the shape's); plain decoding: ``target`` alone; a lookup
+        shape: the lookup, the drafter above it if it verifies the copies, the target. The
+        predicted speed-up is against the best plain decoding setting."""
         best, shape, setting = self.best, self.best.shape, self.best.costs.setting
         levels: tuple[LevelSpec, ...] = (LevelSpec(LevelKind.TARGET),)
         knobs = RunKnobs(threads=setting.threads, kernel_path=setting.kernel_path)
-        if not shape.plain:
+        if shape.uses_drafter:
             levels = (dataclasses.replace(drafter, buffer=shape.buffer), *levels)
             knobs = dataclasses.replace(knobs, draft_length=shape.draft_rule,
                                         tree=shape.tree if shape.tree is not None else CHAINS,
                                         drafter_precision=setting.drafter_precision)
+        if shape.lookup is not None:
+            levels = (LevelSpec(LevelKind.LOOKUP, buffer=shape.lookup.copies, ngram=shape.lookup.ngram), *levels)
+            knobs = dataclasses.replace(knobs, draft_length=shape.draft_rule, tree=CHAINS)
         return PlannedHierarchy(
             levels, predicted_speedup=self.plain.seconds_per_token / best.seconds_per_token,
             predicted_seconds_per_token=best.seconds_per_token, knobs=knobs)
@@ -309,10 +355,16 @@ def plan_rounds(
         raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
     say = progress or (lambda text: None)
     longest = max(shape.longest for shape in shapes)
+    lookups = [shape.lookup for shape in shapes if shape.lookup is not None]
+    lookup = (lookups[0].ngram, max(s.copies for s in lookups)) if lookups else None
+    if lookups and drafter.model is None and any(s.uses_model for s in lookups):
+        raise ValueError("shapes: a lookup verified by the drafter needs a separate drafter model (model:<name>)")
     say(f"recording {len(prompts)} continuations of {new_tokens + longest} tokens")
     precisions = tuple(dict.fromkeys(s.drafter_precision for s in settings))
-    records = record_acceptance(target, drafter, prompts, params, new_tokens + longest, drafter_precisions=precisions)
+    records = record_acceptance(target, drafter, prompts, params, new_tokens + longest, drafter_precisions=precisions,
+                                lookup=lookup)
     context = int(sum(len(p) for p in prompts) / len(prompts)) + new_tokens // 2
     costs = measure_round_costs(target, drafter, settings, params, context_len=context,
-                                progress=lambda label: say(f"timing calls: {label}"))
+                                progress=lambda label: say(f"timing calls: {label}"),
+                                lookup_ngram=lookup[0] if lookup else None)
     return RoundPlan(records, costs, rank_candidates(shapes, costs, records, new_tokens))

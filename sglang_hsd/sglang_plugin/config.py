@@ -298,6 +298,10 @@ def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
         best = PlanFile.read(path).best
     except ValueError as err:
         raise ExitLevelConfigError(f"--hsd-plan {err}") from None
+    if any(level.kind is LevelKind.LOOKUP for level in best.levels):
+        raise ExitLevelConfigError(
+            f"--hsd-plan {path}: levels {best.level_names!r} have a lookup level, which the server does not run "
+            "(it drafts with its draft model or EAGLE head); run this plan with `sglang-hsd generate --plan`")
     refusals = plan_knob_refusals(path, best.knobs)
     if refusals:
         raise ExitLevelConfigError("\n".join(refusals))

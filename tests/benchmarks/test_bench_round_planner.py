@@ -37,3 +37,21 @@ def test_measure_warms_up_and_returns_every_repeat(monkeypatch):
     assert [len(t) for t in tokens] == [6, 6] and per_round == 1.0
     assert packed == {"target": []}  # mkl: nothing packed
     assert bench_round_planner._range([30.0, 24.94, 37.21]) == "24.9-37.2"
+
+
+def test_lookup_shapes_run_as_their_levels_and_keep_greedy_output():
+    from sglang_hsd.hierarchy.lookup_replay import LookupShape
+
+    three, two = RoundShape(lookup=LookupShape(3, 8, 16)), RoundShape(lookup=LookupShape(2, 4))
+    assert (bench_round_planner._levels("model:d", three), bench_round_planner._buffers(three)) == (
+        "lookup:3,model:d,target", [8, 16])
+    assert (bench_round_planner._levels("model:d", two), bench_round_planner._buffers(two)) == ("lookup:2,target", [4])
+    assert (bench_round_planner._levels(None, RoundShape()), bench_round_planner._buffers(RoundShape())) == ("target", [])
+    with torch.inference_mode():
+        target = CausalLM.from_hf(tiny_llama(vocab_size=40, num_layers=2, hidden_size=32, seed=1))
+        drafter = CausalLM.from_hf(tiny_llama(vocab_size=40, num_layers=1, hidden_size=16, seed=2))
+        prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5]]
+        outputs = [bench_round_planner._measure(target, drafter, "model:d", shape, KernelSetting(1, PATH_MKL), {},
+                                                prompts, SamplingParams(0.0), 8, None, repeats=1)[1]
+                   for shape in (RoundShape(), two, RoundShape(lookup=LookupShape(2, 2, 3)))]
+    assert outputs[0] == outputs[1] == outputs[2]

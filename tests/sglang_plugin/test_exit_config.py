@@ -82,6 +82,14 @@ def test_plan_gives_its_intermediate_exit(clean_env, tmp_path):
         ExitLevelConfig.from_env()
 
 
+@pytest.mark.parametrize("levels,buffers", [("lookup:3,target", "8"), ("lookup:3,model:d,target", "8,16")])
+def test_a_plan_with_a_lookup_level_is_refused(clean_env, tmp_path, levels, buffers):
+    # The server drafts with its own drafter: dropping the plan's lookup would run another hierarchy.
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, levels, buffers))
+    with pytest.raises(ExitLevelConfigError, match="have a lookup level, which the server does not run"):
+        ExitLevelConfig.from_env()
+
+
 @pytest.mark.parametrize("levels,buffers,says", [
     ("exit:4,exit:12,target", "2", r"--hsd-plan .*plan field buffers must hold 2 values"),
     ("exit:4,exit:x,target", "2,4", r"--hsd-plan .*plan field levels: level 'exit:x'"),
