@@ -22,27 +22,12 @@ from sglang_hsd.hierarchy.round_planner import (  # noqa: E402
 from sglang_hsd.levels import LevelKind, LevelSpec  # noqa: E402
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
-from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
-from tests.runtime.helpers import sharpen_lm_head  # noqa: E402
 
 NEW_TOKENS = 24
 # Prompts with repeats, so that the lookup finds earlier text to copy from the first round on.
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 5, 6, 5], [7, 8, 9, 10, 11, 12, 7, 8], [3, 3]]
 SHAPES = [LookupShape(2, 3), LookupShape(1, 6), LookupShape(2, 2, 4), LookupShape(2, 4, 6), LookupShape(1, 3, 1)]
-
-
-@pytest.fixture(scope="module")
-def target():
-    with torch.inference_mode():
-        return CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0))
-
-
-@pytest.fixture(scope="module")
-def drafter():
-    with torch.inference_mode():
-        return CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=2), 4.0))
 
 
 def _records(target, drafter, shape, params=SamplingParams(0.0)):

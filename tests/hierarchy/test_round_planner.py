@@ -17,25 +17,11 @@ from sglang_hsd.hierarchy.round_planner import (  # noqa: E402
 )
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
-from sglang_hsd.runtime.model import CausalLM  # noqa: E402
-from sglang_hsd.runtime.testing import tiny_llama  # noqa: E402
 from sglang_hsd.sampling import SamplingParams  # noqa: E402
 from sglang_hsd.tree_draft import TreeShape  # noqa: E402
-from tests.runtime.helpers import PROMPTS, sharpen_lm_head  # noqa: E402
+from tests.runtime.helpers import PROMPTS  # noqa: E402
 
 NEW_TOKENS = 20
-
-
-@pytest.fixture(scope="module")
-def target():
-    with torch.inference_mode():
-        return CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=6, hidden_size=48, seed=1), 4.0))
-
-
-@pytest.fixture(scope="module")
-def drafter():
-    with torch.inference_mode():
-        return CausalLM.from_hf(sharpen_lm_head(tiny_llama(vocab_size=48, num_layers=2, hidden_size=32, seed=2), 4.0))
 
 
 SHAPES = [RoundShape(fixed=1), RoundShape(fixed=3), RoundShape(fixed=6),
