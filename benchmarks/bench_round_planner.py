@@ -27,11 +27,10 @@ from benchmarks.bench_e2e import WARMUP_TOKENS, run_runtime
 from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, start_run, write_results
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting
-from sglang_hsd.hierarchy.lookup_replay import LookupShape
 from sglang_hsd.hierarchy.round_planner import (
-    DEFAULT_LOOKUPS, RoundPrediction, RoundShape, candidate_shapes, plan_rounds,
+    RoundPrediction, RoundShape, candidate_shapes, lookup_candidates, plan_rounds,
 )
-from sglang_hsd.levels import LevelKind, parse_level_specs
+from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
 from sglang_hsd.runtime.config import HierarchyConfig
 from sglang_hsd.runtime.engine import SpeculativeGenerator
 from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
@@ -59,25 +58,10 @@ def parse_args(argv: list[str] | None = None):
     return parser.parse_args(argv)
 
 
-def _levels(level: str | None, shape: RoundShape) -> str:
-    """The ``--levels`` text of ``shape`` over the drafter ``level`` (None: plain decoding)."""
-    if shape.plain:
-        return "target"
-    if shape.lookup is None:
-        return f"{level},target"
-    middle = f"{level}," if shape.lookup.uses_model else ""
-    return f"lookup:{shape.lookup.ngram},{middle}target"
-
-
-def _buffers(shape: RoundShape) -> list[int]:
-    if shape.lookup is not None:
-        return [shape.lookup.copies] + ([shape.lookup.model_buffer] if shape.lookup.uses_model else [])
-    return [] if shape.plain else [shape.buffer]
-
-
-def _generator(target, drafter, level, shape: RoundShape, setting: KernelSetting, heads) -> SpeculativeGenerator:
-    levels = parse_level_specs(_levels(level, shape), _buffers(shape) or None)
-    config = HierarchyConfig(levels, draft_length=shape.adaptive or DraftLengthRule(), tree=shape.tree)
+def _generator(target, drafter, level: LevelSpec | None, shape: RoundShape, setting: KernelSetting,
+               heads) -> SpeculativeGenerator:
+    """The engine for ``shape`` over the drafter ``level`` (None where the shape runs no drafter)."""
+    config = HierarchyConfig(shape.levels(level), draft_length=shape.adaptive or DraftLengthRule(), tree=shape.tree)
     return SpeculativeGenerator(target, config, drafter=drafter, exit_heads=heads, pack_linears=setting.packed,
                                 drafter_precision=setting.drafter_precision)
 
@@ -127,10 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = encoded_prompts(loaded.tokenizer, args.prompt_set, args.plan_prompts + args.num_prompts)
     plan_prompts, eval_prompts = prompts[: args.plan_prompts], prompts[args.plan_prompts :]
     params = SamplingParams(args.temperature)
-    if args.lookups is None:
-        lookups = [s for s in DEFAULT_LOOKUPS if drafter is not None or not s.uses_model]
-    else:
-        lookups = [LookupShape.parse(t.strip(), "--lookups") for t in args.lookups.split(",") if t.strip()]
+    lookups = lookup_candidates(args.lookups, drafter is not None)
     plan = plan_rounds(target, spec, plan_prompts, params, args.max_new_tokens, candidate_shapes(lookups=lookups),
                        settings, progress=lambda text: print(text, flush=True))
 
@@ -154,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     for role, pred, shape, setting in rows:
         print(f"measuring {role}: {shape.label} ({setting.label})", flush=True)
         rates, tokens, per_round, packed_single_rows = _measure(
-            target, drafter, level.name if not shape.plain else None, shape, setting, heads, eval_prompts, params,
+            target, drafter, level, shape, setting, heads, eval_prompts, params,
             args.max_new_tokens, eos, args.repeats)
         if reference is None:
             reference = tokens

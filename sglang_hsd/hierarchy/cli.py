@@ -72,8 +72,7 @@ def _round_plan_inputs(args: argparse.Namespace):
     import os
 
     from sglang_hsd.hierarchy.round_costs import KernelSetting
-    from sglang_hsd.hierarchy.lookup_replay import LookupShape
-    from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_LOOKUPS, DEFAULT_TREES, candidate_shapes
+    from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes, lookup_candidates
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.tree_draft import TreeShape
     from sglang_hsd.runtime.kernel_setup import AUTO_PRECISION, DRAFTER_PRECISIONS, parse_drafter_precision
@@ -105,14 +104,8 @@ def _round_plan_inputs(args: argparse.Namespace):
         parsed = [TreeShape.parse(t, "--trees") for t in args.trees.split(",") if t.strip()]
         trees = [(t.depth, t.topk, t.num_draft_tokens) for t in parsed if t is not None]
     adaptive = [a for a in args.adaptive.split(",") if a.strip()] if args.adaptive is not None else DEFAULT_ADAPTIVE
-    if args.lookups is None:
-        lookups = [s for s in DEFAULT_LOOKUPS if separate or not s.uses_model]
-    else:
-        lookups = [LookupShape.parse(text.strip(), "--lookups") for text in args.lookups.split(",") if text.strip()]
-        if not separate and any(s.uses_model for s in lookups):
-            raise ValueError(f"--lookups: n:N_d:N_1 needs a separate drafter model (--drafter model:<name>), "
-                             f"got {args.lookups!r} with --drafter {args.drafter}")
-    shapes = candidate_shapes(_int_list(args.fixed, "--fixed"), adaptive, trees, lookups)
+    shapes = candidate_shapes(_int_list(args.fixed, "--fixed"), adaptive, trees,
+                              lookup_candidates(args.lookups, separate))
     return drafter_level, settings, shapes, SamplingParams(args.temperature, args.top_k, args.top_p)
 
 

@@ -119,6 +119,16 @@ class RoundShape:
             return self.lookup.label
         return self.draft_length if self.adaptive is not None else f"tree {self.tree_text}"
 
+    def levels(self, drafter: LevelSpec | None) -> tuple[LevelSpec, ...]:
+        """The hierarchy this shape runs, cheapest first: the lookup (if any), ``drafter`` with its
+        buffer replaced by the shape's (if it runs; None is allowed where it does not), the target."""
+        levels: tuple[LevelSpec, ...] = (LevelSpec(LevelKind.TARGET),)
+        if self.uses_drafter:
+            levels = (dataclasses.replace(drafter, buffer=self.buffer), *levels)
+        if self.lookup is not None:
+            levels = (LevelSpec(LevelKind.LOOKUP, buffer=self.lookup.copies, ngram=self.lookup.ngram), *levels)
+        return levels
+
     @property
     def longest(self) -> int:
         """The most positions past the round's start its replay reads."""
@@ -147,6 +157,18 @@ class RoundPrediction:
     @property
     def label(self) -> str:
         return f"{self.shape.label} ({self.costs.setting.label})"
+
+
+def lookup_candidates(text: str | None, separate_drafter: bool, name: str = "--lookups") -> list[LookupShape]:
+    """The lookup candidates of a comma list ``n:K,n:N_d:N_1`` (None: ``DEFAULT_LOOKUPS``, only
+    ``n:K`` ones without a separate drafter model, which ``n:N_d:N_1`` needs: refused, naming
+    ``name``)."""
+    if text is None:
+        return [s for s in DEFAULT_LOOKUPS if separate_drafter or not s.uses_model]
+    lookups = [LookupShape.parse(part.strip(), name) for part in text.split(",") if part.strip()]
+    if not separate_drafter and any(s.uses_model for s in lookups):
+        raise ValueError(f"{name}: n:N_d:N_1 needs a separate drafter model (model:<name>), got {text!r}")
+    return lookups
 
 
 def candidate_shapes(
@@ -315,18 +337,13 @@ class RoundPlan:
         shape: the lookup, the drafter above it if it verifies the copies, the target. The
         predicted speed-up is against the best plain decoding setting."""
         best, shape, setting = self.best, self.best.shape, self.best.costs.setting
-        levels: tuple[LevelSpec, ...] = (LevelSpec(LevelKind.TARGET),)
         knobs = RunKnobs(threads=setting.threads, kernel_path=setting.kernel_path)
-        if shape.uses_drafter:
-            levels = (dataclasses.replace(drafter, buffer=shape.buffer), *levels)
+        if not shape.plain:
             knobs = dataclasses.replace(knobs, draft_length=shape.draft_rule,
                                         tree=shape.tree if shape.tree is not None else CHAINS,
-                                        drafter_precision=setting.drafter_precision)
-        if shape.lookup is not None:
-            levels = (LevelSpec(LevelKind.LOOKUP, buffer=shape.lookup.copies, ngram=shape.lookup.ngram), *levels)
-            knobs = dataclasses.replace(knobs, draft_length=shape.draft_rule, tree=CHAINS)
+                                        drafter_precision=setting.drafter_precision if shape.uses_drafter else None)
         return PlannedHierarchy(
-            levels, predicted_speedup=self.plain.seconds_per_token / best.seconds_per_token,
+            shape.levels(drafter), predicted_speedup=self.plain.seconds_per_token / best.seconds_per_token,
             predicted_seconds_per_token=best.seconds_per_token, knobs=knobs)
 
     def as_dict(self) -> dict:

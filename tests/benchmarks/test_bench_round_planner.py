@@ -41,17 +41,23 @@ def test_measure_warms_up_and_returns_every_repeat(monkeypatch):
 
 def test_lookup_shapes_run_as_their_levels_and_keep_greedy_output():
     from sglang_hsd.hierarchy.lookup_replay import LookupShape
+    from sglang_hsd.levels import LevelKind, LevelSpec
+    from sglang_hsd.runtime.plan_file import PlannedHierarchy
 
+    def levels_and_buffers(level, shape):
+        planned = PlannedHierarchy(shape.levels(level))
+        return planned.level_names, planned.buffers
+
+    spec = LevelSpec(LevelKind.MODEL, model_path="d")
     three, two = RoundShape(lookup=LookupShape(3, 8, 16)), RoundShape(lookup=LookupShape(2, 4))
-    assert (bench_round_planner._levels("model:d", three), bench_round_planner._buffers(three)) == (
-        "lookup:3,model:d,target", [8, 16])
-    assert (bench_round_planner._levels("model:d", two), bench_round_planner._buffers(two)) == ("lookup:2,target", [4])
-    assert (bench_round_planner._levels(None, RoundShape()), bench_round_planner._buffers(RoundShape())) == ("target", [])
+    assert levels_and_buffers(spec, three) == ("lookup:3,model:d,target", [8, 16])
+    assert levels_and_buffers(spec, two) == ("lookup:2,target", [4])
+    assert levels_and_buffers(None, RoundShape()) == ("target", [])
     with torch.inference_mode():
         target = CausalLM.from_hf(tiny_llama(vocab_size=40, num_layers=2, hidden_size=32, seed=1))
         drafter = CausalLM.from_hf(tiny_llama(vocab_size=40, num_layers=1, hidden_size=16, seed=2))
         prompts = [[1, 2, 3, 1, 2], [4, 5, 4, 5]]
-        outputs = [bench_round_planner._measure(target, drafter, "model:d", shape, KernelSetting(1, PATH_MKL), {},
+        outputs = [bench_round_planner._measure(target, drafter, spec, shape, KernelSetting(1, PATH_MKL), {},
                                                 prompts, SamplingParams(0.0), 8, None, repeats=1)[1]
                    for shape in (RoundShape(), two, RoundShape(lookup=LookupShape(2, 2, 3)))]
     assert outputs[0] == outputs[1] == outputs[2]
