@@ -8,12 +8,13 @@ Plans (``sglang_hsd/hierarchy/round_planner.py``: acceptance replayed over the t
 continuations, call costs timed under 1 thread / every core x ``mkl`` / ``onednn-packed``) on the
 first ``--plan-prompts`` prompts of the set, then measures on the next ``--num-prompts`` (no
 overlap), batch 1, ``--repeats`` times: plain decoding with the runtime's defaults (1 thread,
-``mkl``) and in the best plain setting, the planner's choice, and the best predicted candidate of
-every other kind (fixed length, adaptive, tree, a lookup verified by the target, a lookup verified
-by the drafter model first: three levels). Each runs in its own setting. The table gives
-predicted and measured ms per token (measured: wall time including prefill, which the prediction
-leaves out), measured speed-ups over both plain rows, and whether greedy outputs equal plain
-decoding's. Writes ``benchmarks/results/<name>.json`` and ``.md``.
+``mkl``), on every core and in the best predicted plain setting, the planner's choice, and the best
+predicted candidate of every other kind (fixed length, adaptive, tree, a lookup verified by the
+target, a lookup verified by the drafter model first: three levels). Each runs in its own setting.
+The table gives predicted and measured ms per token (both with the prefill: each row is predicted
+again at the measured prompts' lengths, ``round_planner.predict``), the absolute percentage error,
+measured speed-ups over the default plain row and over the fastest measured plain row, and whether
+greedy outputs equal plain decoding's. Writes ``benchmarks/results/<name>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_par
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting
 from sglang_hsd.hierarchy.round_planner import (
-    RoundPrediction, RoundShape, candidate_shapes, lookup_candidates, plan_rounds,
+    RoundPlan, RoundPrediction, RoundShape, candidate_shapes, lookup_candidates, plan_rounds, predict,
 )
 from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
 from sglang_hsd.runtime.config import HierarchyConfig
@@ -116,11 +117,14 @@ def main(argv: list[str] | None = None) -> None:
                        settings, progress=lambda text: print(text, flush=True))
 
     chosen, plain = plan.best, plan.plain
+    every_core = KernelSetting(os.cpu_count() or 1, PATH_MKL)
     rows: list[tuple[str, RoundPrediction | None, RoundShape, KernelSetting]] = [
-        ("plain, runtime defaults", None, RoundShape(), DEFAULT_SETTING),
-        ("plain, best setting", plain, plain.shape, plain.costs.setting),
-        ("planner's choice", chosen, chosen.shape, chosen.costs.setting),
-    ]
+        ("plain, runtime defaults", _plain_prediction(plan, DEFAULT_SETTING), RoundShape(), DEFAULT_SETTING)]
+    if every_core != DEFAULT_SETTING:
+        rows.append(("plain, every core", _plain_prediction(plan, every_core), RoundShape(), every_core))
+    if plain.costs.setting not in (DEFAULT_SETTING, every_core):
+        rows.append(("plain, best setting", plain, plain.shape, plain.costs.setting))
+    rows.append(("planner's choice", chosen, chosen.shape, chosen.costs.setting))
     kinds = {"fixed": lambda s: s.fixed is not None, "adaptive": lambda s: s.adaptive is not None,
              "tree": lambda s: s.tree is not None,
              "lookup -> target": lambda s: s.lookup is not None and not s.lookup.uses_model,
@@ -132,7 +136,11 @@ def main(argv: list[str] | None = None) -> None:
 
     eos = loaded.tokenizer.eos_token_id
     results, reference = [], None
+    measured_lengths = [len(p) for p in eval_prompts]
     for role, pred, shape, setting in rows:
+        if pred is not None:  # again, with the prefill of the prompts measured here
+            pred = predict(pred.shape, pred.costs, plan.records[pred.costs.setting.drafter_precision],
+                           args.max_new_tokens, measured_lengths)
         print(f"measuring {role}: {shape.label} ({setting.label})", flush=True)
         rates, tokens, per_round, packed_single_rows = _measure(
             target, drafter, level, shape, setting, heads, eval_prompts, params,
@@ -145,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
             "drafter_precision": setting.drafter_precision,
             "predicted_ms_per_token": None if pred is None else pred.seconds_per_token * 1e3,
             "predicted_tokens_per_round": None if pred is None else pred.tokens_per_round,
+            "predicted_prefill_seconds": None if pred is None else pred.prefill_seconds,
             "measured_tokens_per_second": rate, "measured_ms_per_token": 1e3 / rate,
             "measured_ms_per_token_per_repeat": [1e3 / r for r in rates],
             "measured_tokens_per_round": per_round,
@@ -152,10 +161,14 @@ def main(argv: list[str] | None = None) -> None:
             # [in, out] shapes whose single rows ran packed (the row's own single_row_split)
             "packed_single_row_shapes": packed_single_rows,
         })
-    base, best_plain_rate = results[0]["measured_tokens_per_second"], results[1]["measured_tokens_per_second"]
+    base = results[0]["measured_tokens_per_second"]
+    best_plain_rate = max(r["measured_tokens_per_second"] for r in results if r["role"].startswith("plain"))
     for row in results:
         row["vs_plain_defaults"] = row["measured_tokens_per_second"] / base
         row["vs_plain_best"] = row["measured_tokens_per_second"] / best_plain_rate
+        predicted = row["predicted_ms_per_token"]
+        row["abs_percentage_error"] = (None if predicted is None else
+                                       abs(predicted - row["measured_ms_per_token"]) / row["measured_ms_per_token"] * 100)
 
     payload = {"model": args.model, "drafter": args.drafter, "prompt_set": args.prompt_set,
                "plan_prompts": args.plan_prompts, "num_prompts": args.num_prompts,
@@ -163,6 +176,13 @@ def main(argv: list[str] | None = None) -> None:
                "rows": results, **plan.as_dict()}
     write_results(RESULTS_DIR / args.name, payload, _markdown(args, results, plan), run)
     print(_markdown(args, results, plan))
+
+
+def _plain_prediction(plan: RoundPlan, setting: KernelSetting) -> RoundPrediction | None:
+    """The plan's plain-decoding prediction under ``setting``'s threads and kernel path (None if
+    the planner timed no such setting)."""
+    return next((p for p in plan.ranked if p.shape.plain and p.costs.setting.threads == setting.threads
+                 and p.costs.setting.kernel_path == setting.kernel_path), None)
 
 
 def _range(values: list[float]) -> str:
@@ -177,17 +197,17 @@ def _markdown(args, results, plan) -> str:
         f"# Round planner: {args.model} with {args.drafter}, {args.prompt_set}, T = {args.temperature}",
         "",
         f"Planned on prompts 0-{args.plan_prompts - 1}, measured on the next {args.num_prompts}, "
-        f"{args.max_new_tokens} new tokens, batch 1, median of {args.repeats}. Predicted ms/token leaves out "
-        "prefill; measured includes it.",
+        f"{args.max_new_tokens} new tokens, batch 1, median of {args.repeats}. Predicted and measured ms/token "
+        "both include each prompt's prefill (predicted at the measured prompts' lengths).",
         "",
         "| row | shape | setting | predicted ms/tok | measured ms/tok (range) | abs. error | "
-        "tokens/round pred. / meas. | vs plain (defaults) | vs plain (best setting) | greedy = plain |",
+        "tokens/round pred. / meas. | vs plain (defaults) | vs fastest plain | greedy = plain |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results:
         same = {None: "-", True: "yes", False: "NO"}[row["output_equals_plain"]]
         predicted, measured = row["predicted_ms_per_token"], row["measured_ms_per_token"]
-        error = None if predicted is None else abs(predicted - measured) / measured * 100
+        error = row["abs_percentage_error"]
         drafter = "" if row.get("drafter_precision", "fp32") == "fp32" else f", drafter {row['drafter_precision']}"
         lines.append(
             f"| {row['role']} | {row['shape']} | {row['threads']} thr, {row['kernel_path']}{drafter} | "
@@ -195,6 +215,14 @@ def _markdown(args, results, plan) -> str:
             f"({_range(row['measured_ms_per_token_per_repeat'])}) | {num(error, '.0f')}{'' if error is None else '%'} | "
             f"{num(row['predicted_tokens_per_round'], '.2f')} / {row['measured_tokens_per_round']:.2f} | "
             f"{row['vs_plain_defaults']:.2f}x | {row['vs_plain_best']:.2f}x | {same} |")
+    errors = [row["abs_percentage_error"] for row in results if row["abs_percentage_error"] is not None]
+    if errors:
+        lines += ["", f"Latency model: mean absolute percentage error {statistics.mean(errors):.0f}%, "
+                  f"largest {max(errors):.0f}%."]
+    fastest = max(results, key=lambda row: row["measured_tokens_per_second"])
+    chosen = next(row for row in results if row["role"] == "planner's choice")
+    lines += ["", f"The planner's choice served {chosen['measured_tokens_per_second'] / fastest['measured_tokens_per_second']:.3f} "
+              f"of the fastest measured row ({fastest['role']})."]
     lines += ["", "Shapes (in x out) whose single rows ran on the packed kernel, per row (each packed row measures "
               "its own split; the rest ran `F.linear`):", ""]
     for row in results:

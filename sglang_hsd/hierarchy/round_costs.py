@@ -14,10 +14,17 @@ transform on all n rows; a target call also runs ``verify_chain`` on n - 1 draft
 drafter (KV shared with the target) the drafter's call is layers [0, L) and the target's is layers
 [L, N) plus [0, L) on the one position no level has processed yet. Rows between the measured ones
 are interpolated (``costs._interp``).
+
+A prompt's prefill is timed too, at a few prompt lengths, as the runtime's first round runs it: the
+target's layers over every prompt position (and a separate drafter's, on its weight copy, for shapes
+that run it; an exit drafter's layers are part of the target's), the head on the last position.
+One cold call per length, no repeats: every prompt of a generation is a new row count, and its
+prefill a first call too (a 1.5B prefill of 150 positions takes seconds on one core).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -86,6 +93,17 @@ class RoundCosts:
     verify_seconds: tuple[float, ...]
     sample_seconds: float
     lookup_seconds: float = 0.0
+    prefill_lengths: tuple[int, ...] = ()
+    target_prefill_seconds: tuple[float, ...] = ()
+    drafter_prefill_seconds: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.prefill_lengths)
+        if list(self.prefill_lengths) != sorted(set(self.prefill_lengths)) or any(x < 1 for x in self.prefill_lengths):
+            raise ValueError(f"prefill_lengths must be increasing positive lengths, got {self.prefill_lengths}")
+        if len(self.target_prefill_seconds) != n or len(self.drafter_prefill_seconds) not in (0, n):
+            raise ValueError(f"prefill seconds need one entry per prefill length ({n}), got "
+                             f"{len(self.target_prefill_seconds)} (target), {len(self.drafter_prefill_seconds)} (drafter)")
 
     def draft(self, rows: int) -> float:
         return _interp(self.rows, self.draft_seconds, rows)
@@ -106,6 +124,23 @@ class RoundCosts:
                 + sum(count * self.verify(rows) for rows, count in target_calls.items())
                 + drafted * self.sample_seconds + lookups * self.lookup_seconds)
 
+    def prefill(self, prompt_len: int, drafter: bool) -> float:
+        """Seconds of one prompt's prefill of ``prompt_len`` positions: the target's, plus a
+        separate drafter's when ``drafter`` (a shape that runs it); interpolated between the timed
+        lengths, extrapolated from the last two above them (held at the first below); 0 when none
+        was timed."""
+        if not self.prefill_lengths:
+            return 0.0
+        seconds = self._prefill(self.target_prefill_seconds, prompt_len)
+        if drafter and self.drafter_prefill_seconds:
+            seconds += self._prefill(self.drafter_prefill_seconds, prompt_len)
+        return seconds
+
+    def _prefill(self, values: tuple[float, ...], prompt_len: int) -> float:
+        if len(values) == 1:  # one length: proportional to the prompt
+            return values[0] * prompt_len / self.prefill_lengths[0]
+        return _interp(self.prefill_lengths, values, prompt_len)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -113,7 +148,8 @@ class RoundCosts:
     def from_dict(cls, data: dict) -> RoundCosts:
         return cls(KernelSetting(**data["setting"]), tuple(data["rows"]), tuple(data["draft_seconds"]),
                    tuple(data["verify_seconds"]), float(data["sample_seconds"]),
-                   float(data.get("lookup_seconds", 0.0)))
+                   float(data.get("lookup_seconds", 0.0)), tuple(data.get("prefill_lengths", ())),
+                   tuple(data.get("target_prefill_seconds", ())), tuple(data.get("drafter_prefill_seconds", ())))
 
 
 @dataclass(frozen=True)
@@ -159,6 +195,16 @@ class _CallTimer:
 
         return _median_seconds(run, self.repeats, warmup=1)
 
+    def prefill(self, model: CausalLM, n: int) -> float:
+        """Seconds of one cold prefill of n positions on a fresh cache: every layer on n rows, the
+        head and the transform on the last (module docstring)."""
+        cache = model.new_cache(1, n)
+        prompt = torch.randint(0, model.vocab_size, (1, n), generator=self.generator)
+        start = time.perf_counter()
+        hidden = model.forward_layers(model.embed(prompt), 0, model.num_layers, cache)
+        logits_to_probs(model.exit_logits(hidden[:, -1:], None), self.params)
+        return time.perf_counter() - start
+
     def verify_chain(self, vocab: int, n: int) -> float:
         """Median seconds of ``verify_chain`` on n - 1 drafts (0 for n = 1)."""
         from sglang_hsd.verify.chain import verify_chain
@@ -193,6 +239,7 @@ def measure_round_costs(
     repeats: int = 3,
     progress=None,
     lookup_ngram: int | None = None,
+    prefill_lengths: Sequence[int] = (),
 ) -> list[RoundCosts]:
     """Time drafter and target calls of ``rows`` rows under every setting (threads are restored,
     the models are left unpacked).
@@ -200,7 +247,10 @@ def measure_round_costs(
     Args:
         progress: optional callable(str) told which setting is being measured.
         lookup_ngram: also time a prompt lookup of this longest n-gram (``lookup_seconds``).
+        prefill_lengths: also time a prefill of each of these prompt lengths (``RoundCosts.prefill``;
+            empty: predictions leave the prefill out).
     """
+    prefill_lengths = tuple(sorted(set(int(n) for n in prefill_lengths)))
     rows = tuple(sorted(set(int(n) for n in rows)))
     if not rows or rows[0] != 1:
         raise ValueError(f"rows must include 1, got {rows}")
@@ -209,7 +259,7 @@ def measure_round_costs(
     models = [target] + ([drafter.model] if drafter.model is not None else [])
     threads_before = torch.get_num_threads()
     timer = _CallTimer(models, params, context_len, rows[-1], repeats)
-    results, verified = [], {}
+    results, verified, target_prefills = [], {}, {}
     try:
         for setting in settings:
             if progress is not None:
@@ -222,6 +272,7 @@ def measure_round_costs(
             if drafter.model is not None:
                 drafter.model.set_weight_copy(DRAFTER_PRECISIONS[setting.drafter_precision])
                 draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
+                drafter_prefill = tuple(timer.prefill(drafter.model, n) for n in prefill_lengths)
                 # The target's calls do not depend on the drafter's precision: timed once per kernels.
                 key = (setting.threads, setting.kernel_path)
                 verify = verified.get(key) or [timer.call(target, 0, target.num_layers, n) for n in rows]
@@ -230,10 +281,14 @@ def measure_round_costs(
                 layer = drafter.layer
                 draft = [timer.call(target, 0, layer, n, drafter.head) for n in rows]
                 verify = [timer.call(target, layer, target.num_layers, n, extra=(0, layer)) for n in rows]
+                drafter_prefill = ()  # the exit's layers are the target's first: its prefill covers them
+            key = (setting.threads, setting.kernel_path)
+            if key not in target_prefills:
+                target_prefills[key] = tuple(timer.prefill(target, n) for n in prefill_lengths)
             verify = [v + timer.verify_chain(target.vocab_size, n) for v, n in zip(verify, rows)]
             lookup = timer.lookup(target.vocab_size, context_len, lookup_ngram) if lookup_ngram else 0.0
             results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size),
-                                      lookup))
+                                      lookup, prefill_lengths, target_prefills[key], drafter_prefill))
     finally:
         torch.set_num_threads(threads_before)
         if drafter.model is not None:

@@ -10,14 +10,15 @@ decoding.
 Prediction of a candidate, in seconds per token: replay its rounds over the acceptance records
 (``replay.py``: rounds, tokens, drafter and target calls by row count), price the calls with the
 setting's measured ``RoundCosts`` and divide by the tokens emitted. Greedy records make the
-replayed acceptance exact; costs are per-call medians, so the prediction leaves out what the
-engine does between calls (bookkeeping, cache compaction): ``benchmarks/bench_round_planner.py``
-measures the choice against plain decoding and the other candidates in one run.
+replayed acceptance exact. Each prompt's prefill is added (``RoundCosts.prefill``: the target's
+and, for a shape that runs it, a separate drafter's forward over the prompt, timed at two lengths
+and interpolated; without it the first planner run on HumanEval under-predicted every row, by
+22-57%, ``benchmarks/README.md``). Costs are
+per-call medians, so the prediction still leaves out what the engine does between calls
+(bookkeeping, cache compaction): ``benchmarks/bench_round_planner.py`` measures the choice against
+plain decoding and the other candidates in one run.
 
-``record_acceptance`` builds the records: the target's own continuation of each prompt (greedy, or
-sampled under the request's parameters), then both levels' rows at every position of it, in one
-teacher-forced pass each; a separate drafter's rows once per drafter precision the settings use
-(its weight copy changes its proposals, so each precision is replayed with its own records).
+``recording.record_acceptance`` builds the records.
 """
 
 from __future__ import annotations
@@ -26,20 +27,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-import torch
-
 from sglang_hsd.draft_length import DraftLengthRule, format_draft_length, parse_draft_length
-from sglang_hsd.hierarchy.lookup_record import lookup_record
 from sglang_hsd.hierarchy.lookup_replay import LookupShape, replay_lookup
-from sglang_hsd.hierarchy.measure import target_continuation
+from sglang_hsd.hierarchy.recording import record_acceptance
 from sglang_hsd.runtime.plan_file import CHAINS, PlannedHierarchy, RunKnobs
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts, measure_round_costs
 from sglang_hsd.levels import LevelKind, LevelSpec
-from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
-from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
-from sglang_hsd.sampling import SamplingParams, logits_to_probs
+from sglang_hsd.sampling import SamplingParams
 from sglang_hsd.tree_draft import TreeShape
 from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LEVEL_RULES
 
@@ -146,6 +142,8 @@ class RoundPrediction:
         seconds_per_token: predicted time per emitted token.
         tokens_per_round: emitted tokens per target round (1 for plain decoding).
         drafted_per_round: drafter tokens per round (tree: kept nodes).
+        prefill_seconds: the mean prompt's prefill, included in ``seconds_per_token`` (0 when the
+            costs timed none).
     """
 
     shape: RoundShape
@@ -153,6 +151,7 @@ class RoundPrediction:
     seconds_per_token: float
     tokens_per_round: float
     drafted_per_round: float
+    prefill_seconds: float = 0.0
 
     @property
     def label(self) -> str:
@@ -213,21 +212,29 @@ def replay(shape: RoundShape, records: list[AcceptanceRecord], new_tokens: int) 
     return replay_chain(records, new_tokens, rule, shape.fixed or 1)
 
 
-def predict(shape: RoundShape, costs: RoundCosts, records: list[AcceptanceRecord], new_tokens: int) -> RoundPrediction:
+def predict(shape: RoundShape, costs: RoundCosts, records: list[AcceptanceRecord], new_tokens: int,
+            prompt_lengths: Sequence[int] = ()) -> RoundPrediction:
+    """The shape's predicted speed under ``costs``: its rounds replayed over ``records`` for
+    ``new_tokens`` tokens each, and each record's prompt prefilled once, at the mean prefill of
+    ``prompt_lengths`` (none: no prefill; they may be other prompts' than the records', e.g. the
+    prompts a benchmark measures)."""
     stats = replay(shape, records, new_tokens)
     seconds = costs.round_seconds(stats.drafter_calls, stats.target_calls, stats.drafted, stats.lookups)
     if shape.plain:
         seconds += stats.tokens * costs.sample_seconds
+    prefill = (sum(costs.prefill(n, shape.uses_drafter) for n in prompt_lengths) / len(prompt_lengths)
+               if prompt_lengths else 0.0)
+    seconds += len(records) * prefill
     return RoundPrediction(shape, costs, seconds / stats.tokens, stats.tokens_per_round,
-                           stats.drafted / stats.rounds)
+                           stats.drafted / stats.rounds, prefill)
 
 
 def rank_candidates(
     shapes: Sequence[RoundShape], costs: Sequence[RoundCosts], records: Mapping[str, list[AcceptanceRecord]],
-    new_tokens: int,
+    new_tokens: int, prompt_lengths: Sequence[int] = (),
 ) -> list[RoundPrediction]:
-    """Every (shape, setting) pair, fastest first; a setting's candidates replay the records of its
-    drafter precision (``records``: precision -> one record per prompt)."""
+    """Every (shape, setting) pair, fastest first (``predict``); a setting's candidates replay the
+    records of its drafter precision (``records``: precision -> one record per prompt)."""
     for cost in costs:
         if not records.get(cost.setting.drafter_precision):
             raise ValueError(f"records: none for drafter precision {cost.setting.drafter_precision!r}")
@@ -236,7 +243,7 @@ def rank_candidates(
     first = {}
     for cost in costs:
         first.setdefault((cost.setting.threads, cost.setting.kernel_path), cost)
-    out = [predict(shape, cost, records[cost.setting.drafter_precision], new_tokens) for cost in costs
+    out = [predict(shape, cost, records[cost.setting.drafter_precision], new_tokens, prompt_lengths) for cost in costs
            for shape in shapes
            if shape.uses_drafter or first[(cost.setting.threads, cost.setting.kernel_path)] is cost]
     return sorted(out, key=lambda p: p.seconds_per_token)
@@ -245,68 +252,6 @@ def rank_candidates(
 def best_plain(predictions: Sequence[RoundPrediction]) -> RoundPrediction:
     """The fastest plain-decoding candidate."""
     return min((p for p in predictions if p.shape.plain), key=lambda p: p.seconds_per_token)
-
-
-# --------------------------------------------------------------------------- acceptance records
-@torch.inference_mode()
-def _logits_at(model: CausalLM, ids: list[int], start: int, end_layer: int | None = None, head=None) -> torch.Tensor:
-    """Logits of ``model`` (or of its exit after ``end_layer`` with ``head``) predicting ids[start + 1:],
-    i.e. at positions start .. len(ids) - 2. float [P, V]."""
-    cache = model.new_cache(1, len(ids))
-    end = model.num_layers if end_layer is None else end_layer
-    hidden = model.forward_layers(model.embed(torch.tensor([ids])), 0, end, cache)
-    return model.exit_logits(hidden[:, start:-1], head)[0]
-
-
-def record_acceptance(
-    target: CausalLM,
-    drafter: DrafterSpec,
-    prompts: Sequence[list[int]],
-    params: SamplingParams,
-    length: int,
-    seed: int = 0,
-    drafter_precisions: Sequence[str] = ("fp32",),
-    lookup: tuple[int, int] | None = None,
-) -> dict[str, list[AcceptanceRecord]]:
-    """Per drafter precision, one ``AcceptanceRecord`` of ``length`` positions per prompt (module
-    docstring). The target's continuation is drawn once; a separate drafter's rows are computed
-    on each precision's weight copy (every row on the copy, as its drafting steps run), an exit
-    drafter's only in fp32 (the target's own weights). ``lookup``: (longest n-gram, most copies):
-    also record what a prompt lookup copies (``lookup_replay.lookup_record``)."""
-    if length < 1:
-        raise ValueError(f"length must be >= 1, got {length}")
-    if lookup is not None and (lookup[0] < 1 or lookup[1] < 1):
-        raise ValueError(f"lookup must be (ngram >= 1, copies >= 1), got {lookup}")
-    for precision in drafter_precisions:
-        parse_drafter_precision(precision, name="drafter_precisions")
-    if drafter.model is None and tuple(drafter_precisions) != ("fp32",):
-        raise ValueError(f"drafter_precisions: an exit drafter runs the target's own weights (fp32 only), "
-                         f"got {tuple(drafter_precisions)}")
-    generator = torch.Generator().manual_seed(seed)
-    records: dict[str, list[AcceptanceRecord]] = {precision: [] for precision in drafter_precisions}
-    try:
-        for prompt in prompts:
-            tail = target_continuation(target, list(prompt), length, params, generator)
-            ids = list(prompt) + tail
-            start = len(prompt) - 1
-            p = logits_to_probs(_logits_at(target, ids, start)[None], params)[0]
-            for precision in drafter_precisions:
-                if drafter.model is not None:
-                    drafter.model.set_weight_copy(DRAFTER_PRECISIONS[precision], PackedRows(((1, None),)))
-                    raw = _logits_at(drafter.model, ids, start)
-                else:
-                    raw = _logits_at(target, ids, start, drafter.layer, drafter.head)
-                q = logits_to_probs(raw[None], params)[0]
-                record = AcceptanceRecord.from_distributions(torch.tensor(tail), p, q, raw,
-                                                             greedy=params.temperature == 0.0)
-                if lookup is not None:
-                    copies = lookup_record(torch.tensor(ids), len(prompt), p, q, *lookup)
-                    record = dataclasses.replace(record, lookup=copies)
-                records[precision].append(record)
-    finally:
-        if drafter.model is not None:
-            drafter.model.set_weight_copy(None)
-    return records
 
 
 @dataclass(frozen=True)
@@ -380,8 +325,12 @@ def plan_rounds(
     precisions = tuple(dict.fromkeys(s.drafter_precision for s in settings))
     records = record_acceptance(target, drafter, prompts, params, new_tokens + longest, drafter_precisions=precisions,
                                 lookup=lookup)
-    context = int(sum(len(p) for p in prompts) / len(prompts)) + new_tokens // 2
-    costs = measure_round_costs(target, drafter, settings, params, context_len=context,
+    lengths = [len(p) for p in prompts]
+    mean = int(sum(lengths) / len(lengths))
+    # Prefill timed at half the mean prompt and at the longest: two cold forwards per model and
+    # kernels, a line between them.
+    prefill_lengths = sorted({max(1, mean // 2), max(lengths)})
+    costs = measure_round_costs(target, drafter, settings, params, context_len=mean + new_tokens // 2,
                                 progress=lambda label: say(f"timing calls: {label}"),
-                                lookup_ngram=lookup[0] if lookup else None)
-    return RoundPlan(records, costs, rank_candidates(shapes, costs, records, new_tokens))
+                                lookup_ngram=lookup[0] if lookup else None, prefill_lengths=prefill_lengths)
+    return RoundPlan(records, costs, rank_candidates(shapes, costs, records, new_tokens, lengths))

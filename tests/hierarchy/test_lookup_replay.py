@@ -15,9 +15,10 @@ from sglang_hsd.draft_length import DraftLengthRule  # noqa: E402
 from sglang_hsd.hierarchy.lookup_record import LookupRecord, lookup_record  # noqa: E402
 from sglang_hsd.hierarchy.lookup_replay import LookupShape, replay_lookup  # noqa: E402
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord  # noqa: E402
+from sglang_hsd.hierarchy.recording import record_acceptance  # noqa: E402
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts  # noqa: E402
 from sglang_hsd.hierarchy.round_planner import (  # noqa: E402
-    RoundPlan, RoundShape, candidate_shapes, rank_candidates, record_acceptance, replay,
+    RoundPlan, RoundShape, candidate_shapes, rank_candidates, replay,
 )
 from sglang_hsd.levels import LevelKind, LevelSpec  # noqa: E402
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402

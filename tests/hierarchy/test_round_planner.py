@@ -11,9 +11,10 @@ pytest.importorskip("transformers")
 
 from sglang_hsd.draft_length import DraftLengthRule, parse_draft_length  # noqa: E402
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, kept_rank_paths, replay_chain  # noqa: E402
+from sglang_hsd.hierarchy.recording import record_acceptance  # noqa: E402
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting, RoundCosts  # noqa: E402
 from sglang_hsd.hierarchy.round_planner import (  # noqa: E402
-    RoundShape, best_plain, candidate_shapes, rank_candidates, record_acceptance, replay,
+    RoundShape, best_plain, candidate_shapes, rank_candidates, replay,
 )
 from sglang_hsd.runtime.config import parse_levels  # noqa: E402
 from sglang_hsd.runtime.engine import SpeculativeGenerator  # noqa: E402
@@ -218,3 +219,56 @@ def test_each_drafter_precision_replays_its_own_records(target, drafter):
         rank_candidates(candidate_shapes(), [fp32, int4], {"fp32": [_record(1.0, 80)]}, 40)
     with pytest.raises(ValueError, match="an exit drafter runs the target's own weights"):
         record_acceptance(target, DrafterSpec(layer=2), PROMPTS, SamplingParams(1.0), 8, drafter_precisions=("int4",))
+
+
+def test_the_prefill_enters_the_prediction_once_per_prompt():
+    import dataclasses
+
+    from sglang_hsd.hierarchy.round_planner import predict
+
+    costs = dataclasses.replace(_costs(0.05), prefill_lengths=(10, 20), target_prefill_seconds=(1.0, 2.0),
+                                drafter_prefill_seconds=(0.5, 1.0))
+    records = [_record(1.0, 80), _record(1.0, 80)]
+    assert costs.prefill(15, drafter=False) == pytest.approx(1.5)
+    assert costs.prefill(15, drafter=True) == pytest.approx(2.25)
+    assert costs.prefill(30, drafter=False) == pytest.approx(3.0)  # extrapolated from the last two
+    for shape, per_prompt in ((RoundShape(), 1.5), (RoundShape(fixed=4), 2.25)):
+        without = predict(shape, costs, records, 40)
+        # Two records of 40 tokens: each prompt's prefill (the mean of lengths 10 and 20) once.
+        with_prefill = predict(shape, costs, records, 40, prompt_lengths=[10, 20])
+        assert with_prefill.prefill_seconds == pytest.approx(per_prompt)
+        assert with_prefill.seconds_per_token == pytest.approx(without.seconds_per_token + 2 * per_prompt / 80)
+    one = dataclasses.replace(costs, prefill_lengths=(10,), target_prefill_seconds=(1.0,), drafter_prefill_seconds=())
+    assert one.prefill(25, drafter=True) == pytest.approx(2.5)  # one length: proportional, no drafter part
+    assert RoundCosts.from_dict(costs.as_dict()) == costs
+    with pytest.raises(ValueError, match="one entry per prefill length"):
+        dataclasses.replace(costs, target_prefill_seconds=(1.0,))
+    with pytest.raises(ValueError, match="prefill_lengths must be increasing"):
+        dataclasses.replace(costs, prefill_lengths=(20, 10))
+
+
+def test_a_costly_drafter_prefill_turns_the_choice_away_from_the_drafter():
+    import dataclasses
+
+    shapes = candidate_shapes()
+    cheap = dataclasses.replace(_costs(0.05), prefill_lengths=(100,), target_prefill_seconds=(1.0,),
+                                drafter_prefill_seconds=(0.1,))
+    costly = dataclasses.replace(cheap, drafter_prefill_seconds=(1000.0,))
+    records = {"fp32": [_record(1.0, 80)]}
+    assert rank_candidates(shapes, [cheap], records, 40, prompt_lengths=[100])[0].shape.uses_drafter
+    assert rank_candidates(shapes, [costly], records, 40, prompt_lengths=[100])[0].shape.plain
+
+
+def test_round_costs_time_prefills_once_per_model_and_kernels(target, drafter):
+    from sglang_hsd.hierarchy import round_costs
+
+    settings = [KernelSetting(1, "mkl"), KernelSetting(1, "mkl", "bf16")]
+    costs = round_costs.measure_round_costs(target, DrafterSpec(model=drafter), settings, context_len=8, rows=(1, 2),
+                                            repeats=1, prefill_lengths=(12, 6))
+    for cost in costs:
+        assert cost.prefill_lengths == (6, 12) and len(cost.drafter_prefill_seconds) == 2
+        assert all(s > 0 for s in cost.target_prefill_seconds + cost.drafter_prefill_seconds)
+    assert costs[0].target_prefill_seconds == costs[1].target_prefill_seconds  # the target's: timed once
+    exit_costs = round_costs.measure_round_costs(target, DrafterSpec(layer=2), settings[:1], context_len=8,
+                                                 rows=(1, 2), repeats=1, prefill_lengths=(6,))
+    assert exit_costs[0].drafter_prefill_seconds == () and len(exit_costs[0].target_prefill_seconds) == 1
