@@ -264,6 +264,7 @@ def measure_round_costs(
         for setting in settings:
             if progress is not None:
                 progress(setting.label)
+            key = (setting.threads, setting.kernel_path)
             torch.set_num_threads(setting.threads)
             for model in models:  # packed as the runtime packs at this thread count (kernel_paths)
                 model.unpack_linears()
@@ -272,9 +273,9 @@ def measure_round_costs(
             if drafter.model is not None:
                 drafter.model.set_weight_copy(DRAFTER_PRECISIONS[setting.drafter_precision])
                 draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
+                # On its weight copy: the copy may serve a prefill's rows too, so timed per setting.
                 drafter_prefill = tuple(timer.prefill(drafter.model, n) for n in prefill_lengths)
                 # The target's calls do not depend on the drafter's precision: timed once per kernels.
-                key = (setting.threads, setting.kernel_path)
                 verify = verified.get(key) or [timer.call(target, 0, target.num_layers, n) for n in rows]
                 verified[key] = verify
             else:
@@ -282,7 +283,6 @@ def measure_round_costs(
                 draft = [timer.call(target, 0, layer, n, drafter.head) for n in rows]
                 verify = [timer.call(target, layer, target.num_layers, n, extra=(0, layer)) for n in rows]
                 drafter_prefill = ()  # the exit's layers are the target's first: its prefill covers them
-            key = (setting.threads, setting.kernel_path)
             if key not in target_prefills:
                 target_prefills[key] = tuple(timer.prefill(target, n) for n in prefill_lengths)
             verify = [v + timer.verify_chain(target.vocab_size, n) for v, n in zip(verify, rows)]
