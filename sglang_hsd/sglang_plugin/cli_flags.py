@@ -28,7 +28,8 @@ from sglang_hsd.sglang_plugin.config import (
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sglang_plugin.adaptive_setting import (
     ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG, TRACE_ENV, TRACE_FLAG, TUNABLE, TUNING_ENV, TUNING_FLAG)
-from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, CATCH_UP_FLAG
+from sglang_hsd.sglang_plugin.draft_catch_up import (
+    CATCH_UP_ENV, CATCH_UP_FLAG, EXTEND_ENV, EXTEND_FLAG, EXTEND_MODES)
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_ENV, LEAN_DECODE_FLAG, LEAN_DECODE_MODES
 from sglang_hsd.sglang_plugin.cpu.linear_path import (
@@ -125,6 +126,11 @@ HSD_FLAGS = (
      "draft cache catches up in one batched extend when drafting resumes; reported in "
      "/server_info (hsd.draft_catch_up). off: every round and prefill runs the draft model "
      "(SGLang's way)"),
+    (EXTEND_FLAG, EXTEND_ENV, {"choices": EXTEND_MODES},
+     "with the draft catch-up: tail (default) runs the draft model after a drafting chain round "
+     "only over the one or two positions its draft steps did not write (the bonus token, and "
+     "the last draft when all were accepted); window reruns the whole verify window (SGLang's "
+     "way). Reported in /server_info (hsd.draft_catch_up)"),
     (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": DRAFTER_PRECISION_OPTIONS},
      "CPU: the weight copy a separate draft model's (--hsd-draft-kind model) few-row forwards "
      "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "

@@ -43,6 +43,19 @@ the one the skipped extends would have left: ``tests/sglang_plugin/test_draft_ca
 serves the same forced schedule of lengths with and without it and compares per-request rounds
 at T = 0, plus greedy equality and the T = 1 law.
 
+After a drafting round (``--hsd-draft-extend tail``, the default wherever the catch-up runs) the
+draft extend is cut to the positions the round's draft steps did not write. A chain round of L
+drafts runs L - 1 draft steps, which write the draft KV of entries n .. n + L - 2 (reading d_1 ..
+d_{L-1}) into the slots the verify window shares; once a drafts are accepted, entries n .. n +
+min(a, L - 1) - 1 already read the committed tokens, so only entries n + min(a, L - 1) .. n + a
+are missing: one row per request (the bonus token) or two (d_L as well when every draft was
+accepted), where SGLang's extend reruns the whole window of L + 1. The tail is extended at once,
+inside the round, by the same batched forward as a catch-up (its first draft sampled the same
+way), so the round's measured cost includes it and the controller owes nothing for it. On the
+2-core Xeon at batch 1 a window extend of 9 rows on the int4 draft copy took 108 ms, a one-token
+draft forward 36-53 ms (``benchmarks/results/torch_profile_xeon_humaneval_c1_l8_auto.md``).
+``window`` keeps SGLang's window extend (the reference the tests compare against).
+
 Scope: a separate draft language model (``--hsd-draft-kind model``: its extend reads tokens only;
 an EAGLE-3 head would need the target's hidden states of the skipped positions), on CPU (no
 overlap scheduler, no draft CUDA graph, both of which bypass the hooks used here), with
@@ -54,6 +67,7 @@ refused before models load, naming the flag.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -65,6 +79,9 @@ logger = logging.getLogger(__name__)
 
 CATCH_UP_ENV = "SGLANG_HSD_DRAFT_CATCH_UP"
 CATCH_UP_FLAG = "--hsd-draft-catch-up"
+EXTEND_ENV = "SGLANG_HSD_DRAFT_EXTEND"
+EXTEND_FLAG = "--hsd-draft-extend"
+EXTEND_MODES = ("tail", "window")
 # Attribute of SGLang's Req: the first draft-cache position its skipped extends left missing.
 STALE_ATTR = "hsd_draft_stale_from"
 # Catch-ups of at least this many rows price pending ones (smaller ones cost mostly their fixed
@@ -78,15 +95,25 @@ class CatchUpSetting:
         enabled: the flag's value (True: on, the default).
         explicit: whether the user set it (the default turns itself off where unsupported; an
             explicit ``on`` is refused there).
+        tail: ``--hsd-draft-extend`` (True: ``tail``, the default; False: ``window``).
+        tail_explicit: whether the user set ``--hsd-draft-extend`` (an explicit ``tail`` is
+            refused where the catch-up does not run).
     """
 
     enabled: bool = True
     explicit: bool = False
+    tail: bool = True
+    tail_explicit: bool = False
 
     @classmethod
     def from_env(cls) -> "CatchUpSetting":
         value = on_off_from_env(CATCH_UP_ENV, CATCH_UP_FLAG)
-        return cls(value != "off", explicit=value is not None)
+        extend = os.environ.get(EXTEND_ENV, "").strip().lower()
+        if extend and extend not in EXTEND_MODES:
+            raise ValueError(f"{EXTEND_FLAG} ({EXTEND_ENV}) must be one of "
+                             f"{', '.join(EXTEND_MODES)}, got {extend!r}")
+        return cls(value != "off", explicit=value is not None, tail=extend != "window",
+                   tail_explicit=bool(extend))
 
 
 def unsupported_reason(device: str, draft_model: bool, adaptive_off: str | None) -> str | None:
@@ -136,12 +163,20 @@ class DraftCatchUp:
 
     Args:
         device: where the batch's tensors live.
+        tail: after a drafting chain round, extend only the positions its draft steps did not
+            write (``extend_tail``; ``--hsd-draft-extend tail``) instead of SGLang's window.
     """
 
-    def __init__(self, device) -> None:
+    def __init__(self, device, tail: bool = True) -> None:
         self.device = device
+        self.tail = tail
         self._skip = False
         self._plan: CatchUpPlan | None = None
+        self._template = None  # the round's draft DECODE ForwardBatch (a tail extend's template)
+        self.tail_extends = 0  # drafting rounds whose extend ran only the tail
+        self.tail_rows = 0  # rows those tail extends ran
+        self.window_rows = 0  # rows SGLang's window extends would have run instead
+        self.tail_seconds = 0.0  # their forwards and sampling (inside the rounds' own cost)
         # Reported in /server_info.
         self.skipped_extends = 0  # L = 0 rounds whose extend was skipped
         self.skipped_rows = 0  # request-rounds those extends would have run
@@ -166,6 +201,7 @@ class DraftCatchUp:
     def end_round(self) -> None:
         self._skip = False
         self._plan = None
+        self._template = None
 
     # -- the draft worker's hooks ------------------------------------------------------------
 
@@ -243,25 +279,14 @@ class DraftCatchUp:
         batch, B requests): run the planned catch-up and put each caught-up request's first-draft
         proposal into the round's draft input (``forward_batch.spec_info``)."""
         plan, self._plan = self._plan, None
-        if plan is None or forward_batch.forward_mode.is_idle():
+        if forward_batch.forward_mode.is_idle():
             return
-        from sglang.srt.speculative.spec_utils import sample_draft_proposal
-
-        from sglang_hsd.sglang_plugin.forward_batches import catch_up_extend_batch
-
+        self._template = forward_batch
+        if plan is None:
+            return
         started = time.perf_counter()
-        fb = catch_up_extend_batch(forward_batch, plan.rows, plan.prefix, plan.lengths,
-                                   plan.input_ids, plan.positions, plan.out_cache_loc)
-        logits = draft_worker.draft_runner.forward(fb).logits_output.next_token_logits  # [A, V]
         spec_info = forward_batch.spec_info
-        sampling = forward_batch.sampling_info
-        committed = (plan.prefix + plan.lengths).to(torch.int64)
-        # HSD chains run SGLang's rejection-sampling draft path (forced by the server-argument
-        # resolution), so every draft input carries q and greedy rows (top_k 1) propose argmax.
-        seed = sampling.sampling_seed
-        probs, p, ids = sample_draft_proposal(
-            logits, sampling.temperatures[plan.rows], sampling.top_ks[plan.rows],
-            sampling_seed=None if seed is None else seed[plan.rows], positions=committed)
+        probs, p, ids = self._extend(draft_worker, plan, forward_batch.sampling_info)
         spec_info.draft_probs = spec_info.draft_probs.index_copy(
             0, plan.rows, probs.to(spec_info.draft_probs.dtype))
         spec_info.topk_p = spec_info.topk_p.index_copy(0, plan.rows, p.to(spec_info.topk_p.dtype))
@@ -271,6 +296,72 @@ class DraftCatchUp:
             setattr(req, STALE_ATTR, None)
         self._set(plan.out_cache_loc, True)
         self.record(int(plan.input_ids.numel()), time.perf_counter() - started)
+
+    @torch.no_grad()
+    def extend_tail(self, draft_worker, batch, batch_result) -> bool:
+        """In the decode-time draft extend of a drafting chain round: extend the draft cache over
+        the positions the round's draft steps did not write (module docstring), put each
+        request's first-draft proposal into the round's next-draft input and return True; False
+        (SGLang's window extend runs) when ``tail`` is off or the round drew a tree.
+
+        ``batch.seq_lens``: n [B], the committed lengths before the round; ``accept_lens``: a + 1
+        [B]; ``next_token_ids``: [B * W] the committed tokens window by window (W = L + 1)."""
+        template = self._template
+        if not self.tail or template is None or draft_worker.topk != 1:
+            return False
+        started = time.perf_counter()
+        steps = int(draft_worker.speculative_num_steps)  # L; its draft steps ran L - 1 forwards
+        width = int(draft_worker.speculative_num_draft_tokens)  # W = L + 1
+        accepted = batch_result.accept_lens.to(torch.int64) - 1  # a [B]
+        written = accepted.clamp(max=steps - 1)  # entries n .. n + written - 1 read accepted drafts
+        lengths = accepted - written + 1  # 1, or 2 when every draft was accepted
+        size = int(accepted.numel())
+        offsets = torch.arange(int(lengths.max()), device=accepted.device)
+        keep = offsets < lengths.unsqueeze(-1)
+        window = (written.unsqueeze(-1) + offsets)[keep]  # [rows], window column of each row
+        owner = torch.arange(size, device=accepted.device).repeat_interleave(lengths)
+        committed = batch.seq_lens.to(torch.int64)
+        positions = committed[owner] + window
+        pool_rows = batch.req_pool_indices.to(torch.int64)
+        slots = batch.req_to_token_pool.req_to_token[pool_rows[owner], positions].to(torch.int64)
+        # The tokens SGLang's window extend reads (row j of request b reads entry n + j's token).
+        prepared = batch_result.prepared_draft_extend_inputs
+        window_tokens = batch_result.next_token_ids if prepared is None else prepared[2]
+        tokens = window_tokens.to(torch.int64)[owner * width + window]
+        plan = CatchUpPlan(rows=torch.arange(size, device=accepted.device),
+                           prefix=committed + written, lengths=lengths, input_ids=tokens,
+                           positions=positions, out_cache_loc=slots, reqs=[])
+        probs, p, ids = self._extend(draft_worker, plan, batch.sampling_info)
+        next_draft_input = batch_result.next_draft_input
+        next_draft_input.topk_p, next_draft_input.topk_index = p, ids
+        next_draft_input.draft_probs = probs
+        self.mark_extended(batch, batch_result.accept_lens)
+        self.tail_extends += 1
+        self.tail_rows += int(tokens.numel())
+        self.window_rows += size * width
+        self.tail_seconds += time.perf_counter() - started
+        return True
+
+    def _extend(self, draft_worker, plan: CatchUpPlan, sampling):
+        """One EXTEND forward of the draft model over ``plan`` (its rows of the round's draft
+        batch) and each request's first-draft proposal from its last row, sampled as SGLang's
+        decode-time draft extend does (``sample_draft_proposal`` with the request's temperature
+        and top-k; a greedy request's top-k of 1 proposes the argmax; seeded streams keyed by the
+        committed length). Returns (q [A, V], its probability [A, 1], the draft [A, 1])."""
+        from sglang.srt.speculative.spec_utils import sample_draft_proposal
+
+        from sglang_hsd.sglang_plugin.forward_batches import catch_up_extend_batch
+
+        fb = catch_up_extend_batch(self._template, plan.rows, plan.prefix, plan.lengths,
+                                   plan.input_ids, plan.positions, plan.out_cache_loc)
+        logits = draft_worker.draft_runner.forward(fb).logits_output.next_token_logits  # [A, V]
+        committed = (plan.prefix + plan.lengths).to(torch.int64)
+        # HSD chains run SGLang's rejection-sampling draft path (forced by the server-argument
+        # resolution), so every draft input carries q and greedy rows (top_k 1) propose argmax.
+        seed = sampling.sampling_seed
+        return sample_draft_proposal(
+            logits, sampling.temperatures[plan.rows], sampling.top_ks[plan.rows],
+            sampling_seed=None if seed is None else seed[plan.rows], positions=committed)
 
     def record(self, rows: int, seconds: float) -> None:
         """A catch-up of ``rows`` rows took ``seconds`` (what prices the pending ones)."""
@@ -295,7 +386,10 @@ class DraftCatchUp:
                 "small_catch_ups": self._small[0],
                 "small_catch_up_ms_mean": (round(1000 * self._small[2] / self._small[0], 3)
                                            if self._small[0] else None),
-                "catch_up_ms": round(1000 * self.seconds, 2)}
+                "catch_up_ms": round(1000 * self.seconds, 2),
+                "tail_extend": self.tail, "tail_extends": self.tail_extends,
+                "tail_rows": self.tail_rows, "window_rows": self.window_rows,
+                "tail_ms": round(1000 * self.tail_seconds, 2)}
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -390,5 +484,7 @@ def build_catch_up(worker, setting: CatchUpSetting, adaptive: bool) -> DraftCatc
     if getattr(worker, "_draft_worker", None) is None:
         return None
     logger.info("sglang-hsd: %s on: rounds that draft nothing skip the draft extend; the draft "
-                "cache catches up when drafting resumes", CATCH_UP_FLAG)
-    return DraftCatchUp(worker.device)
+                "cache catches up when drafting resumes; %s %s", CATCH_UP_FLAG, EXTEND_FLAG,
+                "tail: a drafting round extends only what its draft steps did not write"
+                if setting.tail else "window: a drafting round extends its whole verify window")
+    return DraftCatchUp(worker.device, tail=setting.tail)

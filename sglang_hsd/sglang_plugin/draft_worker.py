@@ -227,8 +227,9 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
     draft writes its steps into slots the V2 worker allocated for the round (k per step for a
     tree) and re-runs the accepted tokens in its draft-extend pass, whose slots overwrite the
     rejected ones. With ``hsd_catch_up`` (``--hsd-draft-catch-up``) a round that drafts nothing
-    skips that pass, and the next drafting round first catches the cache up
-    (``draft_catch_up.py``).
+    skips that pass, and the next drafting round first catches the cache up; a drafting chain
+    round extends only the one or two positions its draft steps did not write
+    (``--hsd-draft-extend tail``; ``draft_catch_up.py``).
     """
 
     hsd_catch_up = None  # a draft_catch_up.DraftCatchUp, set by HSDStandaloneWorker
@@ -250,6 +251,8 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
     def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
         catch_up = self.hsd_catch_up
         if catch_up is not None and catch_up.skip_extend(batch, batch_result):
+            return None
+        if catch_up is not None and catch_up.extend_tail(self, batch, batch_result):
             return None
         if catch_up is not None:  # before the extend, which may move the batch's lengths
             catch_up.mark_extended(batch, batch_result.accept_lens)

@@ -267,15 +267,20 @@ def draft_forward_problems(args) -> list[str]:
 
 
 def catch_up_problems(args) -> list[str]:
-    """What an explicit ``--hsd-draft-catch-up on`` cannot honour (the default turns itself off)."""
+    """What an explicit ``--hsd-draft-catch-up on`` or ``--hsd-draft-extend tail`` cannot honour
+    (the defaults turn themselves off)."""
     from sglang_hsd.sglang_plugin.adaptive_setting import AdaptiveSetting
-    from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_FLAG, CatchUpSetting, unsupported_reason
+    from sglang_hsd.sglang_plugin.draft_catch_up import (
+        CATCH_UP_FLAG, EXTEND_FLAG, CatchUpSetting, unsupported_reason)
 
     try:
         setting = CatchUpSetting.from_env()
     except ValueError as err:
         return [str(err)]
-    if not (setting.enabled and setting.explicit):
+    if setting.tail and setting.tail_explicit and not setting.enabled:
+        return [f"{EXTEND_FLAG} tail with {CATCH_UP_FLAG} off: the tail extend is part of the "
+                f"catch-up; pass {CATCH_UP_FLAG} on or drop {EXTEND_FLAG}"]
+    if not (setting.enabled and (setting.explicit or setting.tail_explicit and setting.tail)):
         return []
     try:
         adaptive = AdaptiveSetting.from_env().enabled
@@ -287,7 +292,10 @@ def catch_up_problems(args) -> list[str]:
     reason = unsupported_reason(args.device or "cuda", draft_model, adaptive_off)
     if reason is None:
         return []
-    return [f"{CATCH_UP_FLAG} on with {reason}; pass {CATCH_UP_FLAG} off or drop the other option"]
+    if setting.explicit:
+        return [f"{CATCH_UP_FLAG} on with {reason}; pass {CATCH_UP_FLAG} off or drop the other option"]
+    return [f"{EXTEND_FLAG} tail with {reason}: the tail extend runs with the draft catch-up "
+            f"only; drop {EXTEND_FLAG} or the other option"]
 
 
 def plan_problems() -> list[str]:

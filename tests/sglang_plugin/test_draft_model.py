@@ -17,7 +17,7 @@ pytestmark = pytest.mark.sglang
 from sglang_hsd.sglang_plugin.config import (  # noqa: E402
     EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
 from sglang_hsd.sglang_plugin.adaptive_setting import ADAPTIVE_ENV, CYCLE_ENV, TRACE_ENV, TUNING_ENV  # noqa: E402
-from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV  # noqa: E402
+from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, EXTEND_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
     DRAFT_KIND_ENV,
@@ -36,7 +36,8 @@ def clean_env(monkeypatch):
     # setenv first so that monkeypatch restores each variable (or its absence) afterwards: the
     # resolution and the flags write os.environ directly.
     for name in (DRAFT_KIND_ENV, RESOLVED_DRAFT_KIND_ENV, EXIT_LAYER_ENV, EXIT_BUFFER_ENV, PLAN_ENV,
-                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV, CYCLE_ENV, CATCH_UP_ENV, TRACE_ENV, TUNING_ENV):
+                 DRAFT_PRECISION_ENV, ADAPTIVE_ENV, CYCLE_ENV, CATCH_UP_ENV, EXTEND_ENV, TRACE_ENV,
+                 TUNING_ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     return monkeypatch
@@ -242,6 +243,12 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
     ({CATCH_UP_ENV: "on", "SGLANG_HSD_REQUEST_SEEDS": "on"}, {},
      "--hsd-draft-catch-up on with --hsd-request-seeds on"),
     ({CATCH_UP_ENV: "yes"}, {}, "--hsd-draft-catch-up (SGLANG_HSD_DRAFT_CATCH_UP) must be one of on, off"),
+    ({EXTEND_ENV: "rows"}, {}, "--hsd-draft-extend (SGLANG_HSD_DRAFT_EXTEND) must be one of tail, window"),
+    ({EXTEND_ENV: "tail", CATCH_UP_ENV: "off"}, {},
+     "--hsd-draft-extend tail with --hsd-draft-catch-up off: the tail extend is part of the catch-up"),
+    ({EXTEND_ENV: "tail"}, dict(device="cuda"),
+     "--hsd-draft-extend tail with --device cuda (the overlap scheduler and draft CUDA graphs "
+     "bypass the catch-up; CPU only): the tail extend runs with the draft catch-up only"),
 ])
 def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
     from sglang_hsd.sglang_plugin.server_args import HSDServerArgsError
@@ -254,12 +261,18 @@ def test_draft_model_refusals(hsd, pair, clean_env, env, overrides, says):
 
 
 def test_catch_up_and_lengths_cycle_accepted_where_they_run(hsd, pair, clean_env):
-    """An explicit ``--hsd-draft-catch-up on`` and a valid cycle pass with a draft model on CPU
-    (chains, adaptive on); the default catch-up is not refused where it cannot run."""
+    """An explicit ``--hsd-draft-catch-up on``, ``--hsd-draft-extend tail`` and a valid cycle pass
+    with a draft model on CPU (chains, adaptive on); ``window`` passes anywhere, and the default
+    catch-up is not refused where it cannot run."""
     clean_env.setenv(CATCH_UP_ENV, "on")
     clean_env.setenv(CYCLE_ENV, "0,0,3,1")
     hsd.validate_server_args(_args(pair.target, pair.draft, speculative_num_steps=3))
+    clean_env.setenv(EXTEND_ENV, "tail")
+    hsd.validate_server_args(_args(pair.target, pair.draft, speculative_num_steps=3))
     clean_env.delenv(CATCH_UP_ENV)
+    clean_env.setenv(EXTEND_ENV, "window")  # SGLang's extend: nothing to refuse anywhere
+    hsd.validate_server_args(_args(pair.target, pair.draft, device="cuda"))
+    clean_env.delenv(EXTEND_ENV)
     clean_env.delenv(CYCLE_ENV)
     clean_env.setenv(ADAPTIVE_ENV, "off")
     hsd.validate_server_args(_args(pair.target, pair.draft, device="cuda"))

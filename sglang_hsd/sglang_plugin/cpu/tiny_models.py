@@ -95,3 +95,32 @@ def build_tiny_draft_pair(root: str, init_std: float = 0.3, draft_layers: int = 
         if name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(os.path.join(target, name), draft)
     return target, draft
+
+
+def build_perturbed_copy(target: str, directory: str, noise: float = 0.02, seed: int = 1) -> str:
+    """Save a copy of the model in ``target`` to ``directory`` whose decoder-layer matrices carry
+    Gaussian noise of ``noise`` times each matrix's standard deviation (embeddings, norms and
+    the LM head unchanged), with the same tokenizer; returns ``directory``.
+
+    A draft that agrees with the target often but not always: for the default tiny pair
+    (``build_tiny_draft_pair``, init_std 0.3) at noise 0.02 its greedy token equals the target's
+    on about two thirds of the target's own greedy continuations, where the one-layer truncated
+    draft agrees on one in twenty, so drafting rounds end both with a rejection and with every
+    draft accepted.
+    """
+    import shutil
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(target)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if ".layers." in name and weight.dim() == 2:
+                weight.add_(noise * weight.std() * torch.randn(weight.shape, generator=generator))
+    model.save_pretrained(directory)
+    for name in os.listdir(target):
+        if name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(target, name), directory)
+    return directory
