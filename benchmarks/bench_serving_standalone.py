@@ -33,6 +33,8 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
 * ``hsd-adaptive-k16`` the same with 16 (lengths 0..16);
 * ``hsd-adaptive-k8-extend`` the same with ``--hsd-draft-catch-up off`` (a round that drafts
                   nothing still extends the draft cache): what the catch-up saves;
+* ``hsd-adaptive-k8-window`` the same with ``--hsd-draft-extend window`` (a drafting round
+                  reruns its whole verify window in the draft extend): what the tail extend saves;
 * ``hsd-adaptive-k8-sglang-forward`` the same with ``--hsd-draft-forward sglang`` (the draft
                   model on SGLang's own forward instead of the lean one): what the lean forward saves;
 * ``tokenwise``   the same with ``--hsd-verify-method tokenwise`` (the standard per-token rule);
@@ -140,6 +142,12 @@ CONFIGS = {c.name: c for c in (
                      "rounds that draft nothing still extend the draft cache (SGLang's way)",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on",
                                   "--hsd-draft-catch-up", "off"),
+                     num_steps=8),
+    DraftModelConfig("hsd-adaptive-k8-window", "hsd-adaptive-k8 with --hsd-draft-extend window: "
+                     "a drafting round's draft extend reruns its whole verify window (SGLang's "
+                     "way) instead of the one or two positions its draft steps did not write",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on",
+                                  "--hsd-draft-extend", "window"),
                      num_steps=8),
     DraftModelConfig("hsd-adaptive-k8-sglang-forward", "hsd-adaptive-k8 with --hsd-draft-forward "
                      "sglang: the draft model on SGLang's own forward (not the lean one)",
