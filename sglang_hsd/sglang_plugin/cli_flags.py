@@ -28,7 +28,7 @@ from sglang_hsd.sglang_plugin.config import (
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sglang_plugin.adaptive_setting import (
     ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG, TRACE_ENV, TRACE_FLAG, TUNABLE, TUNING_ENV, TUNING_FLAG)
-from sglang_hsd.sglang_plugin.draft_catch_up import (
+from sglang_hsd.sglang_plugin.draft_catch_up_setting import (
     CATCH_UP_ENV, CATCH_UP_FLAG, EXTEND_ENV, EXTEND_FLAG, EXTEND_MODES)
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
 from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_ENV, LEAN_DECODE_FLAG, LEAN_DECODE_MODES

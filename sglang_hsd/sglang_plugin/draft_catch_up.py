@@ -33,9 +33,7 @@ prefix catches it up instead of drafting from whatever those slots held. Every p
 a committed position a slot (prefill, L = 0 round, drafting round's extend, catch-up) sets or
 clears its flag, so the flags of a sequence's slots are exact.
 
-Draft KV layout (SGLang's EAGLE convention, kept by its STANDALONE worker): draft position p
-reads the committed token p + 1, so at the start of a round whose committed length is n the
-draft cache holds positions 0..n-1 and its last row gives q of the first draft (token n + 1).
+Which rows each extend runs, and the draft KV layout: ``draft_cache_rows.py``.
 
 Lossless whatever the draft cache holds: every draft still reaches the verifier with the q it
 was drawn from. What the catch-up must get right is acceptance, i.e. that the cache it leaves is
@@ -43,18 +41,13 @@ the one the skipped extends would have left: ``tests/sglang_plugin/test_draft_ca
 serves the same forced schedule of lengths with and without it and compares per-request rounds
 at T = 0, plus greedy equality and the T = 1 law.
 
-After a drafting round (``--hsd-draft-extend tail``, the default wherever the catch-up runs) the
-draft extend is cut to the positions the round's draft steps did not write. A chain round of L
-drafts runs L - 1 draft steps, which write the draft KV of entries n .. n + L - 2 (reading d_1 ..
-d_{L-1}) into the slots the verify window shares; once a drafts are accepted, entries n .. n +
-min(a, L - 1) - 1 already read the committed tokens, so only entries n + min(a, L - 1) .. n + a
-are missing: one row per request (the bonus token) or two (d_L as well when every draft was
-accepted), where SGLang's extend reruns the whole window of L + 1. The tail is extended at once,
-inside the round, by the same batched forward as a catch-up (its first draft sampled the same
-way), so the round's measured cost includes it and the controller owes nothing for it. On the
-2-core Xeon at batch 1 a window extend of 9 rows on the int4 draft copy took 108 ms, a one-token
-draft forward 36-53 ms (``benchmarks/results/torch_profile_xeon_humaneval_c1_l8_auto.md``).
-``window`` keeps SGLang's window extend (the reference the tests compare against).
+After a drafting chain round (``--hsd-draft-extend tail``, the default wherever the catch-up
+runs) the draft extend runs only the one or two entries per request the round's draft steps did
+not write (``draft_cache_rows.tail_plan``), where SGLang's reruns the whole verify window. It runs
+at once, inside the round, by the same batched forward as a catch-up (its first draft sampled
+the same way), so the round's measured cost includes it and the controller owes nothing for it;
+``tests/sglang_plugin/test_draft_tail_extend_server.py`` compares it with ``window`` (SGLang's
+extend) round by round.
 
 Scope: a separate draft language model (``--hsd-draft-kind model``: its extend reads tokens only;
 an EAGLE-3 head would need the target's hidden states of the skipped positions), on CPU (no
@@ -67,90 +60,19 @@ refused before models load, naming the flag.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from dataclasses import dataclass
 
 import torch
 
-from sglang_hsd.sglang_plugin.config import on_off_from_env
+from sglang_hsd.sglang_plugin.draft_cache_rows import STALE_ATTR, CatchUpPlan, stale_plan, tail_plan
+from sglang_hsd.sglang_plugin.draft_catch_up_setting import (
+    CATCH_UP_FLAG, EXTEND_FLAG, CatchUpSetting, unsupported_reason)
 
 logger = logging.getLogger(__name__)
 
-CATCH_UP_ENV = "SGLANG_HSD_DRAFT_CATCH_UP"
-CATCH_UP_FLAG = "--hsd-draft-catch-up"
-EXTEND_ENV = "SGLANG_HSD_DRAFT_EXTEND"
-EXTEND_FLAG = "--hsd-draft-extend"
-EXTEND_MODES = ("tail", "window")
-# Attribute of SGLang's Req: the first draft-cache position its skipped extends left missing.
-STALE_ATTR = "hsd_draft_stale_from"
 # Catch-ups of at least this many rows price pending ones (smaller ones cost mostly their fixed
 # part: one pass over the draft's weights).
 LARGE_CATCH_UP = 32
-
-
-@dataclass(frozen=True)
-class CatchUpSetting:
-    """Fields:
-        enabled: the flag's value (True: on, the default).
-        explicit: whether the user set it (the default turns itself off where unsupported; an
-            explicit ``on`` is refused there).
-        tail: ``--hsd-draft-extend`` (True: ``tail``, the default; False: ``window``).
-        tail_explicit: whether the user set ``--hsd-draft-extend`` (an explicit ``tail`` is
-            refused where the catch-up does not run).
-    """
-
-    enabled: bool = True
-    explicit: bool = False
-    tail: bool = True
-    tail_explicit: bool = False
-
-    @classmethod
-    def from_env(cls) -> "CatchUpSetting":
-        value = on_off_from_env(CATCH_UP_ENV, CATCH_UP_FLAG)
-        extend = os.environ.get(EXTEND_ENV, "").strip().lower()
-        if extend and extend not in EXTEND_MODES:
-            raise ValueError(f"{EXTEND_FLAG} ({EXTEND_ENV}) must be one of "
-                             f"{', '.join(EXTEND_MODES)}, got {extend!r}")
-        return cls(value != "off", explicit=value is not None, tail=extend != "window",
-                   tail_explicit=bool(extend))
-
-
-def unsupported_reason(device: str, draft_model: bool, adaptive_off: str | None) -> str | None:
-    """Why the catch-up cannot run with this server, or None. ``adaptive_off``: why no round
-    drafts zero tokens (``--hsd-adaptive`` off or not applied), or None."""
-    if not draft_model:
-        return ("an EAGLE-3 draft head (its extend reads the target's hidden states of every "
-                "position; only --hsd-draft-kind model is supported)")
-    if device != "cpu":
-        return (f"--device {device} (the overlap scheduler and draft CUDA graphs bypass the "
-                "catch-up; CPU only)")
-    if adaptive_off is not None:
-        return f"{adaptive_off} (no round drafts zero tokens)"
-    return None
-
-
-@dataclass
-class CatchUpPlan:
-    """The missing draft positions of one round's marked requests (A of the batch's B).
-
-    Fields:
-        rows: int64 [A], the requests' rows in the batch.
-        prefix: int64 [A], each one's first missing position s (the extend's prefix length).
-        lengths: int64 [A], n - s >= 1 missing positions (n: the committed length).
-        input_ids: int64 [sum(lengths)], the committed token p + 1 of each missing position p.
-        positions: int64 [sum(lengths)], p.
-        out_cache_loc: int64 [sum(lengths)], the KV slot of p (the target's, shared).
-        reqs: the A SGLang ``Req`` s (their marks are cleared once the extend ran).
-    """
-
-    rows: torch.Tensor
-    prefix: torch.Tensor
-    lengths: torch.Tensor
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    out_cache_loc: torch.Tensor
-    reqs: list
 
 
 class DraftCatchUp:
@@ -196,7 +118,7 @@ class DraftCatchUp:
         """A decode round of ``batch`` (SGLang ``ScheduleBatch``) drafting ``length`` tokens is
         about to run: L = 0 will skip its extend; L > 0 plans the catch-up of marked requests."""
         self._skip = length == 0
-        self._plan = None if self._skip else self._plan_for(batch)
+        self._plan = None if self._skip else stale_plan(batch, self.device)
 
     def end_round(self) -> None:
         self._skip = False
@@ -300,45 +222,23 @@ class DraftCatchUp:
     @torch.no_grad()
     def extend_tail(self, draft_worker, batch, batch_result) -> bool:
         """In the decode-time draft extend of a drafting chain round: extend the draft cache over
-        the positions the round's draft steps did not write (module docstring), put each
-        request's first-draft proposal into the round's next-draft input and return True; False
-        (SGLang's window extend runs) when ``tail`` is off or the round drew a tree.
-
-        ``batch.seq_lens``: n [B], the committed lengths before the round; ``accept_lens``: a + 1
-        [B]; ``next_token_ids``: [B * W] the committed tokens window by window (W = L + 1)."""
+        the positions the round's draft steps did not write (``draft_cache_rows.tail_plan``),
+        put each request's first-draft proposal into the round's next-draft input and return
+        True; False (SGLang's window extend runs) when ``tail`` is off or the round drew a tree."""
         template = self._template
         if not self.tail or template is None or draft_worker.topk != 1:
             return False
         started = time.perf_counter()
-        steps = int(draft_worker.speculative_num_steps)  # L; its draft steps ran L - 1 forwards
         width = int(draft_worker.speculative_num_draft_tokens)  # W = L + 1
-        accepted = batch_result.accept_lens.to(torch.int64) - 1  # a [B]
-        written = accepted.clamp(max=steps - 1)  # entries n .. n + written - 1 read accepted drafts
-        lengths = accepted - written + 1  # 1, or 2 when every draft was accepted
-        size = int(accepted.numel())
-        offsets = torch.arange(int(lengths.max()), device=accepted.device)
-        keep = offsets < lengths.unsqueeze(-1)
-        window = (written.unsqueeze(-1) + offsets)[keep]  # [rows], window column of each row
-        owner = torch.arange(size, device=accepted.device).repeat_interleave(lengths)
-        committed = batch.seq_lens.to(torch.int64)
-        positions = committed[owner] + window
-        pool_rows = batch.req_pool_indices.to(torch.int64)
-        slots = batch.req_to_token_pool.req_to_token[pool_rows[owner], positions].to(torch.int64)
-        # The tokens SGLang's window extend reads (row j of request b reads entry n + j's token).
-        prepared = batch_result.prepared_draft_extend_inputs
-        window_tokens = batch_result.next_token_ids if prepared is None else prepared[2]
-        tokens = window_tokens.to(torch.int64)[owner * width + window]
-        plan = CatchUpPlan(rows=torch.arange(size, device=accepted.device),
-                           prefix=committed + written, lengths=lengths, input_ids=tokens,
-                           positions=positions, out_cache_loc=slots, reqs=[])
+        plan = tail_plan(batch, batch_result, int(draft_worker.speculative_num_steps), width)
         probs, p, ids = self._extend(draft_worker, plan, batch.sampling_info)
         next_draft_input = batch_result.next_draft_input
         next_draft_input.topk_p, next_draft_input.topk_index = p, ids
         next_draft_input.draft_probs = probs
         self.mark_extended(batch, batch_result.accept_lens)
         self.tail_extends += 1
-        self.tail_rows += int(tokens.numel())
-        self.window_rows += size * width
+        self.tail_rows += int(plan.input_ids.numel())
+        self.window_rows += int(plan.rows.numel()) * width
         self.tail_seconds += time.perf_counter() - started
         return True
 
@@ -408,39 +308,6 @@ class DraftCatchUp:
         slots = slots.to(torch.int64)
         if slots.numel():
             self._slots(int(slots.max()) + 1)[slots] = value
-
-    def _plan_for(self, batch) -> CatchUpPlan | None:
-        rows, prefix, lengths, tokens, reqs = [], [], [], [], []
-        for row, (req, committed) in enumerate(zip(batch.reqs, batch.seq_lens.tolist())):
-            stale = getattr(req, STALE_ATTR, None)
-            if stale is None:
-                continue
-            committed = int(committed)
-            ids = list(req.origin_input_ids) + list(req.output_ids)
-            if len(ids) != committed + 1 or not 0 <= stale < committed:
-                raise RuntimeError(
-                    f"{CATCH_UP_FLAG}: request {req.rid} has {len(ids)} tokens, committed length "
-                    f"{committed}, first missing draft position {stale}; expected committed + 1 "
-                    f"tokens and a position below the committed length (pass {CATCH_UP_FLAG} off)")
-            rows.append(row)
-            prefix.append(stale)
-            lengths.append(committed - stale)
-            tokens.extend(ids[stale + 1:committed + 1])
-            reqs.append(req)
-        if not rows:
-            return None
-        device = self.device
-        rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
-        prefix_t = torch.tensor(prefix, dtype=torch.int64, device=device)
-        lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
-        positions = torch.cat([torch.arange(s, s + n, dtype=torch.int64, device=device)
-                               for s, n in zip(prefix, lengths)])
-        # req_to_token maps (request slot, position) to the KV slot the two pools share.
-        pool_rows = batch.req_pool_indices[rows_t].to(torch.int64)
-        slots = batch.req_to_token_pool.req_to_token[pool_rows.repeat_interleave(lengths_t), positions]
-        return CatchUpPlan(rows=rows_t, prefix=prefix_t, lengths=lengths_t,
-                           input_ids=torch.tensor(tokens, dtype=torch.int64, device=device),
-                           positions=positions, out_cache_loc=slots.to(torch.int64), reqs=reqs)
 
 
 def _zero_stubs(batch_size: int, vocab: int | None, device) -> dict:

@@ -270,7 +270,7 @@ def catch_up_problems(args) -> list[str]:
     """What an explicit ``--hsd-draft-catch-up on`` or ``--hsd-draft-extend tail`` cannot honour
     (the defaults turn themselves off)."""
     from sglang_hsd.sglang_plugin.adaptive_setting import AdaptiveSetting
-    from sglang_hsd.sglang_plugin.draft_catch_up import (
+    from sglang_hsd.sglang_plugin.draft_catch_up_setting import (
         CATCH_UP_FLAG, EXTEND_FLAG, CatchUpSetting, unsupported_reason)
 
     try:

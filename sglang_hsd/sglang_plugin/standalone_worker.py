@@ -31,7 +31,8 @@ from __future__ import annotations
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
 
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
-from sglang_hsd.sglang_plugin.draft_catch_up import CatchUpSetting, build_catch_up
+from sglang_hsd.sglang_plugin.draft_catch_up import build_catch_up
+from sglang_hsd.sglang_plugin.draft_catch_up_setting import CatchUpSetting
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
 from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_adaptive, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (

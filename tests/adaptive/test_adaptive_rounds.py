@@ -37,7 +37,8 @@ def test_a_pending_catch_up_is_priced_per_row_plus_a_fixed_part():
     import pytest
     import torch
 
-    from sglang_hsd.sglang_plugin.draft_catch_up import STALE_ATTR, DraftCatchUp
+    from sglang_hsd.sglang_plugin.draft_cache_rows import STALE_ATTR
+    from sglang_hsd.sglang_plugin.draft_catch_up import DraftCatchUp
 
     catch_up = DraftCatchUp(torch.device("cpu"))
     reqs = [SimpleNamespace(**{STALE_ATTR: 95}), SimpleNamespace(**{STALE_ATTR: None}),

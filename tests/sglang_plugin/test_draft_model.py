@@ -17,7 +17,7 @@ pytestmark = pytest.mark.sglang
 from sglang_hsd.sglang_plugin.config import (  # noqa: E402
     EXIT_BUFFER_ENV, EXIT_LAYER_ENV, PLAN_ENV, ExitLevelConfig, PluginConfig)
 from sglang_hsd.sglang_plugin.adaptive_setting import ADAPTIVE_ENV, CYCLE_ENV, TRACE_ENV, TUNING_ENV  # noqa: E402
-from sglang_hsd.sglang_plugin.draft_catch_up import CATCH_UP_ENV, EXTEND_ENV  # noqa: E402
+from sglang_hsd.sglang_plugin.draft_catch_up_setting import CATCH_UP_ENV, EXTEND_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV  # noqa: E402
 from sglang_hsd.sglang_plugin.draft_kind import (  # noqa: E402
     DRAFT_KIND_ENV,
