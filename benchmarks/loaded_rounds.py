@@ -52,6 +52,7 @@ PHASES = {
     "verify": "run_eagle_verify",
     "draft steps": "EagleDraftWorker.draft",
     "draft extend": "EagleDraftWorker._draft_extend_for_decode",
+    "draft tail extend": "DraftCatchUp.extend_tail",
     "draft catch-up": "DraftCatchUp.run",
     "prefill (speculative server)": "EAGLEWorkerV2._forward_prefill_batch",
     "model forward (plain server)": "TpModelWorker.forward_batch_generation",

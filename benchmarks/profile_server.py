@@ -76,6 +76,7 @@ PHASES = (
     ("  verifier: verify_tree", "sglang_hsd/verify/tree/api.py", "verify_tree", "cum"),
     ("draft (draft forwards or sampled tree loop)", "speculative/eagle_worker_v2.py", "draft", "cum"),
     ("draft extend after verify", "speculative/eagle_worker_v2.py", "_draft_extend_for_decode", "cum"),
+    ("draft tail extend after verify", "sglang_plugin/draft_catch_up.py", "extend_tail", "cum"),
     ("target forward (TpModelWorker)", "managers/tp_worker.py", "forward_batch_generation", "cum"),
     ("linear: F.linear", "", "<built-in method torch._C._nn.linear>", "self"),
     ("linear: oneDNN packed", "sglang_hsd/runtime/layers.py", "packed_linear", "cum"),

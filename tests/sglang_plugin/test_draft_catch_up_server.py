@@ -25,17 +25,12 @@ anywhere shows as different drafts:
 
 from __future__ import annotations
 
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-import torch
 
-from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values
+from tests.sglang_plugin.draft_server_checks import assert_kv_returns, law_p_values, staggered_outputs
+from tests.sglang_plugin.server_law import ALPHA
 from tests.sglang_plugin.test_draft_model_server import (  # noqa: F401 (pair: a fixture)
-    PROMPTS, STAT_PROMPT, STAT_SAMPLES, STAT_TOKENS, _generate, _hsd_state, _model_law_samples,
-    _pit_p_value, _target_pit, pair)
+    PROMPTS, STAT_SAMPLES, _generate, _hsd_state, _model_law_samples, _pit_p_value, _target_pit, pair)
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -140,19 +135,8 @@ def test_catch_up_greedy_with_staggered_arrivals(servers, reference):
     """Requests join while others are inside runs of skipped extends, so drafting rounds mix
     requests that must catch up (by one or several positions) with ones that need not."""
     on_url, _ = servers
-    jobs = list(zip(PROMPTS * 3, reference * 3))
-    outputs = [None] * len(jobs)
-
-    def run(i):
-        time.sleep(0.05 * i)
-        outputs[i] = _generate(on_url, jobs[i][0], MAX_NEW_TOKENS)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for (ids, expected), out in zip(jobs, outputs):
+    outputs = staggered_outputs(on_url, PROMPTS * 3, MAX_NEW_TOKENS)
+    for ids, expected, out in zip(PROMPTS * 3, reference * 3, outputs):
         assert out["output_ids"] == expected, ids
 
 
@@ -160,15 +144,7 @@ def test_catch_up_greedy_with_staggered_arrivals(servers, reference):
 def test_catch_up_sampled_law_is_the_targets(pair, servers):
     on_url, _ = servers
     before = _hsd_state(on_url)["draft_catch_up"]["catch_ups"]
-
-    def server_p_value(count):
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            outs = list(pool.map(lambda _: _generate(on_url, STAT_PROMPT, STAT_TOKENS,
-                                                     temperature=1.0), range(count)))
-        sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
-        return _pit_p_value(_target_pit(pair[1], sequences))
-
-    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, "catch-up PIT law test")
+    p_server = law_p_values(on_url, pair[1], "catch-up PIT law test")
     p_wrong = _pit_p_value(_target_pit(pair[1], _model_law_samples(pair[2], STAT_SAMPLES)))
     assert p_server[-1] > ALPHA, p_server
     assert p_wrong < ALPHA
@@ -176,15 +152,4 @@ def test_catch_up_sampled_law_is_the_targets(pair, servers):
 
 
 def test_catch_up_returns_kv(servers):
-    on_url, _ = servers
-    from benchmarks.bench_sglang_load import make_jobs, run_job, wait_idle
-
-    start = _hsd_state(on_url)
-    jobs = make_jobs(16, seed=5, vocab=512)
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        results = list(pool.map(lambda job: run_job(on_url, job, 512), jobs))
-    assert all(r["valid"] for r in results), results
-    wait_idle(on_url, start["kv_available_size"])
-    end = _hsd_state(on_url)
-    assert end["kv_available_size"] == start["kv_available_size"], (start, end)
-    assert end["draft_kv_available_size"] == start["draft_kv_available_size"], (start, end)
+    assert_kv_returns(servers[0], seed=5)

@@ -26,17 +26,11 @@ one draft (no draft step at all), runs of plain rounds (the catch-up) and full-l
 
 from __future__ import annotations
 
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-import torch
 
-from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values
-from tests.sglang_plugin.test_draft_model_server import (
-    PROMPTS, STAT_PROMPT, STAT_SAMPLES, STAT_TOKENS, _generate, _hsd_state, _pit_p_value,
-    _target_pit)
+from tests.sglang_plugin.draft_server_checks import assert_kv_returns, law_p_values, staggered_outputs
+from tests.sglang_plugin.server_law import ALPHA
+from tests.sglang_plugin.test_draft_model_server import PROMPTS, _generate, _hsd_state
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -115,19 +109,8 @@ def test_tail_extend_leaves_the_draft_cache_the_window_extend_would_have(servers
 
 def test_tail_extend_greedy_with_staggered_arrivals(servers, reference):
     tail_url, _ = servers
-    jobs = list(zip(TEST_PROMPTS * 2, reference * 2))
-    outputs = [None] * len(jobs)
-
-    def run(i):
-        time.sleep(0.05 * i)
-        outputs[i] = _generate(tail_url, jobs[i][0], MAX_NEW_TOKENS)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for (ids, expected), out in zip(jobs, outputs):
+    outputs = staggered_outputs(tail_url, TEST_PROMPTS * 2, MAX_NEW_TOKENS)
+    for ids, expected, out in zip(TEST_PROMPTS * 2, reference * 2, outputs):
         assert out["output_ids"] == expected, ids
 
 
@@ -135,29 +118,10 @@ def test_tail_extend_greedy_with_staggered_arrivals(servers, reference):
 def test_tail_extend_sampled_law_is_the_targets(pair, servers):
     tail_url, _ = servers
     before = _hsd_state(tail_url)["draft_catch_up"]["tail_extends"]
-
-    def server_p_value(count):
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            outs = list(pool.map(lambda _: _generate(tail_url, STAT_PROMPT, STAT_TOKENS,
-                                                     temperature=1.0), range(count)))
-        sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
-        return _pit_p_value(_target_pit(pair[1], sequences))
-
-    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, "tail-extend PIT law test")
+    p_server = law_p_values(tail_url, pair[1], "tail-extend PIT law test")
     assert p_server[-1] > ALPHA, p_server
     assert _hsd_state(tail_url)["draft_catch_up"]["tail_extends"] > before
 
 
 def test_tail_extend_returns_kv(servers):
-    tail_url, _ = servers
-    from benchmarks.bench_sglang_load import make_jobs, run_job, wait_idle
-
-    start = _hsd_state(tail_url)
-    jobs = make_jobs(16, seed=7, vocab=512)
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        results = list(pool.map(lambda job: run_job(tail_url, job, 512), jobs))
-    assert all(r["valid"] for r in results), results
-    wait_idle(tail_url, start["kv_available_size"])
-    end = _hsd_state(tail_url)
-    assert end["kv_available_size"] == start["kv_available_size"], (start, end)
-    assert end["draft_kv_available_size"] == start["draft_kv_available_size"], (start, end)
+    assert_kv_returns(servers[0], seed=7)
