@@ -95,11 +95,11 @@ class DraftCatchUp:
         self._skip = False
         self._plan: CatchUpPlan | None = None
         self._template = None  # the round's draft DECODE ForwardBatch (a tail extend's template)
+        # Reported in /server_info.
         self.tail_extends = 0  # drafting rounds whose extend ran only the tail
         self.tail_rows = 0  # rows those tail extends ran
         self.window_rows = 0  # rows SGLang's window extends would have run instead
         self.tail_seconds = 0.0  # their forwards and sampling (inside the rounds' own cost)
-        # Reported in /server_info.
         self.skipped_extends = 0  # L = 0 rounds whose extend was skipped
         self.skipped_rows = 0  # request-rounds those extends would have run
         self.deferred_prefills = 0  # prefill batches whose draft prefill was skipped
