@@ -16,7 +16,9 @@ holds entries 0..n-1 and its last row gives q of the first draft (token n + 1).
   entry n + a the step of a rejected draft wrote) or two (d_L as well, which no step read, when
   every draft was accepted), where SGLang's extend reruns the whole window of L + 1 rows. On the
   2-core Xeon at batch 1 a window extend of 9 rows on the int4 draft copy took 108 ms, a
-  one-token draft forward 36-53 ms (``benchmarks/results/torch_profile_xeon_humaneval_c1_l8_auto.md``).
+  one-token draft forward 36-53 ms (``benchmarks/results/torch_profile_xeon_humaneval_c1_l8_auto.md``);
+  measured against the window extend in one serving run, the saving was smaller, about 33 ms per
+  round of 8 drafts (median TPOT 87.6 -> 83.3 ms, ``benchmarks/README.md``, twenty-fifth run).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sglang_hsd.sglang_plugin.draft_catch_up_setting import CATCH_UP_FLAG
 
 # Attribute of SGLang's Req: the first draft-cache position its skipped extends left missing.
 STALE_ATTR = "hsd_draft_stale_from"
+
 
 @dataclass
 class CatchUpPlan:
@@ -51,7 +54,6 @@ class CatchUpPlan:
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
     reqs: list
-
 
 
 def stale_plan(batch, device) -> CatchUpPlan | None:

@@ -199,7 +199,8 @@ class DraftCatchUp:
     def run(self, draft_worker, forward_batch) -> None:
         """Before the first draft step of a round (``forward_batch``: the draft model's DECODE
         batch, B requests): run the planned catch-up and put each caught-up request's first-draft
-        proposal into the round's draft input (``forward_batch.spec_info``)."""
+        proposal into the round's draft input (``forward_batch.spec_info``). The batch is kept
+        until ``end_round`` as the template of the round's tail extend (``extend_tail``)."""
         plan, self._plan = self._plan, None
         if forward_batch.forward_mode.is_idle():
             return
