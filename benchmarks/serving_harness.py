@@ -34,7 +34,7 @@ from pathlib import Path
 from benchmarks.common import RunRecord, write_results
 from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
 from sglang_hsd.assets.archives import resolve_cache_dir
-from sglang_hsd.sglang_plugin.cpu.cpu_server import running_server, server_env
+from sglang_hsd.sglang_plugin.cpu.cpu_server import log_tail, running_server, server_env
 
 # Fields of the client's result line that go into the result rows.
 KEPT_METRICS = (
@@ -222,14 +222,6 @@ def measure_rows(spec: ServerSpec, rows: Sequence[dict],
     except Exception as err:  # the server did not start or died: one failed record
         book.add({**spec.fields, "error": f"{type(err).__name__}: {err}",
                   "server_log_tail": log_tail(log)})
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    """The last ``lines`` lines of a log ("" when it cannot be read)."""
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 # -- the client --------------------------------------------------------------------------------

@@ -110,25 +110,15 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve_until_interrupted(launch, log_path, args.startup_timeout)
 
 
-def _log_tail(path: Path, lines: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 16384))
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def _wait_with_progress(launch: ServeLaunch, proc: subprocess.Popen, log_path: Path, timeout: float) -> None:
     """``wait_healthy`` with a bar showing the time waited and the server log's last line."""
     from tqdm.auto import tqdm
 
-    from sglang_hsd.sglang_plugin.cpu.cpu_server import wait_healthy
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import log_tail, wait_healthy
 
     with tqdm(desc="starting the server", bar_format="{desc}: {elapsed} {postfix}", file=sys.stderr) as bar:
         def on_poll(waited: float) -> None:
-            bar.set_postfix_str(_log_tail(log_path, 1)[-70:], refresh=False)
+            bar.set_postfix_str(log_tail(log_path, 1)[-70:], refresh=False)
             bar.update(int(waited) - bar.n)
 
         wait_healthy(launch.url, proc, timeout, on_poll)
@@ -139,7 +129,7 @@ def serve_until_interrupted(launch: ServeLaunch, log_path: Path, timeout: float)
     Ctrl-C; the server's process group is stopped on every way out."""
     import os
 
-    from sglang_hsd.sglang_plugin.cpu.cpu_server import server_process
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import log_tail, server_process
 
     print(f"starting SGLang on {launch.device}, log {log_path}", flush=True)
     start = time.monotonic()
@@ -149,14 +139,14 @@ def serve_until_interrupted(launch: ServeLaunch, log_path: Path, timeout: float)
             print(ready_message(launch, time.monotonic() - start, proc.pid, log_path), flush=True)
             code = proc.wait()
         except (RuntimeError, TimeoutError) as err:
-            print(f"sglang-hsd serve: error: {err}; the log ends with:\n{_log_tail(log_path, 30)}",
+            print(f"sglang-hsd serve: error: {err}; the log ends with:\n{log_tail(log_path, 30)}",
                   file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             print("\nCtrl-C: stopping the server", flush=True)
         else:
             print(f"sglang-hsd serve: error: the server exited with code {code}; the log ends with:\n"
-                  f"{_log_tail(log_path, 30)}", file=sys.stderr)
+                  f"{log_tail(log_path, 30)}", file=sys.stderr)
             return 1
     print("server stopped", flush=True)
     return 0

@@ -56,10 +56,13 @@ def _serve_greedy(extra: list[str], prompts, references, log: Path, draft_kind: 
     each output against its reference and the log for tracebacks; (outputs, the HSD state of
     ``/server_info``)."""
     from sglang_hsd.sglang_plugin.cpu.cpu_server import (
-        draft_model_server_command, free_port, running_server, server_env)
+        draft_model_server_command, free_port, running_server, server_env, sized_memory_flags)
 
+    # Sized from free memory: SGLang's default share (0.716 on CPU) leaves the pair's 8.9 GB of
+    # float32 weights no KV room on a host with under 12.4 GB free.
+    memory = sized_memory_flags([str(TARGET), str(DRAFT)], "float32")
     cmd = draft_model_server_command(str(TARGET), free_port(), str(DRAFT), num_steps=4,
-                                     extra=["--dtype", "float32", *extra], draft_kind=draft_kind)
+                                     extra=["--dtype", "float32", *memory, *extra], draft_kind=draft_kind)
     with running_server(cmd, server_env(), str(log), timeout=1200) as url:
         outs = [post_json(url, "/generate", {"input_ids": ids, "sampling_params": {
             "max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}},

@@ -24,6 +24,8 @@ from collections.abc import Callable
 import sglang_hsd
 from sglang_hsd.runtime.kernel_paths import PATH_PACKED
 from sglang_hsd.sglang_plugin import BOOTSTRAP_DIR
+from sglang_hsd.sglang_plugin.cpu.memory import (
+    DTYPE_BYTES, available_memory, format_gib, plan_memory, read_checkpoint_size)
 
 
 def free_port() -> int:
@@ -62,6 +64,18 @@ def cpu_linear_flags(path: str, mem_fraction_static: float = 0.9) -> list[str]:
     with room; ``cpu/memory.py`` sizes it for real ones)."""
     flags = ["--hsd-cpu-linear", path]
     return flags + (["--mem-fraction-static", str(mem_fraction_static)] if path == PATH_PACKED else [])
+
+
+def sized_memory_flags(model_paths: list[str], dtype: str = "float32", packed: bool = False) -> list[str]:
+    """``--mem-fraction-static`` for a server of the checkpoints ``model_paths`` (target first) in
+    ``dtype`` on this host now (``cpu/memory.py``: weights, ``packed`` copies and the KV of
+    ``CPU_MAX_TOTAL_TOKENS`` from what is free, not SGLang's fixed default share). Raises
+    ``RuntimeError`` with what they need against what is free when they do not fit."""
+    plan = plan_memory([read_checkpoint_size(p) for p in model_paths], DTYPE_BYTES[dtype], packed,
+                       CPU_MAX_TOTAL_TOKENS, available_memory())
+    if not plan.fits:
+        raise RuntimeError(f"the models do not fit in this host's free memory: {plan.describe()}")
+    return ["--mem-fraction-static", str(plan.mem_fraction_static())]
 
 
 def cpu_server_command(model_path: str, port: int, algorithm: str | None = None,
@@ -213,5 +227,27 @@ def running_server(cmd: list[str], env: dict, log_path: str, timeout: float = 60
     port = cmd[cmd.index("--port") + 1]
     url = f"http://127.0.0.1:{port}"
     with server_process(cmd, env, log_path) as proc:
-        wait_healthy(url, proc, timeout)
+        try:
+            wait_healthy(url, proc, timeout)
+        except (RuntimeError, TimeoutError) as err:
+            # The log is often a temporary file gone with the run: its end is the only cause shown.
+            # Code -9 with a clean log is the kernel's OOM killer, hence the free memory.
+            raise type(err)(f"{err} ({format_gib(available_memory())} free now); the end of its log "
+                            f"{log_path}:\n{log_tail(log_path)}") from None
         yield url
+
+
+def log_tail(log_path, lines: int = 30) -> str:
+    """The last ``lines`` lines of the log ``log_path`` (read from its last 16 KiB, so it is cheap
+    to poll), each line's progress-bar redraws dropped (only the text after its last carriage
+    return kept); "" when it cannot be read."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    # Split on newlines only: str.splitlines also splits at the carriage returns of a redraw.
+    kept = [line.rsplit("\r", 1)[-1] for line in text.replace("\r\n", "\n").rstrip("\n").split("\n")]
+    return "\n".join(kept[-lines:])
