@@ -231,7 +231,8 @@ def running_server(cmd: list[str], env: dict, log_path: str, timeout: float = 60
             wait_healthy(url, proc, timeout)
         except (RuntimeError, TimeoutError) as err:
             # The log is often a temporary file gone with the run: its end is the only cause shown.
-            # Code -9 with a clean log is the kernel's OOM killer, hence the free memory.
+            # Code -9 is SGLang stopping its process tree after a failed start (the log says why)
+            # or the kernel's OOM killer (the log just stops): hence the free memory.
             raise type(err)(f"{err} ({format_gib(available_memory())} free now); the end of its log "
                             f"{log_path}:\n{log_tail(log_path)}") from None
         yield url
