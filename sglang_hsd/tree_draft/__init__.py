@@ -9,7 +9,7 @@ sequential drafters of the exact study (full trees, one node per step) live with
 """
 
 from sglang_hsd.tree_draft.children import CHILD_SAMPLERS, DEFAULT_CHILD_SAMPLER, ChildSampler, greedy_draft_q
-from sglang_hsd.tree_draft.drafter import DraftPlan, LevelDrafter, LevelTree, StepInput, check_budget
+from sglang_hsd.tree_draft.drafter import DraftPlan, LevelDrafter, LevelTree, StepInput, budget_shapes, check_budget
 from sglang_hsd.tree_draft.noise import TREE_NOISE_TAG, KeyedNoise, NoiseSource, TableNoise, forward_slice
 from sglang_hsd.tree_draft.rules import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES, LevelRule, LevelState
 from sglang_hsd.tree_draft.shape import TreeShape
@@ -32,6 +32,7 @@ __all__ = [
     "StepInput",
     "TableNoise",
     "TreeShape",
+    "budget_shapes",
     "check_budget",
     "forward_slice",
     "greedy_draft_q",

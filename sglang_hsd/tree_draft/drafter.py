@@ -257,6 +257,20 @@ def check_budget(shape: TreeShape, rule: LevelRule) -> None:
             f"--speculative-num-draft-tokens ({shape.num_draft_tokens}) - 1 is larger")
 
 
+def budget_shapes(shape: TreeShape, rule: str) -> dict[int, TreeShape]:
+    """{depth d: the tree a round of budget d drafts} for d = 1..D: ``shape.at_depth(d)`` with
+    its nodes capped at what ``rule`` (a key of ``LEVEL_RULES``) can keep at that depth. The
+    adaptive controller's candidates for a sampled tree (``sglang_plugin/adaptive_spec.py``)."""
+    level_rule = LEVEL_RULES[rule]
+    out = {}
+    for depth, budget in shape.budgets().items():
+        capacity = level_rule.capacity(budget)
+        if budget.budget > capacity:
+            budget = TreeShape(depth, shape.topk, 1 + capacity)
+        out[depth] = budget
+    return out
+
+
 def _check_q(name: str, q: torch.Tensor) -> None:
     """Rows must be finite, non-negative, with positive mass (host sync)."""
     if q.numel() == 0:

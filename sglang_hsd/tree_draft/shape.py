@@ -5,10 +5,16 @@ SGLang's flags: ``--speculative-num-steps`` = D, ``--speculative-eagle-topk`` = 
 depth <= D, chosen from SGLang's pool of k + (D - 1) k^2 candidates (k children of the root, then
 k children of each of the k beams of the D - 1 draft forwards). The runtime, the planner and the
 benchmarks spell the same shape ``"D:k:N"`` (``TreeShape.parse``).
+
+A tree's *budget* (``TreeShape.at_depth``): the adaptive controller (``--hsd-adaptive``) shrinks a
+configured shape round by round to depth d <= D with about d / D of its drafted nodes, so each
+depth keeps about the same number of nodes and the per-depth acceptance the controller estimates
+stays comparable across budgets.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -32,6 +38,11 @@ class TreeShape:
         return self.num_draft_tokens - 1
 
     @property
+    def longest_path(self) -> int:
+        """The most drafted tokens one round can accept: min(D, N - 1)."""
+        return min(self.depth, self.budget)
+
+    @property
     def pool(self) -> int:
         """SGLang's candidate count before pruning: k + (D - 1) k^2."""
         return self.topk + (self.depth - 1) * self.topk**2
@@ -40,6 +51,22 @@ class TreeShape:
     def num_forwards(self) -> int:
         """Nodes whose children are drawn: the root and the k beams of each of the D - 1 forwards."""
         return 1 + self.topk * (self.depth - 1)
+
+    def at_depth(self, depth: int) -> "TreeShape":
+        """The budget of depth ``depth`` within this shape (1 <= depth <= D): the same k,
+        ``ceil((N - 1) depth / D)`` drafted nodes (at least enough for a chain of ``depth``
+        when N - 1 allows it, at most the pool of that depth). ``at_depth(D)`` is this shape
+        whenever N - 1 fits its pool (SGLang's own requirement)."""
+        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= self.depth:
+            raise ValueError(f"depth must be an int in 1..{self.depth}, got {depth!r}")
+        budget = self.budget
+        nodes = max(min(depth, budget), math.ceil(budget * depth / self.depth))
+        pool = self.topk + (depth - 1) * self.topk**2
+        return TreeShape(depth, self.topk, 1 + min(nodes, pool))
+
+    def budgets(self) -> dict[int, "TreeShape"]:
+        """{depth: ``at_depth(depth)``} for every depth 1..D."""
+        return {depth: self.at_depth(depth) for depth in range(1, self.depth + 1)}
 
     @classmethod
     def parse(cls, text: str, name: str = "--tree") -> "TreeShape | None":

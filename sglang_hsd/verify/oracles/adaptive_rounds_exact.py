@@ -39,7 +39,7 @@ from sglang_hsd.verify.oracles.exact import TabularWorld, random_world
 
 __all__ = ["ControlledLaw", "ControllerSetup", "PromptedWorld", "RoundState", "budget_round", "next_cap", "peek_rate",
            "controlled_prefix_distribution", "finish_round", "peeking_round", "prompted_world",
-           "truncating_round"]
+           "truncated", "truncating_round"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,21 +163,30 @@ def budget_round(world, method: str, setup: ControllerSetup, state: RoundState, 
     return {(length, *key): prob for key, prob in law.items()}
 
 
+def truncated(policy: RoundPolicy) -> RoundPolicy:
+    """WRONG: ``policy``'s round, shortened after the fact on a rejection at position j to the
+    accepted j tokens, as if L = j had been chosen: the rejected position is dropped and a bonus
+    token from p at position j replaces the residual token (and the controller is told j of j
+    accepted). Works for any round whose outcome is (L, accepted tokens + one more token)."""
+
+    def truncating(world, method: str, setup: ControllerSetup, state: RoundState, prefix, choose):
+        out: dict[tuple[int, tuple[int, ...], int, int], float] = {}
+        for (length, block, drafted, accepted), prob in policy(world, method, setup, state, prefix, choose).items():
+            if accepted == drafted:
+                out[(length, block, drafted, accepted)] = out.get((length, block, drafted, accepted), 0.0) + prob
+                continue
+            p = world.p(prefix + block[:-1])
+            for token in np.nonzero(p)[0]:
+                key = (length, block[:-1] + (int(token),), accepted, accepted)
+                out[key] = out.get(key, 0.0) + prob * float(p[token])
+        return out
+
+    return truncating
+
+
 def truncating_round(world, method: str, setup: ControllerSetup, state: RoundState, prefix, choose):
-    """WRONG: as ``budget_round``, but on a rejection at position j the round is shortened after the
-    fact to the accepted j tokens, as if L = j had been chosen: the rejected position is dropped and
-    a bonus token from p at position j replaces the residual token (and the controller is told j of
-    j accepted)."""
-    out: dict[tuple[int, tuple[int, ...], int, int], float] = {}
-    for (length, block, drafted, accepted), prob in budget_round(world, method, setup, state, prefix, choose).items():
-        if accepted == drafted:
-            out[(length, block, drafted, accepted)] = out.get((length, block, drafted, accepted), 0.0) + prob
-            continue
-        p = world.p(prefix + block[:-1])
-        for token in np.nonzero(p)[0]:
-            key = (length, block[:-1] + (int(token),), accepted, accepted)
-            out[key] = out.get(key, 0.0) + prob * float(p[token])
-    return out
+    """WRONG: ``budget_round`` shortened after the fact (``truncated``)."""
+    return truncated(budget_round)(world, method, setup, state, prefix, choose)
 
 
 def peek_rate(world, prefix: tuple[int, ...], draft: tuple[int, ...]) -> float:

@@ -13,6 +13,7 @@ compared with the exact target law by ``stats.chi_square_p_value``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,7 @@ from sglang_hsd.verify.oracles.adaptive_rounds_exact import ControllerSetup, Pro
 from sglang_hsd.verify.oracles.exact import prefix_offset, target_prefix_distribution
 from sglang_hsd.verify.oracles.simulate import SimulationResult, _append_emitted
 
-__all__ = ["ControlledSimulation", "simulate_controlled_chain", "target_law_probs"]
+__all__ = ["ControlledSimulation", "RoundFn", "Tables", "plain_rows", "simulate_controlled_chain", "target_law_probs"]
 
 
 @dataclass
@@ -44,7 +45,7 @@ def target_law_probs(world, length: int) -> torch.Tensor:
     return probs
 
 
-class _Tables:
+class Tables:
     """The base world's rows as tensors, looked up by (context length, base-V value of the context)."""
 
     def __init__(self, world: PromptedWorld, dtype: torch.dtype) -> None:
@@ -58,7 +59,7 @@ class _Tables:
         return self.offsets[context_len] + value
 
 
-def _draft(tables: _Tables, rule, context_len, value, limit, num_draft: int, generator):
+def _draft(tables: Tables, rule, context_len, value, limit, num_draft: int, generator):
     """Draft up to ``limit`` [R] (<= ``num_draft``) tokens per row from q, stopping a row after a
     token the rule stops on. Returns draft [R, K], q rows [R, K, V], p rows [R, K + 1, V] (row
     ``drafted`` is the bonus row) and drafted [R] (>= 1); positions past a row's draft are unused."""
@@ -89,6 +90,17 @@ def _group_rows(active: list[int], batch: int):
         yield group, [position for position, _ in items]
 
 
+# One round of the active rows at their groups' lengths: (tables, world, method, setup, state,
+# active [R], lengths [R], generator, truncate_on_reject) -> (emitted [R, longest + 1] -1 padded,
+# drafted [R], accepted [R] as the controller is told them).
+RoundFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def plain_rows(tables: "Tables", context_len: torch.Tensor, value: torch.Tensor, generator) -> torch.Tensor:
+    """One token from p per row (a round of length 0: plain decoding). int64 [R]."""
+    return torch.multinomial(tables.p[tables.code(context_len, value)], 1, generator=generator).squeeze(-1)
+
+
 def _round(tables, world, method, setup, state, active, lengths, generator, truncate_on_reject):
     """One round for the ``active`` rows at their group's ``lengths``. Returns emitted [R, K + 1]
     (-1 padded), drafted [R] and accepted [R] as the controller is told them."""
@@ -100,8 +112,7 @@ def _round(tables, world, method, setup, state, active, lengths, generator, trun
     accepted = torch.zeros(rows, dtype=torch.long)
     plain = (lengths == 0).nonzero().squeeze(-1)
     if plain.numel():
-        emitted[plain, 0] = torch.multinomial(tables.p[tables.code(context_len[plain], value[plain])], 1,
-                                              generator=generator).squeeze(-1)
+        emitted[plain, 0] = plain_rows(tables, context_len[plain], value[plain], generator)
     for length in sorted(set(lengths.tolist()) - {0}):
         sel = (lengths == length).nonzero().squeeze(-1)
         limit = torch.minimum(caps[sel], torch.tensor(length))
@@ -130,17 +141,21 @@ def simulate_controlled_chain(
     generator: torch.Generator,
     truncate_on_reject: bool = False,
     dtype: torch.dtype = torch.float64,
+    round_fn: RoundFn | None = None,
 ) -> ControlledSimulation:
     """Run controlled rounds (module docstring) until every sequence has ``length`` tokens.
 
     ``truncate_on_reject``: the WRONG controller of ``adaptive_rounds_exact.truncating_round``.
+    ``round_fn``: what one round of the chosen lengths runs (``RoundFn``; None: chains drafted
+    from q and verified by ``verify_chain``; ``adaptive_tree_simulate.tree_round``: sampled trees).
     Returns the first ``length`` tokens of the ``num_groups * batch`` sequences (group g holds
     sequences g * batch .. g * batch + batch - 1) and each one's accepted drafts in its first round.
     """
     if world.max_len < length - 1 + setup.longest:
         raise ValueError(f"the world's max_len {world.max_len} is too small for length {length} and "
                          f"drafts of {setup.longest}")
-    tables = _Tables(world, dtype)
+    round_fn = _round if round_fn is None else round_fn
+    tables = Tables(world, dtype)
     total = num_groups * batch
     prompt_value = sum(t * tables.vocab ** (len(world.prompt) - 1 - i) for i, t in enumerate(world.prompt))
     state = {"seq_len": torch.zeros(total, dtype=torch.long), "value": torch.full((total,), prompt_value),
@@ -157,8 +172,8 @@ def simulate_controlled_chain(
         for group, positions in groups:
             rates = [controllers[group].request_rate(estimates[active_list[i]]) for i in positions]
             lengths[positions] = controllers[group].choose(rates, len(positions))
-        emitted, drafted, accepted = _round(tables, world, method, setup, state, active, lengths, generator,
-                                            truncate_on_reject)
+        emitted, drafted, accepted = round_fn(tables, world, method, setup, state, active, lengths, generator,
+                                              truncate_on_reject)
         if first_round is None:
             first_round = accepted.clone()
         drafted_list, accepted_list = drafted.tolist(), accepted.tolist()
