@@ -39,7 +39,10 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
                   model on SGLang's own forward instead of the lean one): what the lean forward saves;
 * ``tokenwise``   the same with ``--hsd-verify-method tokenwise`` (the standard per-token rule);
 * ``hsd-tree``    HSD with a sampled tree drafted by the draft model (``--speculative-eagle-topk``
-                  = ``--tree-topk``, ``--speculative-num-draft-tokens`` = ``--tree-tokens``);
+                  = ``--tree-topk``, ``--speculative-num-draft-tokens`` = ``--tree-tokens``), its
+                  shape fixed (``--hsd-adaptive off``);
+* ``hsd-tree-adaptive`` the same tree with ``--hsd-adaptive on``: each round's depth (0 = plain
+                  decoding) and node budget chosen within the configured shape;
 * ``standalone``  SGLang's own ``--speculative-algorithm STANDALONE`` (argmax drafts; on CPU its
                   verify takes the target's argmax for every batch, so its T > 0 rows are greedy
                   speculative decoding, not sampling).
@@ -158,8 +161,12 @@ CONFIGS = {c.name: c for c in (
                      "verify_chain(method='tokenwise')",
                      server_args=("--hsd-verify-method", "tokenwise", "--hsd-adaptive", "off")),
     DraftModelConfig("hsd-tree", "HSD, draft LM, sampled tree (depth --num-steps, --tree-topk "
-                     "children per node, --tree-tokens nodes), verify_tree(method='hsd'); "
-                     "all-greedy batches keep SGLang's top-k tree", tree=True),
+                     "children per node, --tree-tokens nodes), verify_tree(method='hsd'), fixed "
+                     "shape (--hsd-adaptive off); all-greedy batches keep SGLang's top-k tree",
+                     server_args=("--hsd-adaptive", "off"), tree=True),
+    DraftModelConfig("hsd-tree-adaptive", "hsd-tree with each round's tree budget chosen per "
+                     "round (--hsd-adaptive on: depth 0..--num-steps within the configured shape)",
+                     server_args=("--hsd-adaptive", "on"), tree=True),
     DraftModelConfig("standalone", "SGLang STANDALONE, argmax drafts; CPU verify is argmax for "
                      "every batch, so T > 0 rows are greedy speculative decoding",
                      algorithm="STANDALONE"),

@@ -118,11 +118,15 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def server_flags(config: TreeConfig, shape: tuple[int, int, int]) -> list[str]:
+    """The server flags of ``config`` at ``shape`` (D, k, N). Every row keeps its shape
+    (``--hsd-adaptive off``): the table compares what each rule accepts per pass at that shape."""
     steps, topk, tokens = shape
     if config.tree_draft is None:
-        return ["--speculative-eagle-topk", "1", "--hsd-verify-method", config.verify_method]
+        return ["--speculative-eagle-topk", "1", "--hsd-verify-method", config.verify_method,
+                "--hsd-adaptive", "off"]
     flags = ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(tokens),
-             "--hsd-tree-draft", config.tree_draft, "--hsd-verify-method", config.verify_method]
+             "--hsd-tree-draft", config.tree_draft, "--hsd-verify-method", config.verify_method,
+             "--hsd-adaptive", "off"]
     if config.draft_temperature_scale != 1.0:
         flags += ["--hsd-draft-temperature-scale", f"{config.draft_temperature_scale:g}"]
     if config.tree_rule is not None:

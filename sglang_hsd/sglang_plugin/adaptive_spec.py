@@ -18,10 +18,21 @@ measured milliseconds per batch bucket and length.
 
 Lossless: the length of round n depends only on rounds before n (``sglang_hsd/adaptive.py``).
 
-Scope: chains (``--speculative-eagle-topk 1``) without an exit level, and without
-``--hsd-request-seeds on`` (a seeded request must not depend on timings). Trees, the exit level
-and seeded servers keep the configured length (an explicit ``--hsd-adaptive on`` with them is refused naming the flag; the
-default turns itself off there and says so in the log).
+Trees (``--speculative-eagle-topk`` > 1, on CPU): the controller chooses a depth d in 0..D of the
+configured shape (D, k, N), d > 0 drafting the budget ``tree_draft.budget_shapes(shape, rule)[d]``
+(depth d, about d / D of the N - 1 nodes; d = D is the configured shape). Each budget is one of
+SGLang's runtime states (``HSDVerify.build_adaptive_runtime_state`` gives it the budget's node
+count; SGLang's own states are chains of d + 1 tokens) and the draft worker keeps one tree plan
+per budget (``worker_setup.setup_sampled_trees``). A round is a chain of budgets to the
+controller: it accepted the path's length of at most ``longest_path`` (min(d, N_d - 1)), so the
+same per-token estimates and cost medians price depths as they price lengths. Lossless as for
+chains: d is fixed before the round's tree is drawn (``verify/oracles/adaptive_tree_exact.py``).
+
+Scope: chains and CPU trees (``--speculative-eagle-topk`` > 1 on another device keeps its shape:
+each budget's draft CUDA graph is untested) without an exit level, and without
+``--hsd-request-seeds on`` (a seeded request must not depend on timings). Elsewhere the
+configured length is kept (an explicit ``--hsd-adaptive on`` there is refused naming the flag;
+the default turns itself off and says so in the log).
 """
 
 from __future__ import annotations
@@ -62,11 +73,15 @@ class AdaptiveRounds:
             setup, the chosen length, the round's measured and excluded seconds and, once SGLang
             hands them, each request's accepted drafts (so a request's rounds can be followed
             and another controller setting's estimates replayed); None: none.
+        tree_budgets: for a tree, {depth d: the ``TreeShape`` a round of budget d drafts}
+            (``tree_draft.budget_shapes``); a round of d counts as ``longest_path`` drafts.
+            None: a chain (a round of L drafts L).
     """
 
     def __init__(self, controller: BudgetController, lengths_cycle: tuple[int, ...] | None = None,
-                 trace: TextIO | None = None) -> None:
+                 trace: TextIO | None = None, tree_budgets: dict | None = None) -> None:
         self.controller = controller
+        self.tree_budgets = tree_budgets
         self.lengths_cycle = lengths_cycle
         self.trace = trace
         self._traced: dict | None = None  # the current round's trace line, finished by end()
@@ -157,6 +172,8 @@ class AdaptiveRounds:
     def verified(self, num_correct_drafts_per_req: list[int]) -> None:
         """SGLang's accepted draft counts of the last decode round, in its requests' order."""
         reqs, length = self._reqs, self._round_length
+        if length > 0 and self.tree_budgets is not None:
+            length = self.tree_budgets[length].longest_path  # the most the round could accept
         if len(num_correct_drafts_per_req) != len(reqs):
             self._write_trace()
             return
@@ -181,6 +198,8 @@ class AdaptiveRounds:
 
     def as_dict(self) -> dict:
         state = self.controller.as_dict()
+        if self.tree_budgets is not None:
+            state["tree_budgets"] = {str(depth): str(shape) for depth, shape in self.tree_budgets.items()}
         state.update(enabled=True, current_steps=self.length, lengths_cycle=self.lengths_cycle,
                      overhead_ms=round(1000 * self.overhead, 2),
                      accepted_drafts_by_length={str(length): list(counts) for length, counts
@@ -232,17 +251,19 @@ class HSDAdaptivePolicy:
         return None  # the switch happens when the next batch is activated
 
 
-def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bool) -> AdaptiveRounds | None:
+def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bool,
+                     tree_rule: str | None = None) -> AdaptiveRounds | None:
     """Give an HSD V2 worker (after SGLang's ``__init__``, before ``init_cuda_graphs``) SGLang's
-    ``AdaptiveController`` driven by ``BudgetController`` over lengths 0..``speculative_num_steps``;
-    None when off or unsupported (logged)."""
+    ``AdaptiveController`` driven by ``BudgetController`` over lengths (chains) or tree depths
+    (``topk`` > 1, budgets of ``tree_rule``, kept on the worker as ``hsd_tree_budgets``)
+    0..``speculative_num_steps``; None when off or unsupported (logged)."""
     if not setting.enabled:
         logger.info("sglang-hsd: %s off: every round drafts %d tokens", ADAPTIVE_FLAG,
                     worker.speculative_num_steps)
         return None
     from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
 
-    reason = unsupported_reason(topk, exit_layer, request_seeds_enabled())
+    reason = unsupported_reason(topk, exit_layer, request_seeds_enabled(), str(worker.device))
     if reason is not None:
         logger.info("sglang-hsd: %s not applied with %s", ADAPTIVE_FLAG, reason)
         return None
@@ -257,8 +278,14 @@ def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bo
     if setting.trace_path is not None:
         trace = open(os.path.expanduser(setting.trace_path), "a", encoding="utf-8")  # noqa: SIM115 (the server's lifetime)
         logger.info("sglang-hsd: %s: one line per decode round in %s", TRACE_FLAG, setting.trace_path)
+    budgets = None
+    if topk > 1:
+        budgets = tree_budgets(worker, tree_rule)
+        worker.hsd_tree_budgets = budgets
+        logger.info("sglang-hsd: %s: tree budgets by depth %s", ADAPTIVE_FLAG,
+                    ", ".join(f"{depth}: {shape}" for depth, shape in budgets.items()))
     rounds = AdaptiveRounds(BudgetController(setting.config(worker.speculative_num_steps)),
-                            setting.lengths_cycle, trace)
+                            setting.lengths_cycle, trace, budgets)
     if setting.tuning:
         logger.info("sglang-hsd: %s: %s", TUNING_FLAG, ", ".join(f"{k}={v}" for k, v in setting.tuning))
     worker.adaptive_controller = AdaptiveController(worker, HSDAdaptivePolicy(rounds))
@@ -269,6 +296,20 @@ def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bo
         logger.info("sglang-hsd: %s on: draft lengths %s chosen per round from measured costs and "
                     "acceptance", ADAPTIVE_FLAG, list(rounds.controller.config.candidates))
     return rounds
+
+
+def tree_budgets(worker, rule: str | None) -> dict:
+    """{depth: ``TreeShape``} of the worker's configured tree under ``rule`` (a key of
+    ``tree_draft.LEVEL_RULES``); the deepest must be the configured shape (SGLang registers
+    that state itself, with the configured node count)."""
+    from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, TreeShape, budget_shapes
+
+    shape = TreeShape(worker.speculative_num_steps, worker.topk, worker.speculative_num_draft_tokens)
+    budgets = budget_shapes(shape, rule or DEFAULT_LEVEL_RULE)
+    if budgets[shape.depth] != shape:
+        raise ValueError(f"{ADAPTIVE_FLAG}: the tree {shape} keeps {budgets[shape.depth].budget} nodes "
+                         f"under --hsd-tree-rule {rule}; lower --speculative-num-draft-tokens")
+    return budgets
 
 
 def install_request_level_key() -> None:

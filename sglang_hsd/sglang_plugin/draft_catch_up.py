@@ -52,7 +52,8 @@ extend) round by round.
 Scope: a separate draft language model (``--hsd-draft-kind model``: its extend reads tokens only;
 an EAGLE-3 head would need the target's hidden states of the skipped positions), on CPU (no
 overlap scheduler, no draft CUDA graph, both of which bypass the hooks used here), with
-``--hsd-adaptive`` on. Elsewhere the default turns itself off (logged); an explicit ``on`` is
+``--hsd-adaptive`` on, for chains (a tree's first draft step reads the root q that SGLang's
+draft extend records, ``tree_draft.RootQHook``; trees keep that extend). Elsewhere the default turns itself off (logged); an explicit ``on`` is
 refused before models load, naming the flag.
 
 """
@@ -345,7 +346,8 @@ def build_catch_up(worker, setting: CatchUpSetting, adaptive: bool) -> DraftCatc
                     CATCH_UP_FLAG)
         return None
     reason = unsupported_reason(str(worker.device), draft_model=True,
-                                adaptive_off=None if adaptive else "--hsd-adaptive not applied")
+                                adaptive_off=None if adaptive else "--hsd-adaptive not applied",
+                                topk=worker.topk)
     if reason is not None:
         logger.info("sglang-hsd: %s not applied with %s", CATCH_UP_FLAG, reason)
         return None

@@ -289,7 +289,8 @@ def catch_up_problems(args) -> list[str]:
     draft_model = (args.speculative_draft_model_path is not None
                    and resolve_draft_kind(args.speculative_draft_model_path) == MODEL)
     adaptive_off = "--hsd-adaptive off" if not adaptive else _adaptive_unsupported(args)
-    reason = unsupported_reason(args.device or "cuda", draft_model, adaptive_off)
+    reason = unsupported_reason(args.device or "cuda", draft_model, adaptive_off,
+                                args.speculative_eagle_topk or 1)
     if reason is None:
         return []
     if setting.explicit:
@@ -362,7 +363,7 @@ def _adaptive_unsupported(args) -> str | None:
         seeds = request_seeds_enabled()
     except ValueError:
         seeds = False  # reported by request_seed_problems
-    return unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, seeds)
+    return unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, seeds, args.device or "cuda")
 
 
 def adaptive_problems(args) -> list[str]:
@@ -389,5 +390,5 @@ def adaptive_problems(args) -> list[str]:
         return problems + [f"{TRACE_FLAG} with {reason}: {ADAPTIVE_FLAG} is not applied there, nothing "
                            f"would be traced"]
     flag = f"{ADAPTIVE_FLAG} on" if setting.explicit else CYCLE_FLAG
-    return problems + [f"{flag} with {reason}: adaptive draft lengths are built for chains without "
-                       f"an exit level; pass {ADAPTIVE_FLAG} off or drop the other option"]
+    return problems + [f"{flag} with {reason}: adaptive budgets are built for chains and CPU trees "
+                       f"without an exit level; pass {ADAPTIVE_FLAG} off or drop the other option"]

@@ -108,6 +108,7 @@ def draft_sampled_tree(worker, forward_batch):
         worker: the ``HSDDraftWorker`` (SGLang's draft worker: draft runner, attention backends,
             topk, speculative_num_steps / num_draft_tokens, hot_token_id; ``hsd_config``, the
             ``PluginConfig`` whose ``tree_rule`` and ``draft_temperature_scale`` apply;
+            ``hsd_tree_plans``, the ``DraftPlan`` of each depth's budget;
             ``hsd_identity_token_map``, whether hot_token_id is the identity).
         forward_batch: the draft ``ForwardBatch`` SGLang prepared (spec_info carries the root's
             hidden states [bs, H] and q ``draft_probs`` [bs, Vd]).
@@ -122,7 +123,11 @@ def draft_sampled_tree(worker, forward_batch):
         raise RuntimeError("HSD sampled trees: the draft input carries no root q (draft extend "
                            "ran without RootQHook)")
     config = worker.hsd_config
-    drafter = LevelDrafter(worker.hsd_tree_plan, root_q.float(), greedy_rows(info),
+    plan = worker.hsd_tree_plans[steps]  # this round's budget (--hsd-adaptive may shrink it)
+    if plan.shape.num_draft_tokens != worker.speculative_num_draft_tokens:
+        raise RuntimeError(f"HSD sampled tree: the runtime state has {worker.speculative_num_draft_tokens} "
+                           f"draft tokens at depth {steps}, the tree plan {plan.shape}")
+    drafter = LevelDrafter(plan, root_q.float(), greedy_rows(info),
                            round_noise(info, forward_batch.seq_lens), validate=False)
     to_target = _target_ids(worker)
     out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc,

@@ -267,6 +267,18 @@ def write_tree_result(predicts, accept_index, accept_token_num, retrive_index, r
     accept_token_num.copy_(result.num_accepted.to(accept_token_num.dtype))
 
 
+def _plain_round_tree(batch: int, target_probs: torch.Tensor):
+    """The one-node tree of a round that drafted nothing (``--hsd-adaptive`` chose depth 0): the
+    root alone, an all-zero q [batch, 1, V] no method reads (a leaf's row), so the verifier
+    draws the token from the target's row: plain decoding."""
+    from sglang_hsd.sglang_plugin.tree_draft import DraftTree
+
+    vocab, device = target_probs.shape[-1], target_probs.device
+    none = torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+    return DraftTree(torch.zeros(batch, 1, vocab, dtype=torch.float32, device=device), none, none.clone(),
+                     torch.zeros(batch, dtype=torch.int64, device=device))
+
+
 def make_hsd_tree_sampling(original, state: VerifyHookState):
     """Build the replacement for ``eagle_utils.tree_speculative_sampling_target_only`` (SGLang's
     tree sampler, reached by a non-greedy tree batch): under HSD, ``verify_tree`` with the
@@ -285,6 +297,8 @@ def make_hsd_tree_sampling(original, state: VerifyHookState):
                             threshold_single, threshold_acc, deterministic)
         state.hsd_calls += 1
         method, tree = state.config.verify_method, state.tree
+        if tree is None and candidates.shape[1] == 1:
+            tree = _plain_round_tree(candidates.shape[0], target_probs)
         if TREE_METHODS[method].reads_q and tree is None:
             raise RuntimeError(f"HSD tree verify ({method!r}) without the round's sampled tree")
         if state.hsd_calls == 1:

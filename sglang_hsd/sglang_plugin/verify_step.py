@@ -58,6 +58,17 @@ class HSDVerify:
             if catch_up is not None:
                 catch_up.end_round()
 
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens,
+                                     cuda_graph_bs=None):
+        """SGLang's runtime state of ``speculative_num_steps``; for a tree under
+        ``--hsd-adaptive`` (``hsd_tree_budgets``) with the node count of that depth's budget
+        instead of the chain's ``steps + 1`` SGLang's ``AdaptiveController.init_states`` asks for."""
+        budgets = getattr(self, "hsd_tree_budgets", None)
+        if budgets is not None and speculative_num_steps > 0:
+            speculative_num_draft_tokens = budgets[speculative_num_steps].num_draft_tokens
+        return super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens,
+                                                    cuda_graph_bs=cuda_graph_bs)
+
     def _build_trivial_verify_input(self, batch):
         """SGLang's one-node verify input of a round that drafts nothing (``--hsd-adaptive``
         chose 0), with an all-zero draft q ``[bs, 1, V]``: SGLang's sampler requires a q of the
@@ -75,7 +86,9 @@ class HSDVerify:
                 or pp_proxy_tensors is not None):
             # Grammar-constrained batches keep the two-level round: SGLang builds their
             # grammar tree from the drafts before the target forward.
-            tree = getattr(self._draft_worker, "hsd_tree", None)
+            # A round of budget 0 (``--hsd-adaptive``) drafted no tree: the last one is stale.
+            tree = (getattr(self._draft_worker, "hsd_tree", None)
+                    if self.speculative_num_steps > 0 else None)
             with self.hsd_hooks.verify_call(batch.sampling_info, tree=tree):
                 return super().verify(batch, pp_proxy_tensors=pp_proxy_tensors,
                                       grammar_barrier=grammar_barrier)
@@ -108,7 +121,7 @@ def build_adaptive(worker, plugin_config: PluginConfig):
     """``--hsd-adaptive`` for ``worker`` (after SGLang's ``__init__``, ``hsd_exit`` set): an
     ``adaptive_spec.AdaptiveRounds`` or None (off, or trees / an exit level)."""
     return install_adaptive(worker, AdaptiveSetting.from_env(), plugin_config.topk,
-                            exit_layer=worker.hsd_exit is not None)
+                            exit_layer=worker.hsd_exit is not None, tree_rule=plugin_config.tree_rule)
 
 
 def build_exit_verifier(target_worker, plugin_config: PluginConfig,

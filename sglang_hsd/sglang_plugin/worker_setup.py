@@ -39,19 +39,24 @@ def adopt_draft_worker(worker, sglang_cls: type, hsd_cls: type):
 
 def setup_sampled_trees(draft, config: PluginConfig) -> None:
     """With ``--hsd-tree-draft sampled`` or ``argmax-first`` trees (topk > 1), give the HSD draft worker ``draft``
-    (a ``draft_worker.SampledTreeDraft``) the configuration its tree loop reads and the
-    ``RootQHook`` that records each draft extend's next-root q; nothing for chains or top-k trees.
+    (a ``draft_worker.SampledTreeDraft``) the configuration its tree loop reads, one ``DraftPlan``
+    per tree budget (``hsd_tree_plans``, keyed by depth: the configured shape at its depth, the
+    smaller budgets ``--hsd-adaptive`` may choose below it) and the ``RootQHook`` that records each
+    draft extend's next-root q; nothing for chains or top-k trees.
     """
     if draft is None or not config.sampled_tree:
         return
     from sglang.srt.speculative import eagle_worker_v2
 
     from sglang_hsd.sglang_plugin.tree_draft import RootQHook
-    from sglang_hsd.tree_draft import DraftPlan, TreeShape
+    from sglang_hsd.tree_draft import DraftPlan, TreeShape, budget_shapes
 
     draft.hsd_config = config
     shape = TreeShape(draft.speculative_num_steps, draft.topk, draft.speculative_num_draft_tokens)
-    draft.hsd_tree_plan = DraftPlan.build(shape, config.tree_rule, draft.device, config.child_sampler)
+    budgets = budget_shapes(shape, config.tree_rule)
+    budgets[shape.depth] = shape  # as configured (DraftPlan.build refuses a shape the rule cannot keep)
+    draft.hsd_tree_plans = {depth: DraftPlan.build(budget, config.tree_rule, draft.device, config.child_sampler)
+                            for depth, budget in budgets.items()}
     draft.hsd_root_q = RootQHook(config.draft_temperature_scale)
     draft.hsd_root_q.install(eagle_worker_v2)
 

@@ -18,16 +18,17 @@ def test_parse_shape_and_flags():
         parse_shape("5,4")
     flags = server_flags(CONFIGS["stock-tree"], (5, 4, 8))
     assert flags == ["--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
-                     "--hsd-tree-draft", "topk", "--hsd-verify-method", "target-only"]
+                     "--hsd-tree-draft", "topk", "--hsd-verify-method", "target-only",
+                     "--hsd-adaptive", "off"]
     assert server_flags(CONFIGS["hsd-chain"], (5, 4, 8)) == [
-        "--speculative-eagle-topk", "1", "--hsd-verify-method", "hsd"]
+        "--speculative-eagle-topk", "1", "--hsd-verify-method", "hsd", "--hsd-adaptive", "off"]
     assert server_flags(CONFIGS["hsd-tree-sharp"], (5, 4, 8))[-2:] == [
         "--hsd-draft-temperature-scale", "0.5"]
     assert "--hsd-draft-temperature-scale" not in server_flags(CONFIGS["hsd-tree"], (5, 4, 8))
     assert server_flags(CONFIGS["hsd-tree-beam"], (5, 4, 8))[-2:] == ["--hsd-tree-rule", "beam"]
     assert "--hsd-tree-rule" not in server_flags(CONFIGS["hsd-tree"], (5, 4, 8))
-    assert server_flags(CONFIGS["argmax-first-tree"], (5, 4, 8))[-4:] == [
-        "--hsd-tree-draft", "argmax-first", "--hsd-verify-method", "hsd"]
+    assert server_flags(CONFIGS["argmax-first-tree"], (5, 4, 8))[-6:] == [
+        "--hsd-tree-draft", "argmax-first", "--hsd-verify-method", "hsd", "--hsd-adaptive", "off"]
 
 
 def test_mean_and_standard_error():

@@ -76,6 +76,20 @@ def test_build_tree_skips_node_whose_parent_was_not_kept():
     assert ns[0].tolist() == [-1, 2, -1, 4, -1, -1]
 
 
+def test_build_tree_of_one_draft_step_without_parent_entries():
+    """Depth 1 (a tree budget of --hsd-adaptive): SGLang passes a parent list with no columns;
+    every kept node is a child of the root."""
+    n = 3
+    mask = torch.ones(n * n, dtype=torch.bool)
+    positions = torch.empty(n, dtype=torch.long)
+    ri, nt, ns = torch.full((3, 1, n), -1, dtype=torch.long)
+    build_tree_kernel_efficient_cpu(torch.empty(1, 0, dtype=torch.long), torch.tensor([[0, 1]]),
+                                    torch.tensor([4]), mask, positions, ri, nt, ns, 2, 1, n, 1)
+    assert nt[0].tolist() == [1, -1, -1] and ns[0].tolist() == [-1, 2, -1]
+    assert positions.tolist() == [4, 5, 5]
+    assert torch.equal(mask.view(n, n), _ancestor_mask([-1, 0, 0]))
+
+
 def test_greedy_tree_verify_walks_siblings():
     _, _, ri, nt, ns = _build([4], mode=1)
     candidates = torch.tensor([[9, 10, 11, 12, 13, 14]])
@@ -127,7 +141,7 @@ def test_tree_masked_extend_attention_equals_each_path_as_a_sequence():
         torch.testing.assert_close(out[node], plain[-1])
 
 
-@pytest.mark.parametrize("depth, topk, n", [(3, 2, 6), (3, 3, 8), (2, 4, 9)])
+@pytest.mark.parametrize("depth, topk, n", [(3, 2, 6), (3, 3, 8), (2, 4, 9), (1, 2, 3), (1, 4, 3)])
 def test_tree_builder_reads_the_sampled_drafters_pool_layout(depth, topk, n):
     """SGLang's tree builder (this stand-in) turns the sampled drafter's pool layout into the
     links the drafter reports in verify order (full-support q: no filler nodes)."""

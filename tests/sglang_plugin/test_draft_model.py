@@ -202,8 +202,9 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-draft-precision int4: the copies are built from float32 weights; serve with --dtype float32"),
     ({DRAFT_PRECISION_ENV: "int4"}, dict(device="cuda"), "--hsd-draft-precision int4: weight copies run on CPU"),
     ({DRAFT_PRECISION_ENV: "int5"}, {}, "--hsd-draft-precision (SGLANG_HSD_DRAFT_PRECISION) must be one of"),
-    ({ADAPTIVE_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
-     "--hsd-adaptive on with --speculative-eagle-topk 2"),
+    ({ADAPTIVE_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
+                                device="cuda"),
+     "--hsd-adaptive on with --speculative-eagle-topk 2 on --device cuda (tree budgets run on CPU"),
     ({ADAPTIVE_ENV: "on", EXIT_LAYER_ENV: "2"}, {}, "--hsd-adaptive on with --hsd-exit-layer"),
     ({ADAPTIVE_ENV: "maybe"}, {}, "--hsd-adaptive (SGLANG_HSD_ADAPTIVE) must be one of on, off"),
     ({CYCLE_ENV: "0,5"}, dict(speculative_num_steps=3),
@@ -212,8 +213,9 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "comma-separated draft lengths"),
     ({CYCLE_ENV: "0,2", ADAPTIVE_ENV: "off"}, {}, "--hsd-draft-lengths-cycle: the lengths replace "
      "--hsd-adaptive's choice; it is off"),
-    ({CYCLE_ENV: "0,2"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
-     "--hsd-draft-lengths-cycle with --speculative-eagle-topk 2"),
+    ({CYCLE_ENV: "0,2"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
+                              device="cuda"),
+     "--hsd-draft-lengths-cycle with --speculative-eagle-topk 2 on --device cuda"),
     ({TRACE_ENV: "/nonexistent-hsd/trace.jsonl"}, {},
      "--hsd-adaptive-trace /nonexistent-hsd/trace.jsonl: the folder /nonexistent-hsd does not exist"),
     ({TRACE_ENV: "/"}, {}, "--hsd-adaptive-trace /: a directory; expected a file to append to"),
@@ -221,9 +223,10 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-adaptive-trace: it records --hsd-adaptive's choices; it is off"),
     ({TRACE_ENV: "trace.jsonl", CYCLE_ENV: "0,2"}, {},
      "--hsd-adaptive-trace with --hsd-draft-lengths-cycle: the cycle forces every length"),
-    ({TRACE_ENV: "trace.jsonl"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
-     "--hsd-adaptive-trace with --speculative-eagle-topk 2 (trees keep their configured shape): "
-     "--hsd-adaptive is not applied there"),
+    ({TRACE_ENV: "trace.jsonl"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
+                                      device="cuda"),
+     "--hsd-adaptive-trace with --speculative-eagle-topk 2 on --device cuda (tree budgets run on CPU; "
+     "GPU trees keep their configured shape): --hsd-adaptive is not applied there"),
     ({TUNING_ENV: "draft_margin=0.9"}, {}, "--hsd-adaptive-tuning: draft_margin must be >= 1, got 0.9"),
     ({TUNING_ENV: "spread_trials=0"}, {}, "--hsd-adaptive-tuning: spread_trials must be >= 1 (inf: never fitted), got 0.0"),
     ({TUNING_ENV: "margin=1.05"}, {}, "--hsd-adaptive-tuning (SGLANG_HSD_ADAPTIVE_TUNING) takes name=value "
@@ -238,8 +241,8 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-draft-catch-up on with --hsd-adaptive off (no round drafts zero tokens)"),
     ({CATCH_UP_ENV: "on"}, dict(device="cuda"), "--hsd-draft-catch-up on with --device cuda"),
     ({CATCH_UP_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
-     "--hsd-draft-catch-up on with --speculative-eagle-topk 2 (trees keep their configured shape) "
-     "(no round drafts zero tokens)"),
+     "--hsd-draft-catch-up on with --speculative-eagle-topk 2 (a tree round drafts from the root q "
+     "SGLang's draft extend records"),
     ({CATCH_UP_ENV: "on", "SGLANG_HSD_REQUEST_SEEDS": "on"}, {},
      "--hsd-draft-catch-up on with --hsd-request-seeds on"),
     ({CATCH_UP_ENV: "yes"}, {}, "--hsd-draft-catch-up (SGLANG_HSD_DRAFT_CATCH_UP) must be one of on, off"),
@@ -347,3 +350,13 @@ def test_draft_extend_keeps_the_logits_of_each_requests_last_accepted_token():
     worker.device = "cuda"  # elsewhere the extend keeps SGLang's own path
     with HSDStandaloneDraftWorker._kept_logit_rows(worker, batch, result):
         assert not hasattr(lm_head, LOGIT_ROWS_ATTR)
+
+
+def test_draft_model_trees_take_adaptive_budgets_on_cpu(hsd, pair, clean_env):
+    """An explicit ``--hsd-adaptive on`` (and a lengths cycle over depths) with a CPU tree is served."""
+    clean_env.setenv(ADAPTIVE_ENV, "on")
+    args = _args(pair.target, pair.draft, speculative_num_steps=3, speculative_eagle_topk=2,
+                 speculative_num_draft_tokens=6)
+    hsd.validate_server_args(args)
+    clean_env.setenv(CYCLE_ENV, "0,3,1")
+    hsd.validate_server_args(args)

@@ -21,7 +21,8 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 * load: 32 concurrent mixed greedy / sampled / top-k / top-p requests, a quarter aborted midway,
   no error, and the free KV slots of the target's and the draft's pools back to their start;
 * all three for sampled trees too (depth 3, k = 2, N = 6: children drawn without replacement from
-  the draft model's q, verified by ``verify_tree``; all-greedy batches keep SGLang's top-k tree);
+  the draft model's q, verified by ``verify_tree``; all-greedy batches keep SGLang's top-k tree),
+  the rounds cycling through the tree budgets of depth 0..3 (``--hsd-draft-lengths-cycle``);
 * greedy output and the T = 1 law with the early-exit level at layer 2 (logit lens) verifying the
   draft model's chain before the full target;
 * T = 1 with ``min_p``: on all three servers the law is the one SGLang's non-speculative sampler
@@ -52,6 +53,7 @@ STAT_SAMPLES = 240
 STAT_TOKENS = 4  # the prefill's token, then the first verify rounds' tokens
 PIT_BINS = 10
 TREE = (2, 6)  # k, N of the tree server (depth 3)
+TREE_CYCLE = "3,0,1,2,3,2"  # the tree server's depths (budgets 1:2:3, 2:2:5, 3:2:6), round by round
 EXIT_LAYER = 2  # of the target's 4
 MIN_P = 0.05  # removes about a third of the target's mass at each of the first sampled positions
 # A token whose target probability is this fraction below the min-p threshold is outside the
@@ -122,9 +124,11 @@ def k3_url(pair):
 
 @pytest.fixture(scope="module")
 def tree_url(pair):
-    """A sampled tree: depth 3, k = 2 children per node, N = 6 nodes (root included)."""
+    """A sampled tree: depth 3, k = 2 children per node, N = 6 nodes (root included), whose
+    rounds take the tree budgets of ``TREE_CYCLE`` in turn (``--hsd-adaptive``'s runtime states
+    of depth 0..3, switched between rounds), so every check on it holds across budgets."""
     with _server(pair, 3, topk=TREE[0], num_draft_tokens=TREE[1],
-                 extra=["--hsd-draft-forward", "checked"]) as url:
+                 extra=["--hsd-draft-forward", "checked", "--hsd-draft-lengths-cycle", TREE_CYCLE]) as url:
         yield url
     with open(pair[0] / f"{_server_name(3, *TREE)}.log") as f:
         log = f.read()
@@ -160,6 +164,17 @@ def test_adaptive_lengths_are_reported_per_request_and_in_server_info(k3_url):
     assert adaptive["enabled"] and adaptive["candidates"] == [0, 1, 2, 3]
     assert adaptive["rounds"] >= len(budgets) and adaptive["mean_steps"] is not None
     assert adaptive["round_ms_by_batch_bucket"]
+
+
+def test_tree_budgets_are_reported(tree_url):
+    """The tree server's rounds ran every budget of the cycle: each request reports its depths,
+    ``/server_info`` the budgets and the accepted drafts per depth (at most the budget's path)."""
+    out = _generate(tree_url, PROMPTS[0], temperature=1.0)
+    assert set(out["meta_info"]["hsd_draft_budget"]) == {0, 1, 2, 3}, out["meta_info"]
+    adaptive = _hsd_state(tree_url)["adaptive"]
+    assert adaptive["tree_budgets"] == {"1": "1:2:3", "2": "2:2:5", "3": "3:2:6"}
+    counts = adaptive["accepted_drafts_by_length"]
+    assert {"1", "2", "3"} <= set(counts) and all(len(c) == int(d) + 1 for d, c in counts.items()), counts
 
 
 @pytest.mark.parametrize("num_steps", [2, 3, 4])

@@ -296,6 +296,10 @@ def _verify_parents(parent_list, top_scores_index, topk):
     for a node whose parent pool node was not kept)."""
     bs = top_scores_index.shape[0]
     block = top_scores_index // topk
+    if parent_list.shape[1] == 0:
+        # One draft step (depth 1, a tree budget of --hsd-adaptive): SGLang passes no parent
+        # entries, as every pool node is a child of the root (block 0).
+        parent_list = torch.full((bs, 1), -1, dtype=torch.long, device=block.device)
     parent_pool = parent_list.gather(1, block)
     # verify index of a pool node = 1 + its rank among the kept (sorted) pool indices
     match = top_scores_index.unsqueeze(1) == parent_pool.unsqueeze(2)  # [bs, N-1 (child), N-1]
