@@ -52,8 +52,10 @@ extend) round by round.
 Scope: a separate draft language model (``--hsd-draft-kind model``: its extend reads tokens only;
 an EAGLE-3 head would need the target's hidden states of the skipped positions), on CPU (no
 overlap scheduler, no draft CUDA graph, both of which bypass the hooks used here), with
-``--hsd-adaptive`` on, for chains (a tree's first draft step reads the root q that SGLang's
-draft extend records, ``tree_draft.RootQHook``; trees keep that extend). Elsewhere the default turns itself off (logged); an explicit ``on`` is
+``--hsd-adaptive`` on. For a tree (``--speculative-eagle-topk`` > 1) the catch-up gives each
+caught-up request the next root SGLang's skipped extend would have recorded (``_tree_roots``: the
+root q of ``tree_draft.RootQHook``'s transform, SGLang's top-k for its greedy tree); a drafting
+tree round keeps SGLang's window extend (the tail extend is for chains). Elsewhere the default turns itself off (logged); an explicit ``on`` is
 refused before models load, naming the flag.
 
 """
@@ -88,11 +90,17 @@ class DraftCatchUp:
         device: where the batch's tensors live.
         tail: after a drafting chain round, extend only the positions its draft steps did not
             write (``extend_tail``; ``--hsd-draft-extend tail``) instead of SGLang's window.
+        topk: k, children per tree node (``--speculative-eagle-topk``; 1: a chain). A tree's
+            caught-up requests get their next root (``_tree_roots``), k wide.
+        temperature_scale: the draft temperature scale of a tree's root q
+            (``--hsd-draft-temperature-scale``, as ``tree_draft.RootQHook`` applies it).
     """
 
-    def __init__(self, device, tail: bool = True) -> None:
+    def __init__(self, device, tail: bool = True, topk: int = 1, temperature_scale: float = 1.0) -> None:
         self.device = device
         self.tail = tail
+        self.topk = topk
+        self.temperature_scale = temperature_scale
         self._skip = False
         self._plan: CatchUpPlan | None = None
         self._template = None  # the round's draft DECODE ForwardBatch (a tail extend's template)
@@ -141,7 +149,7 @@ class DraftCatchUp:
         table = batch.req_to_token_pool.req_to_token
         self._set(table[batch.req_pool_indices.to(torch.int64), batch.seq_lens.to(torch.int64)],
                   False)
-        _stub_next_draft_input(batch_result.next_draft_input, batch.spec_info, len(batch.reqs))
+        _stub_next_draft_input(batch_result.next_draft_input, batch.spec_info, len(batch.reqs), self.topk)
         self.skipped_extends += 1
         self.skipped_rows += len(batch.reqs)
         return True
@@ -174,7 +182,7 @@ class DraftCatchUp:
         self.deferred_prefills += 1
         self.deferred_rows += int(sum(batch.extend_lens))
         return EagleDraftInput(
-            **_zero_stubs(len(batch.reqs), vocab, next_token_ids.device), hidden_states=None,
+            **_zero_stubs(len(batch.reqs), vocab, next_token_ids.device, self.topk), hidden_states=None,
             bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
     def pending_seconds(self, batch) -> tuple[float, float]:
@@ -210,7 +218,11 @@ class DraftCatchUp:
             return
         started = time.perf_counter()
         spec_info = forward_batch.spec_info
-        probs, p, ids = self._extend(draft_worker, plan, forward_batch.sampling_info)
+        logits = self._extend(draft_worker, plan)
+        if self.topk == 1:
+            probs, p, ids = self._first_drafts(logits, plan, forward_batch.sampling_info)
+        else:
+            probs, p, ids = self._tree_roots(logits, plan, forward_batch.sampling_info)
         spec_info.draft_probs = spec_info.draft_probs.index_copy(
             0, plan.rows, probs.to(spec_info.draft_probs.dtype))
         spec_info.topk_p = spec_info.topk_p.index_copy(0, plan.rows, p.to(spec_info.topk_p.dtype))
@@ -233,7 +245,7 @@ class DraftCatchUp:
         started = time.perf_counter()
         width = int(draft_worker.speculative_num_draft_tokens)  # W = L + 1
         plan = tail_plan(batch, batch_result, int(draft_worker.speculative_num_steps), width)
-        probs, p, ids = self._extend(draft_worker, plan, batch.sampling_info)
+        probs, p, ids = self._first_drafts(self._extend(draft_worker, plan), plan, batch.sampling_info)
         next_draft_input = batch_result.next_draft_input
         next_draft_input.topk_p, next_draft_input.topk_index = p, ids
         next_draft_input.draft_probs = probs
@@ -244,19 +256,23 @@ class DraftCatchUp:
         self.tail_seconds += time.perf_counter() - started
         return True
 
-    def _extend(self, draft_worker, plan: CatchUpPlan, sampling):
+    def _extend(self, draft_worker, plan: CatchUpPlan) -> torch.Tensor:
         """One EXTEND forward of the draft model over ``plan`` (its rows of the round's draft
-        batch) and each request's first-draft proposal from its last row, sampled as SGLang's
-        decode-time draft extend does (``sample_draft_proposal`` with the request's temperature
-        and top-k; a greedy request's top-k of 1 proposes the argmax; seeded streams keyed by the
-        committed length). Returns (q [A, V], its probability [A, 1], the draft [A, 1])."""
-        from sglang.srt.speculative.spec_utils import sample_draft_proposal
-
+        batch): the logits of each request's last row, float [A, V]."""
         from sglang_hsd.sglang_plugin.forward_batches import catch_up_extend_batch
 
         fb = catch_up_extend_batch(self._template, plan.rows, plan.prefix, plan.lengths,
                                    plan.input_ids, plan.positions, plan.out_cache_loc)
-        logits = draft_worker.draft_runner.forward(fb).logits_output.next_token_logits  # [A, V]
+        return draft_worker.draft_runner.forward(fb).logits_output.next_token_logits
+
+    @staticmethod
+    def _first_drafts(logits: torch.Tensor, plan: CatchUpPlan, sampling):
+        """A chain's first-draft proposal of each request from ``logits`` [A, V], sampled as
+        SGLang's decode-time draft extend does (``sample_draft_proposal`` with the request's
+        temperature and top-k; a greedy request's top-k of 1 proposes the argmax; seeded streams
+        keyed by the committed length). Returns (q [A, V], its probability [A, 1], the draft [A, 1])."""
+        from sglang.srt.speculative.spec_utils import sample_draft_proposal
+
         committed = (plan.prefix + plan.lengths).to(torch.int64)
         # HSD chains run SGLang's rejection-sampling draft path (forced by the server-argument
         # resolution), so every draft input carries q and greedy rows (top_k 1) propose argmax.
@@ -264,6 +280,25 @@ class DraftCatchUp:
         return sample_draft_proposal(
             logits, sampling.temperatures[plan.rows], sampling.top_ks[plan.rows],
             sampling_seed=None if seed is None else seed[plan.rows], positions=committed)
+
+    def _tree_roots(self, logits: torch.Tensor, plan: CatchUpPlan, sampling):
+        """A tree's next root of each request from ``logits`` [A, V], as the draft extend SGLang
+        skipped leaves it: the root q the sampled tree draws from (``RootQHook``'s transform:
+        the request's sampling parameters at the draft temperature scale, plain softmax for
+        greedy rows) and SGLang's top-k of the plain softmax (its greedy top-k tree). Returns
+        (root q [A, V], topk_p [A, k], topk_index [A, k])."""
+        from sglang.srt.utils.common import fast_topk
+
+        from sglang_hsd.sglang_plugin.request_sampling import sampling_probs
+
+        # The transform reads every request's parameters: run it on the whole batch's rows
+        # (zeros where nothing was caught up) and keep the caught-up ones.
+        full = logits.new_zeros(int(sampling.temperatures.shape[0]), logits.shape[-1])
+        full[plan.rows] = logits
+        root_q = sampling_probs(full.float(), sampling, greedy_plain=True,
+                                temperature_scale=self.temperature_scale)[plan.rows]
+        topk_p, topk_index = fast_topk(torch.softmax(logits.float(), -1), self.topk, dim=-1)
+        return root_q, topk_p, topk_index
 
     def record(self, rows: int, seconds: float) -> None:
         """A catch-up of ``rows`` rows took ``seconds`` (what prices the pending ones)."""
@@ -312,22 +347,22 @@ class DraftCatchUp:
             self._slots(int(slots.max()) + 1)[slots] = value
 
 
-def _zero_stubs(batch_size: int, vocab: int | None, device) -> dict:
-    """``topk_p`` [B, 1], ``topk_index`` [B, 1] and ``draft_probs`` [B, vocab] (None without a
+def _zero_stubs(batch_size: int, vocab: int | None, device, topk: int = 1) -> dict:
+    """``topk_p`` [B, k], ``topk_index`` [B, k] and ``draft_probs`` [B, vocab] (None without a
     width) of zeros, shaped as SGLang's draft extends leave them (batches merge and filter them;
     none is read before ``run`` replaces it)."""
     # One zero row broadcast over the batch: merges and filters copy it, nothing writes to it.
     probs = (None if vocab is None else
              torch.zeros(1, vocab, dtype=torch.float32, device=device).expand(batch_size, vocab))
-    return {"topk_p": torch.zeros(batch_size, 1, dtype=torch.float32, device=device),
-            "topk_index": torch.zeros(batch_size, 1, dtype=torch.int64, device=device),
+    return {"topk_p": torch.zeros(batch_size, topk, dtype=torch.float32, device=device),
+            "topk_index": torch.zeros(batch_size, topk, dtype=torch.int64, device=device),
             "draft_probs": probs}
 
 
-def _stub_next_draft_input(next_draft_input, verify_input, batch_size: int) -> None:
+def _stub_next_draft_input(next_draft_input, verify_input, batch_size: int, topk: int = 1) -> None:
     """``_zero_stubs`` on a skipped round's next-draft input; ``verify_input`` (the round's
     verify input) gives the vocabulary width."""
-    stubs = _zero_stubs(batch_size, _vocab_width(verify_input), next_draft_input.bonus_tokens.device)
+    stubs = _zero_stubs(batch_size, _vocab_width(verify_input), next_draft_input.bonus_tokens.device, topk)
     for name, value in stubs.items():
         setattr(next_draft_input, name, value)
 
@@ -346,15 +381,17 @@ def build_catch_up(worker, setting: CatchUpSetting, adaptive: bool) -> DraftCatc
                     CATCH_UP_FLAG)
         return None
     reason = unsupported_reason(str(worker.device), draft_model=True,
-                                adaptive_off=None if adaptive else "--hsd-adaptive not applied",
-                                topk=worker.topk)
+                                adaptive_off=None if adaptive else "--hsd-adaptive not applied")
     if reason is not None:
         logger.info("sglang-hsd: %s not applied with %s", CATCH_UP_FLAG, reason)
         return None
     if getattr(worker, "_draft_worker", None) is None:
         return None
+    tree = worker.topk > 1
     logger.info("sglang-hsd: %s on: rounds that draft nothing skip the draft extend; the draft "
-                "cache catches up when drafting resumes; %s %s", CATCH_UP_FLAG, EXTEND_FLAG,
-                "tail: a drafting round extends only what its draft steps did not write"
-                if setting.tail else "window: a drafting round extends its whole verify window")
-    return DraftCatchUp(worker.device, tail=setting.tail)
+                "cache catches up when drafting resumes; %s", CATCH_UP_FLAG,
+                "a drafting tree round extends its whole verify window (SGLang's extend)" if tree else
+                f"{EXTEND_FLAG} tail: a drafting round extends only what its draft steps did not write"
+                if setting.tail else f"{EXTEND_FLAG} window: a drafting round extends its whole verify window")
+    return DraftCatchUp(worker.device, tail=setting.tail, topk=worker.topk,
+                        temperature_scale=worker.hsd_hooks.config.draft_temperature_scale)

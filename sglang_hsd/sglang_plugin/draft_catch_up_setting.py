@@ -43,10 +43,9 @@ class CatchUpSetting:
                    tail_explicit=bool(extend))
 
 
-def unsupported_reason(device: str, draft_model: bool, adaptive_off: str | None, topk: int = 1) -> str | None:
+def unsupported_reason(device: str, draft_model: bool, adaptive_off: str | None) -> str | None:
     """Why the catch-up cannot run with this server, or None. ``adaptive_off``: why no round
-    drafts zero tokens (``--hsd-adaptive`` off or not applied), or None; ``topk`` > 1: a tree,
-    whose first draft step reads the next root's q that only SGLang's draft extend records."""
+    drafts zero tokens (``--hsd-adaptive`` off or not applied), or None."""
     if not draft_model:
         return ("an EAGLE-3 draft head (its extend reads the target's hidden states of every "
                 "position; only --hsd-draft-kind model is supported)")
@@ -55,7 +54,4 @@ def unsupported_reason(device: str, draft_model: bool, adaptive_off: str | None,
                 "catch-up; CPU only)")
     if adaptive_off is not None:
         return f"{adaptive_off} (no round drafts zero tokens)"
-    if topk > 1:
-        return (f"--speculative-eagle-topk {topk} (a tree round drafts from the root q SGLang's "
-                "draft extend records; trees keep that extend)")
     return None

@@ -289,8 +289,7 @@ def catch_up_problems(args) -> list[str]:
     draft_model = (args.speculative_draft_model_path is not None
                    and resolve_draft_kind(args.speculative_draft_model_path) == MODEL)
     adaptive_off = "--hsd-adaptive off" if not adaptive else _adaptive_unsupported(args)
-    reason = unsupported_reason(args.device or "cuda", draft_model, adaptive_off,
-                                args.speculative_eagle_topk or 1)
+    reason = unsupported_reason(args.device or "cuda", draft_model, adaptive_off)
     if reason is None:
         return []
     if setting.explicit:

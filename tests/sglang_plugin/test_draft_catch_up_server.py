@@ -20,7 +20,10 @@ anywhere shows as different drafts:
   catches the draft up over the cached prefix as well (the same rounds and accepted drafts as
   the server that always extends);
 * ``/server_info`` reports the skipped extends, the deferred prefills and the catch-ups, and
-  the KV pools return to their start.
+  the KV pools return to their start;
+* the same for a sampled tree (depth 3, k = 2, N = 6; the cycle's lengths are depths): greedy
+  rounds and accepted drafts equal to the server that always extends, sampled acceptance kept,
+  the T = 1 law, the KV pools.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 NUM_STEPS = 3
 CYCLE = "0,0,3,0,2,3,3,0,0,0,1,0,3"
 MAX_NEW_TOKENS = 32
+TREE = (2, 6)  # k, N of the tree servers (depth NUM_STEPS; the cycle's lengths are its depths)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,7 @@ def reference(pair):
     return [greedy_reference(model, ids, MAX_NEW_TOKENS) for ids in PROMPTS]
 
 
-def _server(pair, catch_up: str, radix_cache: bool = False):
+def _server(pair, catch_up: str, radix_cache: bool = False, tree: bool = False):
     from sglang_hsd.sglang_plugin.cpu.cpu_server import (
         draft_model_server_command, free_port, running_server, server_env)
 
@@ -57,8 +61,9 @@ def _server(pair, catch_up: str, radix_cache: bool = False):
     extra = ["--dtype", "float32", "--hsd-draft-precision", "fp32",
              "--hsd-draft-lengths-cycle", CYCLE, "--hsd-draft-catch-up", catch_up,
              *([] if radix_cache else ["--disable-radix-cache"])]
-    cmd = draft_model_server_command(target, free_port(), target, num_steps=NUM_STEPS, extra=extra)
-    log = root / f"catch_up_{catch_up}{'_radix' if radix_cache else ''}.log"
+    shape = dict(topk=TREE[0], num_draft_tokens=TREE[1]) if tree else {}
+    cmd = draft_model_server_command(target, free_port(), target, num_steps=NUM_STEPS, extra=extra, **shape)
+    log = root / f"catch_up_{catch_up}{'_radix' if radix_cache else ''}{'_tree' if tree else ''}.log"
     return running_server(cmd, server_env(), str(log))
 
 
@@ -68,6 +73,16 @@ def servers(pair):
         yield on_url, off_url
     for name in ("on", "off"):
         with open(pair[0] / f"catch_up_{name}.log") as f:
+            assert "Traceback" not in f.read()
+
+
+@pytest.fixture(scope="module")
+def tree_servers(pair):
+    """The two servers with a sampled tree of depth 3, k = 2, N = 6 (the cycle gives depths)."""
+    with _server(pair, "on", tree=True) as on_url, _server(pair, "off", tree=True) as off_url:
+        yield on_url, off_url
+    for name in ("on", "off"):
+        with open(pair[0] / f"catch_up_{name}_tree.log") as f:
             assert "Traceback" not in f.read()
 
 
@@ -153,3 +168,47 @@ def test_catch_up_sampled_law_is_the_targets(pair, servers):
 
 def test_catch_up_returns_kv(servers):
     assert_kv_returns(servers[0], seed=5)
+
+
+def test_tree_catch_up_leaves_the_draft_cache_the_skipped_extends_would_have(tree_servers, reference):
+    """Trees: greedy requests draft SGLang's top-k tree from the next root's top-k, which the
+    catch-up computes for the requests it caught up: the same rounds and accepted drafts as on
+    the server that always extends, and the target's greedy tokens."""
+    on_url, off_url = tree_servers
+    assert _hsd_state(on_url)["draft_catch_up"]["enabled"]
+    on, off = _sequential(on_url), _sequential(off_url)
+    accepted = 0
+    for ids, expected, a, b in zip(PROMPTS, reference, on, off):
+        assert a["output_ids"] == expected and b["output_ids"] == expected, ids
+        ma, mb = a["meta_info"], b["meta_info"]
+        assert ma["hsd_draft_budget"] == mb["hsd_draft_budget"], ids
+        assert ma["spec_correct_drafts_histogram"] == mb["spec_correct_drafts_histogram"], ids
+        accepted += ma["spec_num_correct_drafts"]
+    assert accepted >= 8
+    state = _hsd_state(on_url)["draft_catch_up"]
+    assert state["skipped_extends"] > 0 and state["catch_ups"] > 0
+
+
+def test_tree_catch_up_keeps_sampled_acceptance(tree_servers):
+    """T = 1: a caught-up request's sampled tree draws from the root q the skipped extend would
+    have recorded; with the target as its own draft model nearly every draft is accepted on
+    both servers (a wrong root q would show as lost acceptance)."""
+    on_url, off_url = tree_servers
+    means = []
+    for url in (on_url, off_url):
+        outs = [_generate(url, ids, MAX_NEW_TOKENS, temperature=1.0) for ids in PROMPTS * 2]
+        drafted = [o["meta_info"]["spec_num_correct_drafts"] for o in outs]
+        means.append(sum(drafted) / len(drafted))
+    print(f"\ntree T=1 accepted drafts per request: catch-up on {means[0]:.2f}, off {means[1]:.2f}")
+    assert means[1] >= 6 and means[0] >= 0.85 * means[1], means
+
+
+@pytest.mark.statistical
+def test_tree_catch_up_sampled_law_is_the_targets(pair, tree_servers):
+    on_url, _ = tree_servers
+    p_server = law_p_values(on_url, pair[1], "tree catch-up PIT law test")
+    assert p_server[-1] > ALPHA, p_server
+
+
+def test_tree_catch_up_returns_kv(tree_servers):
+    assert_kv_returns(tree_servers[0], seed=6)

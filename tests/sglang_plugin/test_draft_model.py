@@ -240,9 +240,9 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
     ({CATCH_UP_ENV: "on", ADAPTIVE_ENV: "off"}, {},
      "--hsd-draft-catch-up on with --hsd-adaptive off (no round drafts zero tokens)"),
     ({CATCH_UP_ENV: "on"}, dict(device="cuda"), "--hsd-draft-catch-up on with --device cuda"),
-    ({CATCH_UP_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6),
-     "--hsd-draft-catch-up on with --speculative-eagle-topk 2 (a tree round drafts from the root q "
-     "SGLang's draft extend records"),
+    ({CATCH_UP_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
+                                device="cuda"),
+     "--hsd-draft-catch-up on with --device cuda"),
     ({CATCH_UP_ENV: "on", "SGLANG_HSD_REQUEST_SEEDS": "on"}, {},
      "--hsd-draft-catch-up on with --hsd-request-seeds on"),
     ({CATCH_UP_ENV: "yes"}, {}, "--hsd-draft-catch-up (SGLANG_HSD_DRAFT_CATCH_UP) must be one of on, off"),
