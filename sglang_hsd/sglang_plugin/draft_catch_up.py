@@ -55,8 +55,9 @@ overlap scheduler, no draft CUDA graph, both of which bypass the hooks used here
 ``--hsd-adaptive`` on. For a tree (``--speculative-eagle-topk`` > 1) the catch-up gives each
 caught-up request the next root SGLang's skipped extend would have recorded (``_tree_roots``: the
 root q of ``tree_draft.RootQHook``'s transform, SGLang's top-k for its greedy tree); a drafting
-tree round keeps SGLang's window extend (the tail extend is for chains). Elsewhere the default turns itself off (logged); an explicit ``on`` is
-refused before models load, naming the flag.
+tree round keeps SGLang's window extend (the tail extend is for chains; an explicit
+``--hsd-draft-extend tail`` with a tree is refused). Elsewhere the default turns itself off
+(logged); an explicit ``on`` is refused before models load, naming the flag.
 
 """
 

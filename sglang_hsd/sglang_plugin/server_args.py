@@ -282,6 +282,9 @@ def catch_up_problems(args) -> list[str]:
                 f"catch-up; pass {CATCH_UP_FLAG} on or drop {EXTEND_FLAG}"]
     if not (setting.enabled and (setting.explicit or setting.tail_explicit and setting.tail)):
         return []
+    if setting.tail_explicit and setting.tail and (args.speculative_eagle_topk or 1) > 1:
+        return [f"{EXTEND_FLAG} tail with --speculative-eagle-topk {args.speculative_eagle_topk}: a "
+                f"drafting tree round keeps SGLang's window extend; drop {EXTEND_FLAG}"]
     try:
         adaptive = AdaptiveSetting.from_env().enabled
     except ValueError:

@@ -267,16 +267,16 @@ def write_tree_result(predicts, accept_index, accept_token_num, retrive_index, r
     accept_token_num.copy_(result.num_accepted.to(accept_token_num.dtype))
 
 
-def _plain_round_tree(batch: int, target_probs: torch.Tensor):
+def _plain_round_tree(draft_probs: torch.Tensor):
     """The one-node tree of a round that drafted nothing (``--hsd-adaptive`` chose depth 0): the
-    root alone, an all-zero q [batch, 1, V] no method reads (a leaf's row), so the verifier
-    draws the token from the target's row: plain decoding."""
+    root alone, with the all-zero q [bs, 1, V] SGLang's tree sampler already hands in
+    (``draft_probs``), which no method reads (a leaf's row), so the verifier draws the token
+    from the target's row: plain decoding."""
     from sglang_hsd.sglang_plugin.tree_draft import DraftTree
 
-    vocab, device = target_probs.shape[-1], target_probs.device
+    batch, device = draft_probs.shape[0], draft_probs.device
     none = torch.full((batch, 1), -1, dtype=torch.int64, device=device)
-    return DraftTree(torch.zeros(batch, 1, vocab, dtype=torch.float32, device=device), none, none.clone(),
-                     torch.zeros(batch, dtype=torch.int64, device=device))
+    return DraftTree(draft_probs, none, none.clone(), torch.zeros(batch, dtype=torch.int64, device=device))
 
 
 def make_hsd_tree_sampling(original, state: VerifyHookState):
@@ -298,7 +298,7 @@ def make_hsd_tree_sampling(original, state: VerifyHookState):
         state.hsd_calls += 1
         method, tree = state.config.verify_method, state.tree
         if tree is None and candidates.shape[1] == 1:
-            tree = _plain_round_tree(candidates.shape[0], target_probs)
+            tree = _plain_round_tree(draft_probs)
         if TREE_METHODS[method].reads_q and tree is None:
             raise RuntimeError(f"HSD tree verify ({method!r}) without the round's sampled tree")
         if state.hsd_calls == 1:
