@@ -225,6 +225,7 @@ def measure_row(server: Server, row: dict, target: Path, datasets: dict[str, Pat
     return {**result.kept(), **result.accept_length_stats(),
             "row_mean_length": rounds_mean_length(before, after),
             "mean_chosen_budget": after.mean_chosen_budget,
+            "draft_copy": after.draft_copy,
             # the controller's state after the row (choices and measured ms per batch bucket and
             # length): where an adaptive row's rounds went
             "adaptive_state": after.hsd.get("adaptive"),
@@ -291,13 +292,13 @@ def markdown_table(records: list[dict], meta: dict) -> str:
     """The results table (Markdown)."""
     lines = ["| config | prompts | T | concurrency | completed | output tok/s | vs none | "
              "vs none-bf16 | median TPOT ms | accept length (server) | accept length per request "
-             "| mean length (row) | mean chosen budget (server) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean length (row) | mean chosen budget (server) | draft copy (server) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in add_ratios(records):
         if "error" in r:
             lines.append(f"| {r['config']} | {r.get('prompt_set', '')} | "
                          f"{r.get('temperature', '')} | {r.get('concurrency', '')} | failed: "
-                         f"{r['error']} | | | | | | | | |")
+                         f"{r['error']} | | | | | | | | | |")
             continue
         lines.append(f"| {r['config']} | {r['prompt_set']} | {r['temperature']:g} | "
                      f"{r['concurrency']} | {r['completed']}/{meta['num_prompts']} | "
@@ -305,7 +306,8 @@ def markdown_table(records: list[dict], meta: dict) -> str:
                      f"{_ratio_cell(r.get('ratio_to_none_bf16'))} | "
                      f"{fmt(r['median_tpot_ms'], 1)} | {fmt(r['accept_length'])} | "
                      f"{mean_se_cell(r.get('accept_length_mean'), r.get('accept_length_se'))} | "
-                     f"{fmt(r.get('row_mean_length'))} | {fmt(r.get('mean_chosen_budget'))} |")
+                     f"{fmt(r.get('row_mean_length'))} | {fmt(r.get('mean_chosen_budget'))} | "
+                     f"{r.get('draft_copy') or 'n/a'} |")
     notes = [f"- `{name}`: {CONFIGS[name].note}" for name in meta["configs"]]
     notes += [f"- `{name}` server arguments added: `{shlex.join(args)}`"
               for name, args in meta.get("extra_server_args", {}).items() if name in meta["configs"]]

@@ -342,6 +342,18 @@ class ServerInfo:
         value = adaptive.get("mean_steps") if isinstance(adaptive, dict) else None
         return float(value) if isinstance(value, (int, float)) else None
 
+    @property
+    def draft_copy(self) -> str | None:
+        """The draft model's weight copy in place and the row counts it serves, as one cell
+        (``hsd.draft_copies``: e.g. ``int4 (layers 1-16, lm_head 1-8)``); None for a server
+        without one. Which copy a start chose moves a round's cost by a fifth on some CPUs, so
+        every row records the one it ran with."""
+        copies = self.hsd.get("draft_copies")
+        if not isinstance(copies, dict) or "precision" not in copies:
+            return None
+        rows = copies.get("copy_rows") or {}
+        served = ", ".join(f"{group} {'all' if last == 'all' else f'1-{last}'}" for group, last in rows.items())
+        return f"{copies['precision']} ({served})" if served else str(copies["precision"])
 
     @property
     def choice_counts(self) -> dict[tuple[str, str], int]:

@@ -147,6 +147,16 @@ def test_server_info_reads_accept_length_hsd_and_a_budget_only_when_reported():
     assert ServerInfo.parse({}) == ServerInfo(None, {})
 
 
+def test_server_info_names_the_draft_copy_and_the_rows_it_serves():
+    def copy(copies):
+        return ServerInfo(None, {"draft_copies": copies}).draft_copy
+
+    assert copy({"precision": "int4", "copy_rows": {"layers": 16, "lm_head": 8}}) == "int4 (layers 1-16, lm_head 1-8)"
+    assert copy({"precision": "w8a8", "copy_rows": {"layers": "all", "lm_head": "all"}}) == "w8a8 (layers all, lm_head all)"
+    assert copy({"precision": "fp32", "copy_rows": {}}) == "fp32"
+    assert ServerInfo(None, {}).draft_copy is None  # no draft model of its own
+
+
 def test_row_mean_length_is_the_change_of_the_servers_choice_counts():
     def info(choices):
         return ServerInfo(None, {"adaptive": {"choices_by_batch_bucket": choices}})
