@@ -218,8 +218,10 @@ class BudgetController:
         """The draft length of the next round for a batch whose requests have acceptance
         ``rates`` (one per request, ``len(rates) == batch``) and which must pay ``setup`` before
         it drafts; the choice is recorded."""
-        length, probe_against, leader = self._plan(rates, batch, setup)
+        length, probe_against, leader, line = self._plan(rates, batch, setup)
         bucket = batch_bucket(batch)
+        if line is not None:
+            self.rechecks.start_line(bucket, length, line, self.bucket_rounds.get(bucket, 0))
         self.setups.observe(bucket, length, setup)
         self.rechecks.lead(bucket, leader, self.costs, self.bucket_rounds.get(bucket, 0))
         self._probe = None if probe_against is None else (bucket, length, probe_against)
@@ -232,9 +234,10 @@ class BudgetController:
         return self._plan(rates, batch, setup)[0]
 
     def _plan(self, rates: Sequence[float], batch: int,
-              setup: DraftSetup) -> tuple[int, float | None, int]:
+              setup: DraftSetup) -> tuple[int, float | None, int, float | None]:
         """(the length to run, the best choice's seconds for a budgeted probe or None, the
-        length ranked fastest on the known costs: the leader ``Rechecks`` tracks)."""
+        length ranked fastest on the known costs: the leader ``Rechecks`` tracks, and the line's
+        seconds when the length is an out-of-line one to recheck from now, else None)."""
         if len(rates) != batch:
             raise ValueError(f"rates must have one entry per request ({batch}), got {len(rates)}")
         bucket = batch_bucket(batch)
@@ -242,14 +245,28 @@ class BudgetController:
         best, best_speed = self._fastest(bucket, rates, setup)
         due = self._due_anchor(bucket, rates, setup, (best, best_speed))
         if due is not None:
-            return (*due, best)
-        recheck = self.rechecks.due(bucket, self.bucket_rounds.get(bucket, 0))
+            return (*due, best, None)
+        index = self.bucket_rounds.get(bucket, 0)
+        recheck = self.rechecks.due(bucket, index)
         if recheck is not None and recheck.length != best:
-            # Only while it would lead again at the cost it showed while leading.
-            seconds = self.config.priced(recheck.length, recheck.baseline + setup.share(rates, recheck.length))
-            if self.tokens(rates, recheck.length) / seconds >= best_speed:
-                return recheck.length, None, best
-        return best, None, best
+            # Only while it would lead again at the cost it showed while leading (or at its line).
+            if self._beats(recheck.length, recheck.baseline, rates, setup, best_speed) is not None:
+                return recheck.length, None, best, None
+        if recheck is None:
+            lines = self.rechecks.out_of_line(bucket, self.costs, index)
+            speeds = {length: speed for length, line in lines.items() if length != best
+                      and (speed := self._beats(length, line, rates, setup, best_speed)) is not None}
+            if speeds:
+                length = max(speeds, key=speeds.__getitem__)
+                return length, None, best, lines[length]
+        return best, None, best, None
+
+    def _beats(self, length: int, seconds: float, rates: Sequence[float], setup: DraftSetup,
+               best_speed: float) -> float | None:
+        """The expected tokens per second of ``length`` at ``seconds`` a round (priced, with
+        ``setup``'s share) if it reaches ``best_speed``, else None."""
+        speed = self.tokens(rates, length) / self.config.priced(length, seconds + setup.share(rates, length))
+        return speed if speed >= best_speed else None
 
     def observe_round(self, batch: int, length: int, seconds: float) -> None:
         """A decode round of ``batch`` requests drafting ``length`` took ``seconds``."""
@@ -291,6 +308,7 @@ class BudgetController:
                 "mean_steps": None if mean is None else round(mean, 3),
                 "server_accept_rate": round(self.server_rate, 4), "rate_spread": self.spread.as_dict(),
                 "recheck_rounds": self.rechecks.rounds,
+                "line_recheck_rounds": self.rechecks.line_rounds,
                 "rounds_per_setup_by_batch_bucket": self.setups.as_dict(),
                 "explore_ms_by_batch_bucket": {str(b): round(1000 * v, 2)
                                                for b, v in sorted(self.explore_spent.items())},

@@ -137,6 +137,18 @@ class RoundCosts:
             return own
         return min(own, min(longer))
 
+    def line(self, bucket: int, length: int) -> float | None:
+        """Seconds of ``length`` at ``bucket`` on the lowest line through a positive length
+        measured there below it and one above it (its own measurements left out); None without a
+        measured length on both sides. The lowest, not the nearest: the neighbours may be stale
+        too (4, 5 and 6 drafts all measured in slow rounds put each other in line). Plain
+        decoding is not a point: the first draft brings the drafter's fixed costs, so a line
+        from 0 puts 1 draft too low."""
+        points = [(l, s) for (b, l), s in self.seconds.items() if b == bucket and l > 0 and l != length]
+        lines = [s0 + (s1 - s0) * (length - l0) / (l1 - l0)
+                 for l0, s0 in points if l0 < length for l1, s1 in points if l1 > length]
+        return min(lines) if lines else None
+
     def _own_estimate(self, bucket: int, length: int) -> float | None:
         measured = self.measured(bucket, length)
         if measured is not None:

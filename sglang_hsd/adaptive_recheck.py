@@ -18,6 +18,18 @@ controller's refresh takes over from there). A recheck runs only while the lengt
 showed while it led, would beat the current choice: a lead lost to the rates (requests accepting
 fewer drafts) is not rechecked.
 
+A length can also starve without ever leading: its few rounds ran while they were slow (the
+first rounds at a length after a switch, a busy spell) and, its median too high, it is not chosen
+again, so its samples never age out. On the 2-core AVX-512 EPYC at batch 1 (ShareGPT, T = 0,
+twenty-eighth goodput run) 4 and 5 drafts kept medians of 636 and 724 ms while their later
+steady rounds cost 408 and 385 ms, beside 360 ms for 3 and 554 ms for 8: the controller drafted 3
+in most rounds. So a length whose median sits more than ``drift`` above the line through its
+measured neighbours on either side (:meth:`RoundCosts.line`: a round's cost grows about
+linearly with its drafts) is *out of line*; the controller rechecks it (``line=True``: its
+window restarted, ``min_samples`` rounds) when, at the line's cost, it would beat the current
+choice. A recheck that finds it out of line again waits ``first_delay`` rounds before the next,
+then twice as long, and so on up to ``last_delay``.
+
 Lossless as every choice of the controller: a recheck is decided from past rounds' timings only.
 """
 
@@ -41,6 +53,8 @@ class Recheck:
         delay: the rounds this recheck waited (the next one waits twice as long).
         baseline: the least median (seconds) the length showed while it led.
         fresh: rounds measured since its window restarted (the recheck ends at ``min_samples``).
+        line: a recheck of a length out of line (``baseline``: the line's seconds), not of a
+            displaced leader.
     """
 
     length: int
@@ -48,6 +62,7 @@ class Recheck:
     delay: int
     baseline: float
     fresh: int = 0
+    line: bool = False
 
 
 class Rechecks:
@@ -68,6 +83,10 @@ class Rechecks:
         self.baselines: dict[tuple[int, int], float] = {}  # (bucket, length) -> least median
         self.pending: dict[int, Recheck] = {}  # bucket -> its recheck
         self.rounds = 0  # recheck rounds run
+        self.line_rounds = 0  # of them, rounds of rechecks of lengths out of line
+        # (bucket, length) -> (the bucket's round from which it may be rechecked out of line
+        # again, the delay the next wait will have)
+        self.line_waits: dict[tuple[int, int], tuple[float, int]] = {}
 
     def lead(self, bucket: int, length: int, costs: RoundCosts, round_index: int) -> None:
         """The choice at ``bucket`` ranked ``length`` fastest before round ``round_index``."""
@@ -91,6 +110,27 @@ class Rechecks:
             self.pending[bucket] = Recheck(previous, round_index + self.first_delay,
                                            self.first_delay, baseline)
 
+    def out_of_line(self, bucket: int, costs: RoundCosts, round_index: int) -> dict[int, float]:
+        """The lengths at ``bucket`` out of line now (module docstring) -> their line's seconds;
+        lengths waiting after a recheck that found them out of line are left out, and none while
+        another recheck is pending there."""
+        if bucket in self.pending or self.first_delay >= self.last_delay:
+            return {}
+        out = {}
+        for (b, length), seconds in costs.seconds.items():
+            if b != bucket or length <= 0 or self.line_waits.get((b, length), (0, 0))[0] > round_index:
+                continue
+            line = costs.line(bucket, length)
+            if line is not None and line > 0 and seconds > (1.0 + self.drift) * line:
+                out[length] = line
+        return out
+
+    def start_line(self, bucket: int, length: int, line: float, round_index: int) -> None:
+        """Recheck ``length``, out of line at ``bucket`` (its line at ``line`` seconds), from
+        round ``round_index``."""
+        delay = self.line_waits.get((bucket, length), (0, self.first_delay))[1]
+        self.pending[bucket] = Recheck(length, round_index, delay, line, line=True)
+
     def due(self, bucket: int, round_index: int) -> Recheck | None:
         """The recheck due at ``bucket`` before round ``round_index``, None if none is."""
         pending = self.pending.get(bucket)
@@ -107,7 +147,13 @@ class Rechecks:
             costs.restart(bucket, length)
         pending.fresh += 1
         self.rounds += 1
-        if pending.fresh >= costs.min_samples:
+        self.line_rounds += pending.line
+        if pending.line and pending.fresh >= costs.min_samples:
+            # Measured afresh; if it is still out of line, the next recheck waits longer.
+            del self.pending[bucket]
+            wait = round_index + 1 + pending.delay if pending.delay < self.last_delay else math.inf
+            self.line_waits[(bucket, length)] = (wait, 2 * pending.delay)
+        elif pending.fresh >= costs.min_samples:
             pending.delay *= 2
             pending.fresh = 0
             pending.due_round = round_index + 1 + pending.delay

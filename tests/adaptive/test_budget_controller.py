@@ -5,6 +5,8 @@ The law of the output under the controller is checked by exact enumeration over 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sglang_hsd.adaptive import (NO_SETUP, AcceptanceEstimate, AdaptiveConfig, BudgetController, DraftSetup,
@@ -559,3 +561,54 @@ def test_a_floor_is_never_above_a_round_measured_there():
     assert controller.decide([0.98] * 16, 16) == 8
     controller.costs.samples[(16, 8)] = []  # without that round: 1 draft, 8 waits for the budget
     assert controller.decide([0.98] * 16, 16) == 1
+
+
+def test_a_length_whose_median_sits_above_its_neighbours_line_is_measured_again():
+    """Batch 1 as on the AVX-512 EPYC (twenty-eighth goodput run): the few rounds of 4-7 drafts
+    ran slowly (1.6x their steady cost), so their medians sat far above the line through 3 and
+    8 drafts, and 3 and 8 were chosen while 5 serves the most tokens per second. The controller
+    rechecks the out-of-line length that would win at its line's cost, finds it steady, and
+    drafts 4-7 from then on; the wrong variant (no rechecks) keeps 3 or 8 until the refresh."""
+    steady = lambda index, length: 0.263 if length == 0 else 0.30 + 0.04 * length
+
+    def served(config):
+        controller = BudgetController(config)
+        for length in range(9):
+            for _ in range(2):
+                controller.observe_round(1, length, steady(0, length) * (1.6 if 4 <= length <= 7 else 1.0))
+        assert controller.rechecks.out_of_line(1, controller.costs, 18) if config.recheck_rounds < 64 else True
+        return controller, _run_in_time(controller, 0.8, steady, 40)
+
+    controller, chosen = served(AdaptiveConfig.up_to(8))
+    assert sum(4 <= l <= 7 for l in chosen) >= 36
+    assert controller.as_dict()["line_recheck_rounds"] >= 2
+    assert 5 not in controller.rechecks.out_of_line(1, controller.costs, 10 ** 6)  # in line now
+    _, wrong = served(AdaptiveConfig.up_to(8, recheck_rounds=64))
+    assert not any(4 <= l <= 7 for l in wrong)
+
+    def speed(lengths):
+        return sum(expected_tokens(0.8, l) for l in lengths) / sum(steady(0, l) for l in lengths)
+
+    assert speed(chosen) > 1.03 * speed(wrong)
+
+
+def test_an_out_of_line_length_that_stays_out_of_line_waits_longer_each_time():
+    """2 drafts truly cost more than the line through 1 and 3 (and would win at the line): it is
+    rechecked at once, then after waits of 8, 16 and 32 rounds, two rounds each, then no more
+    (the refresh takes over); a length out of line
+    that could not win at its line's cost is never rechecked."""
+    seconds = {0: 0.26, 1: 0.30, 2: 0.45, 3: 0.50, 4: 0.60}
+
+    def measured(rate, rounds):
+        controller = BudgetController(AdaptiveConfig((0, 1, 2, 3, 4)))
+        for length in seconds:
+            for _ in range(2):
+                controller.observe_round(1, length, seconds[length])
+        return controller, _run_in_time(controller, rate, lambda index, length: seconds[length], rounds)
+
+    controller, chosen = measured(0.8, 100)  # before the refresh measures 2 again (round 127)
+    rechecked = [i for i, l in enumerate(chosen) if l == 2]
+    assert controller.rechecks.line_rounds == 8 and rechecked == [0, 1, 10, 11, 28, 29, 62, 63]
+    assert controller.rechecks.line_waits[(1, 2)][0] == math.inf
+    slow, _ = measured(0.2, 60)  # out of line too, but too slow to win even on the line
+    assert slow.rechecks.line_rounds == 0
