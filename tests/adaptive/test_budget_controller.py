@@ -555,7 +555,9 @@ def test_a_floor_is_never_above_a_round_measured_there():
         controller.observe_round(16, 0, seconds)
     for _ in range(6):
         controller.observe_round(16, 1, 0.90)
-    assert controller.costs.floor(16, 8) == pytest.approx(1.30 + 9 * (0.62 - 0.30))
+    for _ in range(2):  # the eleventh run's 2 drafts there (an anchor, else explored first)
+        controller.observe_round(16, 2, 1.41)
+    assert controller.costs.floor(16, 8) == pytest.approx(1.41 + 6 * (1.41 - 0.90))  # the line (e)
     controller.observe_round(16, 8, 3.2)
     assert controller.costs.floor(16, 8) == pytest.approx(3.2)
     assert controller.decide([0.98] * 16, 16) == 8
@@ -612,3 +614,36 @@ def test_an_out_of_line_length_that_stays_out_of_line_waits_longer_each_time():
     assert controller.rechecks.line_waits[(1, 2)][0] == math.inf
     slow, _ = measured(0.2, 60)  # out of line too, but too slow to win even on the line
     assert slow.rechecks.line_rounds == 0
+
+
+def test_a_cross_bucket_floor_is_scaled_by_what_shorter_lengths_cost_here():
+    """Batch 4 on chat prompts (twenty-eighth run): from batch 1 (4 drafts measured there in slow
+    rounds, plain decoding in a fast one) the row rule put 4 drafts at batch 4 at >= 1.12 s, and
+    4 was never explored. But shorter lengths cost less at batch 4 than the same rule says (2
+    drafts 0.45 s against 0.69 s), so it is scaled by the least such ratio, the floor of 4 falls
+    to batch 4's own line through 1 and 3 drafts, and 4 is explored. The wrong variant (the rule
+    unscaled) keeps 4 unexplored."""
+    def controller_at(batch4):
+        controller = BudgetController(AdaptiveConfig.up_to(8))
+        for length, seconds in {0: (0.228, 0.26), 1: (0.357, 0.36), 2: (0.394, 0.40), 3: (0.40, 0.41),
+                                4: (0.633, 0.667), 8: (0.55, 0.56)}.items():
+            for value in seconds:
+                controller.observe_round(1, length, value)
+        for length, seconds in batch4.items():
+            for value in seconds:
+                controller.observe_round(4, length, value)
+        return controller
+
+    chat = {0: (0.326, 0.33), 1: (0.40, 0.45), 2: (0.45, 0.53, 0.53), 3: (0.62, 0.63)}
+    controller = controller_at(chat)
+    row_rule = 0.633 + 5 * (0.326 - 0.228)
+    ratio = min(0.40 / (0.357 + 2 * 0.098), 0.45 / (0.394 + 3 * 0.098), 0.62 / (0.40 + 4 * 0.098))
+    assert controller.costs.floor(4, 4) == pytest.approx(max(row_rule * ratio, 0.40 + 3 * (0.62 - 0.40) / 2))
+    assert controller.decide([0.8] * 4, 4, DraftSetup(0.0, 60.0)) == 4
+    wrong = controller_at(chat)
+    floor = wrong.costs.floor
+    wrong.costs.floor = lambda bucket, length: row_rule if (bucket, length) == (4, 4) else floor(bucket, length)
+    assert wrong.decide([0.8] * 4, 4, DraftSetup(0.0, 60.0)) == 3
+    # Where every shorter length costs at least what the rules say, they stand unscaled.
+    dear = controller_at({0: (0.326, 0.33), 1: (0.60, 0.61), 2: (0.70, 0.71), 3: (0.80, 0.81)})
+    assert dear.costs.floor(4, 4) == pytest.approx(row_rule)
