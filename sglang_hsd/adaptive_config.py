@@ -17,6 +17,11 @@ class AdaptiveConfig:
             distinct, each >= 0, at least one positive.
         prior_rate: per-token acceptance assumed before any round was observed, in (0, 1).
         prior_rounds: weight of the server-wide rate in a request's estimate, in token trials (> 0).
+            10 by default: a request's recent rounds say less about its next one than their
+            counts suggest (on ShareGPT, rounds whose request's rate read below 0.55 accepted
+            their first draft at about 0.74), and scored by the log-likelihood of each next
+            round's outcome, 10-20 trials predicted better than 2 in the three traces of the
+            twenty-eighth and twenty-ninth goodput runs (``benchmarks/README.md``).
         memory: factor by which a request's earlier rounds are discounted each round, in (0, 1].
         cost_window: a round cost's estimate is the median of this many recent rounds (>= 2).
         refresh_rounds: an anchor length not run at a batch bucket for this many rounds there is
@@ -69,7 +74,7 @@ class AdaptiveConfig:
 
     candidates: tuple[int, ...]
     prior_rate: float = 0.6
-    prior_rounds: float = 2.0
+    prior_rounds: float = 10.0
     memory: float = 0.9
     cost_window: int = 5
     refresh_rounds: int = 64
