@@ -21,7 +21,8 @@ class AdaptiveConfig:
             counts suggest (on ShareGPT, rounds whose request's rate read below 0.55 accepted
             their first draft at about 0.74), and scored by the log-likelihood of each next
             round's outcome, 10-20 trials predicted better than 2 in the three traces of the
-            twenty-eighth and twenty-ninth goodput runs (``benchmarks/README.md``).
+            twenty-eighth and twenty-ninth goodput runs; in one A/B on ShareGPT at c = 1 it served
+            1.09-1.10x the tok/s of 2 (``benchmarks/README.md``, "A/B: the request's rate").
         memory: factor by which a request's earlier rounds are discounted each round, in (0, 1].
         cost_window: a round cost's estimate is the median of this many recent rounds (>= 2).
         refresh_rounds: an anchor length not run at a batch bucket for this many rounds there is
