@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 torch.set_num_threads(1)
 
 
-def _keep_freed_memory_mapped() -> None:
+def _keep_freed_buffers_on_the_heap() -> None:
     """Stop glibc handing freed buffers back to the kernel between the oracles' many allocations.
 
     The exact-enumeration tests allocate and free buffers of tens of MB thousands of times; by
@@ -40,4 +40,4 @@ def _keep_freed_memory_mapped() -> None:
     libc.mallopt(m_trim_threshold, largest)
 
 
-_keep_freed_memory_mapped()
+_keep_freed_buffers_on_the_heap()
