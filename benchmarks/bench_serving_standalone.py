@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run
+from benchmarks.goodput_goals import goal_rows, markdown_goals
 from benchmarks.serving_harness import (
     ClientSpec, ResultBook, Server, ServerSpec, fmt, mean_se_cell, measure_rows, read_server_info,
     resolve_models, rounds_mean_length, run_client, shown_command, throughput_ratios,
@@ -323,7 +324,7 @@ def markdown_table(records: list[dict], meta: dict) -> str:
         f"{meta['num_prompts']} prompts per set x {meta['output_len']} output tokens, dtype "
         f"{meta['dtype']}, CPU linear path {meta.get('cpu_linear', 'mkl')} (none-bf16 excepted). "
         f"Prompts: {', '.join(meta['prompt_sources'])}.", "", *lines, "",
-        *notes, ""])
+        *notes, "", markdown_goals(goal_rows(records))])
 
 
 def plot(records: list[dict], meta: dict, path: Path, run) -> None:
