@@ -1,5 +1,6 @@
 """The sampled-tree round captured in a CUDA graph (``tree_draft/tiny_round.py``: a tiny random
-draft head, ``LevelDrafter`` with keyed noise, then ``verify_tree`` on the Triton path).
+draft head, ``LevelDrafter`` with keyed noise, then ``verify_tree`` on the Triton path), for every
+lossless child sampler: ``inverse_cdf`` (the default), ``argmax_first_cdf`` and ``gumbel_topk``.
 
 A graph is captured once on static input buffers; replays on new inputs copied into them must
 equal the eager round token for token (keyed noise: no generator state, so replay and eager draw
@@ -18,10 +19,13 @@ from tests.gpu import _support as support
 
 pytestmark = pytest.mark.skipif(not support.CUDA or support.SMOKE, reason="CUDA graphs need a CUDA device")
 
-CASES = [  # (shape, rule, batch, vocab)
-    ((4, 2, 8), "spine_wide", 4, 32000),
-    ((5, 4, 8), "spine_wide", 16, 128256),
-    ((3, 2, 6), "beam", 64, 32000),
+CASES = [  # (shape, rule, batch, vocab, child sampler)
+    ((4, 2, 8), "spine_wide", 4, 32000, "inverse_cdf"),
+    ((5, 4, 8), "spine_wide", 16, 128256, "inverse_cdf"),
+    ((3, 2, 6), "beam", 64, 32000, "inverse_cdf"),
+    ((5, 4, 8), "spine_wide", 16, 128256, "argmax_first_cdf"),
+    ((4, 2, 8), "beam", 64, 32000, "argmax_first_cdf"),
+    ((5, 4, 8), "spine_wide", 16, 128256, "gumbel_topk"),
 ]
 HIDDEN = 64
 
@@ -33,11 +37,11 @@ def _assert_same(eager, replayed, what: str):
         assert same, f"{what}: output {index} differs between eager and graph replay"
 
 
-@pytest.mark.parametrize("shape,rule,batch,vocab", CASES)
-def test_round_replays_equal_to_eager(shape, rule, batch, vocab):
+@pytest.mark.parametrize("shape,rule,batch,vocab,sampler", CASES)
+def test_round_replays_equal_to_eager(shape, rule, batch, vocab, sampler):
     device = torch.device("cuda")
     head = TinyHead(vocab, HIDDEN, device=device)
-    run = whole_round(head, DraftPlan.build(TreeShape(*shape), rule, device))
+    run = whole_round(head, DraftPlan.build(TreeShape(*shape), rule, device, sampler))
     static = round_inputs(batch, shape, vocab, HIDDEN, seed=0, device=device)
     with torch.no_grad():
         side = torch.cuda.Stream()
@@ -61,11 +65,11 @@ def test_round_replays_equal_to_eager(shape, rule, batch, vocab):
         assert accepted > 0  # rounds accepted drafts: not trivial trees
 
 
-@pytest.mark.parametrize("shape,rule,batch,vocab", CASES[:2])
-def test_eager_round_never_synchronises(shape, rule, batch, vocab):
+@pytest.mark.parametrize("shape,rule,batch,vocab,sampler", CASES[1:2] + CASES[3:5])
+def test_eager_round_never_synchronises(shape, rule, batch, vocab, sampler):
     device = torch.device("cuda")
     head = TinyHead(vocab, HIDDEN, device=device)
-    run = whole_round(head, DraftPlan.build(TreeShape(*shape), rule, device))
+    run = whole_round(head, DraftPlan.build(TreeShape(*shape), rule, device, sampler))
     inputs = round_inputs(batch, shape, vocab, HIDDEN, seed=5, device=device)
     with torch.no_grad():
         run(**inputs)  # warm-up: Triton compiles outside the checked region
@@ -77,7 +81,8 @@ def test_eager_round_never_synchronises(shape, rule, batch, vocab):
             torch.cuda.set_sync_debug_mode("default")
 
 
-def test_cpu_and_cuda_draw_the_same_tree():
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "argmax_first_cdf"])
+def test_cpu_and_cuda_draw_the_same_tree(sampler):
     """Keyed noise is a function of (seed, position, level, column) alone: the same round on two
     devices (standing in for two tensor-parallel ranks) drafts the same tree."""
     from sglang_hsd.tree_draft import KeyedNoise, LevelDrafter
@@ -89,7 +94,7 @@ def test_cpu_and_cuda_draw_the_same_tree():
     seed, position = torch.randint(0, 2**40, (batch,), generator=gen), torch.randint(0, 999, (batch,), generator=gen)
     trees = []
     for device in (torch.device("cpu"), torch.device("cuda")):
-        drafter = LevelDrafter(DraftPlan.build(shape, "spine_wide", device), root_q.to(device),
+        drafter = LevelDrafter(DraftPlan.build(shape, "spine_wide", device, sampler), root_q.to(device),
                                torch.zeros(batch, dtype=torch.bool, device=device),
                                KeyedNoise(seed.to(device), position.to(device)), validate=False)
         step = drafter.first()
