@@ -293,13 +293,13 @@ def markdown_table(records: list[dict], meta: dict) -> str:
     """The results table (Markdown)."""
     lines = ["| config | prompts | T | concurrency | completed | output tok/s | vs none | "
              "vs none-bf16 | median TPOT ms | accept length (server) | accept length per request "
-             "| mean length (row) | mean chosen budget (server) | draft copy (server) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean length (row) | mean chosen budget (server) | draft copy (server) | machine probe ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in add_ratios(records):
         if "error" in r:
             lines.append(f"| {r['config']} | {r.get('prompt_set', '')} | "
                          f"{r.get('temperature', '')} | {r.get('concurrency', '')} | failed: "
-                         f"{r['error']} | | | | | | | | | |")
+                         f"{r['error']} | | | | | | | | | | |")
             continue
         lines.append(f"| {r['config']} | {r['prompt_set']} | {r['temperature']:g} | "
                      f"{r['concurrency']} | {r['completed']}/{meta['num_prompts']} | "
@@ -308,8 +308,12 @@ def markdown_table(records: list[dict], meta: dict) -> str:
                      f"{fmt(r['median_tpot_ms'], 1)} | {fmt(r['accept_length'])} | "
                      f"{mean_se_cell(r.get('accept_length_mean'), r.get('accept_length_se'))} | "
                      f"{fmt(r.get('row_mean_length'))} | {fmt(r.get('mean_chosen_budget'))} | "
-                     f"{r.get('draft_copy') or 'n/a'} |")
+                     f"{r.get('draft_copy') or 'n/a'} | {fmt(r.get('machine_probe_ms'))} |")
     notes = [f"- `{name}`: {CONFIGS[name].note}" for name in meta["configs"]]
+    if any(r.get("machine_probe_ms") for r in records):
+        notes.append("- machine probe ms: a fixed float32 matrix-vector product streaming 128 MiB, timed "
+                      "with the server idle just before the row (`benchmarks/common.py`, "
+                      "`machine_probe_ms`); rows whose probes differ ran on a machine of another speed")
     notes += [f"- `{name}` server arguments added: `{shlex.join(args)}`"
               for name, args in meta.get("extra_server_args", {}).items() if name in meta["configs"]]
     if meta.get("skipped"):

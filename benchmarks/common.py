@@ -156,6 +156,41 @@ def load_average() -> str:
         return "n/a"
 
 
+# The machine-speed probe: a float32 matrix-vector product streaming PROBE_BYTES of weights, as a
+# batch-1 decode step streams its model's weights (memory-bound on these CPUs).
+PROBE_BYTES, PROBE_REPEATS, PROBE_BATCHES = 128 << 20, 8, 9
+
+
+def machine_probe_ms(threads: int | None = None) -> float:
+    """Median milliseconds of one pass of the machine-speed probe (``PROBE_REPEATS`` products of a
+    float32 [4096, PROBE_BYTES / 16 KiB] matrix with a vector, median of ``PROBE_BATCHES``).
+
+    Why: rows of one serving run are measured one after another over hours, and on a shared host
+    the machine's speed drifts between them (plain decoding of one model has run 15% apart within
+    one run). Timed right before each row, with the server idle, the probe tells how fast the
+    machine was for that row, so a ratio between two rows can be read against the probes' ratio.
+    ``threads``: torch threads for the probe (None: ``os.cpu_count()``, what a server uses here).
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    try:
+        matrix = torch.ones(4096, PROBE_BYTES // (4 * 4096))
+        vector = torch.ones(matrix.shape[1])
+        torch.mv(matrix, vector)  # first touch of the pages, outside the timing
+        times = []
+        for _ in range(PROBE_BATCHES):
+            start = time.perf_counter()
+            for _ in range(PROBE_REPEATS):
+                torch.mv(matrix, vector)
+            times.append((time.perf_counter() - start) * 1000 / PROBE_REPEATS)
+    finally:
+        torch.set_num_threads(previous)
+    times.sort()
+    return round(times[len(times) // 2], 2)
+
+
 def write_results(stem: Path, payload: dict, markdown: str, run: RunRecord) -> tuple[Path, Path]:
     """Write ``<stem>.json`` (``payload`` plus ``"run"``) and ``<stem>.md`` (``markdown`` plus the
     run block); stamps the run's end first. Returns the two paths."""

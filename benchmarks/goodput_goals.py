@@ -37,8 +37,9 @@ def goal_rows(records: Sequence[dict], default: str = DEFAULT, plain: str = PLAI
     """One dict per row where ``default`` and ``plain`` both completed, in the records' order:
     ``prompt_set``, ``temperature``, ``concurrency``, ``plain_tok_s``, ``default_tok_s``,
     ``vs_plain``, ``best_fixed`` (name or None), ``best_fixed_vs_plain``, ``vs_best_fixed``,
-    ``goal`` (the least ``vs_plain`` the row asks for) and ``met`` (both goals held; None where
-    no fixed configuration ran)."""
+    ``goal`` (the least ``vs_plain`` the row asks for), ``met`` (both goals held; None where
+    no fixed configuration ran) and ``probe_ms`` (the machine probes of the plain, default and
+    fastest fixed rows, None where not recorded)."""
     ok = [r for r in records if "error" not in r and r.get("output_throughput")]
     by_key = {(r["config"], r["prompt_set"], r["temperature"], r["concurrency"]): r for r in ok}
     rows = []
@@ -63,6 +64,8 @@ def goal_rows(records: Sequence[dict], default: str = DEFAULT, plain: str = PLAI
                      "best_fixed_vs_plain": None if best is None
                      else fixed_rows[best]["output_throughput"] / base["output_throughput"],
                      "vs_best_fixed": vs_best, "goal": goal,
+                     "probe_ms": (base.get("machine_probe_ms"), r.get("machine_probe_ms"),
+                                  None if best is None else fixed_rows[best].get("machine_probe_ms")),
                      "met": None if vs_best is None else vs_plain >= goal and vs_best >= ROW_FLOOR})
     return rows
 
@@ -71,18 +74,24 @@ def markdown_goals(rows: Sequence[dict], default: str = DEFAULT) -> str:
     """The goals table (Markdown); empty without rows."""
     if not rows:
         return ""
+    probes = any(value is not None for g in rows for value in g.get("probe_ms", ()))
     lines = [f"Goals for `{default}` (ratios within this run): concurrency 1 at least the listed "
              f"ratio to no speculation; every row at least {ROW_FLOOR:g}x no speculation and "
-             f"{ROW_FLOOR:g}x the fastest fixed configuration of the row.", "",
+             f"{ROW_FLOOR:g}x the fastest fixed configuration of the row."
+             + (" Machine probe: ms of the fixed probe before the plain / default / fastest fixed "
+                "row (the machine's speed then; a ratio between rows whose probes differ mixes "
+                "machine speeds)." if probes else ""), "",
              "| prompts | T | concurrency | plain tok/s | default tok/s | vs none (goal) | fastest fixed "
-             "(vs none) | vs fastest fixed | met |", "|---|---|---|---|---|---|---|---|---|"]
+             "(vs none) | vs fastest fixed | met |" + (" machine probe ms |" if probes else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if probes else "")]
     for g in rows:
         fixed = "n/a" if g["best_fixed"] is None else f"{g['best_fixed']} ({fmt(g['best_fixed_vs_plain'])}x)"
         met = "n/a" if g["met"] is None else ("yes" if g["met"] else "**no**")
         lines.append(f"| {g['prompt_set']} | {g['temperature']:g} | {g['concurrency']} | "
                      f"{fmt(g['plain_tok_s'])} | {fmt(g['default_tok_s'])} | {fmt(g['vs_plain'])}x "
                      f"(>= {g['goal']:g}x) | {fixed} | "
-                     f"{'n/a' if g['vs_best_fixed'] is None else fmt(g['vs_best_fixed'], 3)} | {met} |")
+                     f"{'n/a' if g['vs_best_fixed'] is None else fmt(g['vs_best_fixed'], 3)} | {met} |"
+                     + (f" {' / '.join(fmt(v) for v in g['probe_ms'])} |" if probes else ""))
     return "\n".join(lines) + "\n"
 
 

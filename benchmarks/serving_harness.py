@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import RunRecord, write_results
+from benchmarks.common import RunRecord, machine_probe_ms, write_results
 from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
 from sglang_hsd.assets.archives import resolve_cache_dir
 from sglang_hsd.sglang_plugin.cpu.cpu_server import log_tail, running_server, server_env
@@ -199,8 +199,9 @@ class ClientError(RuntimeError):
 
 def measure_rows(spec: ServerSpec, rows: Sequence[dict],
                  measure: Callable[[Server, dict], dict], book: ResultBook, workdir: Path) -> None:
-    """Book ``{**spec.fields, **row, **measure(server, row)}`` for each row of ``rows`` not yet in
-    ``book``, all against one server of ``spec``, started only when some row is left.
+    """Book ``{**spec.fields, **row, "machine_probe_ms": ..., **measure(server, row)}`` for each
+    row of ``rows`` not yet in ``book``, all against one server of ``spec``, started only when some
+    row is left; ``machine_probe_ms`` is ``common.machine_probe_ms`` timed just before the row.
 
     A row whose client fails (``ClientError``) is booked with ``error``; a server that does not
     start or fails otherwise ends the configuration with one record of ``spec.fields`` plus
@@ -213,7 +214,8 @@ def measure_rows(spec: ServerSpec, rows: Sequence[dict],
         with cpu_server(spec, workdir) as server:
             for row in pending:
                 print(f"[bench] {spec.tag} {json.dumps(row)} ...", flush=True)
-                record = {**spec.fields, **row}
+                # The server is idle here: the probe times the machine as this row will find it.
+                record = {**spec.fields, **row, "machine_probe_ms": machine_probe_ms()}
                 try:
                     record.update(measure(server, row))
                 except ClientError as err:

@@ -33,7 +33,7 @@ def _records():
              "output_throughput": 5.0, "mean_chosen_budget": None},
             {**ROW, "config": "hsd-adaptive", "accept_length_mean": 4.0, "accept_length_se": 0.5,
              "output_throughput": 3.75, "row_mean_length": 2.5, "mean_chosen_budget": 3.25,
-             "draft_copy": "int4 (layers 1-16, lm_head 1-8)"},
+             "draft_copy": "int4 (layers 1-16, lm_head 1-8)", "machine_probe_ms": 6.25},
             {"config": "hsd", "prompt_set": "mtbench", "error": "client exited 1"}]
 
 
@@ -46,7 +46,8 @@ def test_table_shows_ratios_accept_lengths_budget_and_failures():
     assert "| hsd-adaptive | humaneval | 0 | 1 | 4/4 | 3.75 | 1.50x | 1.88x |" in table
     adaptive = next(line for line in table.splitlines() if line.startswith("| hsd-adaptive"))
     # the row's own, the server's budget, the copy the server drafted on
-    assert adaptive.endswith("| 4.00 ± 0.50 | 2.50 | 3.25 | int4 (layers 1-16, lm_head 1-8) |")
+    assert adaptive.endswith("| 4.00 ± 0.50 | 2.50 | 3.25 | int4 (layers 1-16, lm_head 1-8) | 6.25 |")
+    assert "- machine probe ms:" in table  # the column says what it timed
     assert "failed: client exited 1" in table
     assert "rows not run (--skip): hsd@c4" in table
     header = next(line for line in table.splitlines() if line.startswith("| config"))

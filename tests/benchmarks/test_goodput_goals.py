@@ -50,3 +50,13 @@ def test_table_marks_misses_and_the_cli_reads_a_result(tmp_path, capsys):
     path.write_text(json.dumps({"results": _records()}))
     assert main([str(path)]) == 0
     assert "hsd-tree (1.75x)" in capsys.readouterr().out
+
+
+def test_machine_probes_of_the_compared_rows_are_shown_when_recorded():
+    records = [{**r, "machine_probe_ms": probe} for r, probe in
+               zip(_records()[:5], (6.0, 6.2, 6.1, 4.1, 6.3))]
+    (row,) = goal_rows(records)
+    assert row["probe_ms"] == (6.0, 6.2, 4.1)  # plain, default, the fastest fixed (the tree)
+    table = markdown_goals([row])
+    assert "machine probe ms |" in table and "| **no** | 6.00 / 6.20 / 4.10 |" in table
+    assert "machine probe" not in markdown_goals(goal_rows(_records()))  # none recorded: no column

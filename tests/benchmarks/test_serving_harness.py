@@ -87,6 +87,8 @@ def test_measure_rows_runs_only_missing_rows_and_books_failures(tmp_path, monkey
             yield url
 
     monkeypatch.setattr(harness, "running_server", server)
+    probes = iter([7.5, 7.0, 9.0])
+    monkeypatch.setattr(harness, "machine_probe_ms", lambda: next(probes))
     book = _book(tmp_path / "r")
     book.add(_row("hsd", 1))
     spec = ServerSpec("hsd", ["python", "serve"], {"config": "hsd", "prompt_set": "s",
@@ -103,7 +105,8 @@ def test_measure_rows_runs_only_missing_rows_and_books_failures(tmp_path, monkey
     assert [(r["concurrency"], r.get("error")) for r in book.rows] == [
         (1, None), (4, None), (16, "client exited 1; see log")]
     assert book.rows[1] == {"config": "hsd", "prompt_set": "s", "temperature": 0.0,
-                            "concurrency": 4, "output_throughput": 5.0}
+                            "concurrency": 4, "machine_probe_ms": 7.5, "output_throughput": 5.0}
+    assert book.rows[2]["machine_probe_ms"] == 7.0  # each measured row timed the machine before it
     measure_rows(spec, rows[:2], measure, book, tmp_path)
     assert len(started) == 1  # every row measured: no server started
 
