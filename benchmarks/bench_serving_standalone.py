@@ -313,7 +313,8 @@ def markdown_table(records: list[dict], meta: dict) -> str:
     if any(r.get("machine_probe_ms") for r in records):
         notes.append("- machine probe ms: a fixed float32 matrix-vector product streaming 128 MiB, timed "
                       "with the server idle just before the row (`benchmarks/common.py`, "
-                      "`machine_probe_ms`); rows whose probes differ ran on a machine of another speed")
+                      "`machine_probe_ms`); a large difference between two rows' probes points at a machine of "
+                      "another speed, but the probe has also moved 12-20% where the rows' speed did not")
     notes += [f"- `{name}` server arguments added: `{shlex.join(args)}`"
               for name, args in meta.get("extra_server_args", {}).items() if name in meta["configs"]]
     if meta.get("skipped"):

@@ -166,9 +166,10 @@ def machine_probe_ms(threads: int | None = None) -> float:
     float32 [4096, PROBE_BYTES / 16 KiB] matrix with a vector, median of ``PROBE_BATCHES``).
 
     Why: rows of one serving run are measured one after another over hours, and on a shared host
-    the machine's speed drifts between them (plain decoding of one model has run 15% apart within
-    one run). Timed right before each row, with the server idle, the probe tells how fast the
-    machine was for that row, so a ratio between two rows can be read against the probes' ratio.
+    the machine's speed drifts between them (plain decoding of one model has run 18% apart within
+    one run). Timed right before each row, with the server idle, the probe shows how fast the
+    machine's memory was then: a large drift shows in it, though it has also moved 12-20% between
+    rows whose speed did not (``benchmarks/README.md``, "Round cost at a forced length, again").
     ``threads``: torch threads for the probe (None: ``os.cpu_count()``, what a server uses here).
     """
     import torch

@@ -79,8 +79,9 @@ def markdown_goals(rows: Sequence[dict], default: str = DEFAULT) -> str:
              f"ratio to no speculation; every row at least {ROW_FLOOR:g}x no speculation and "
              f"{ROW_FLOOR:g}x the fastest fixed configuration of the row."
              + (" Machine probe: ms of the fixed probe before the plain / default / fastest fixed "
-                "row (the machine's speed then; a ratio between rows whose probes differ mixes "
-                "machine speeds)." if probes else ""), "",
+                "row (the machine's memory speed then: a large difference points at a drift, "
+                "though the probe has also moved 12-20% where the rows' speed did not)."
+                if probes else ""), "",
              "| prompts | T | concurrency | plain tok/s | default tok/s | vs none (goal) | fastest fixed "
              "(vs none) | vs fastest fixed | met |" + (" machine probe ms |" if probes else ""),
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if probes else "")]

@@ -78,11 +78,12 @@ def run_draft_rounds(quick: bool, deadline: float, log=print) -> list[dict]:
 
 
 def draft_table(rows: list[dict]) -> list[str]:
-    lines = ["| child sampler | (D, k, N) | B | V | eager us | graph replay us | eager / replay | replay = eager | status |",
+    lines = ["| child sampler | (D, k, N) | B | V | eager us | graph replay us | eager / replay | replay = eager "
+             "| status |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         eager, replay = row.get("eager_us"), row.get("replay_us")
         ratio = f"{eager / replay:.2f}x" if eager and replay else ""
-        lines.append(f"| {row.get('sampler', 'gumbel_topk')} | {tuple(row['shape'])} | {row['batch']} | {row['vocab']} | {eager or ''} | {replay or ''} | "
-                     f"{ratio} | {row.get('replay_equals_eager', '')} | {row['status']} |")
+        lines.append(f"| {row.get('sampler', 'gumbel_topk')} | {tuple(row['shape'])} | {row['batch']} | "
+                     f"{row['vocab']} | {eager or ''} | {replay or ''} | {ratio} | {row.get('replay_equals_eager', '')} | {row['status']} |")
     return lines

@@ -56,8 +56,9 @@ def one_process(shape: tuple[int, int], layers: int, passes: int, threads: int) 
 
     one_pass()  # oneDNN builds its kernels on the first call
     times = [one_pass() for _ in range(passes)]
-    huge = next((int(line.split()[1]) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()
-                 if line.startswith("AnonHugePages")), None) if Path("/proc/self/smaps_rollup").exists() else None
+    rollup = Path("/proc/self/smaps_rollup")  # Linux: the process's transparent huge pages
+    lines = rollup.read_text().splitlines() if rollup.exists() else []
+    huge = next((int(line.split()[1]) for line in lines if line.startswith("AnonHugePages")), None)
     return {"median_ms": round(statistics.median(times), 2), "passes_ms": [round(t, 2) for t in times],
             "huge_pages_kb": huge}
 
@@ -65,7 +66,7 @@ def one_process(shape: tuple[int, int], layers: int, passes: int, threads: int) 
 def run_child(setting: str, args) -> dict:
     paths = [str(REPO_ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     env = {**os.environ, **SETTINGS[setting], "PYTHONPATH": os.pathsep.join(paths)}
-    code = ("import json, sys; from benchmarks.process_spread import one_process; "
+    code = ("import json; from benchmarks.process_spread import one_process; "
             f"print(json.dumps(one_process({tuple(args.shape)}, {args.layers}, {args.passes}, {args.threads})))")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, check=True, capture_output=True,
                          text=True)
