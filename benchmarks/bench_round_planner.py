@@ -10,7 +10,9 @@ first ``--plan-prompts`` prompts of the set, then measures on the next ``--num-p
 overlap), batch 1, ``--repeats`` times: plain decoding with the runtime's defaults (1 thread,
 ``mkl``), on every core and in the best predicted plain setting, the planner's choice, and the best
 predicted candidate of every other kind (fixed length, adaptive, tree, a lookup verified by the
-target, a lookup verified by the drafter model first: three levels). Each runs in its own setting.
+target, a lookup verified by the drafter model first, the target's exit between the drafter and the
+target: the last two are three levels). Each runs in its own setting. ``--kinds`` and
+``--plain-rows fastest`` measure fewer rows (a long run's budget).
 The table gives predicted and measured ms per token (both with the prefill: each row is predicted
 again at the measured prompts' lengths, ``round_planner.predict``), the absolute percentage error,
 measured speed-ups over the default plain row and over the fastest measured plain row, and whether
@@ -29,7 +31,8 @@ from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_par
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.hierarchy.round_costs import DrafterSpec, KernelSetting
 from sglang_hsd.hierarchy.round_planner import (
-    RoundPlan, RoundPrediction, RoundShape, candidate_shapes, lookup_candidates, plan_rounds, predict,
+    RoundPlan, RoundPrediction, RoundShape, candidate_shapes, lookup_candidates, middle_candidates, plan_rounds,
+    predict,
 )
 from sglang_hsd.levels import LevelKind, LevelSpec, parse_level_specs
 from sglang_hsd.runtime.config import HierarchyConfig
@@ -39,6 +42,12 @@ from sglang_hsd.runtime.loading import load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams
 
 DEFAULT_SETTING = KernelSetting(1, PATH_MKL)
+# Kinds of candidates whose best predicted one is measured beside the planner's choice.
+KINDS = {"fixed": lambda s: s.fixed is not None, "adaptive": lambda s: s.adaptive is not None,
+         "tree": lambda s: s.tree is not None,
+         "lookup-target": lambda s: s.lookup is not None and not s.lookup.uses_model,
+         "lookup-drafter-target": lambda s: s.lookup is not None and s.lookup.uses_model,
+         "drafter-exit-target": lambda s: s.middle is not None}
 
 
 def parse_args(argv: list[str] | None = None):
@@ -56,7 +65,19 @@ def parse_args(argv: list[str] | None = None):
                         help="comma list of a separate drafter's weight copies the planner may choose (default fp32)")
     parser.add_argument("--lookups", help="comma list of lookup candidates n:K or n:N_d:N_1 ('' for none; default: "
                         "round_planner.DEFAULT_LOOKUPS, n:K only for an exit drafter)")
-    return parser.parse_args(argv)
+    parser.add_argument("--middles", help="comma list of the target's exits between a model: drafter and the "
+                        "target, L:N_d:N_1 (with --exit-heads' head at L, or the logit lens; default: none)")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"comma list of the kinds whose best predicted candidate is measured besides the "
+                        f"planner's choice (default all: {','.join(KINDS)})")
+    parser.add_argument("--plain-rows", choices=("all", "fastest"), default="all",
+                        help="plain decoding rows: the runtime defaults, every core and the best predicted setting "
+                        "(all, default), or only the best predicted setting (fastest)")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(k.strip() for k in args.kinds.split(",") if k.strip()) - set(KINDS))
+    if unknown:
+        parser.error(f"--kinds: unknown {unknown}; expected a comma list of {','.join(KINDS)}")
+    return args
 
 
 def _generator(target, drafter, level: LevelSpec | None, shape: RoundShape, setting: KernelSetting,
@@ -68,12 +89,13 @@ def _generator(target, drafter, level: LevelSpec | None, shape: RoundShape, sett
 
 
 def _measure(target, drafter, level, shape, setting, heads, prompts, params, max_new, eos, repeats):
-    """Tokens/s of every repeat, the tokens, tokens per target round, and each model's shapes whose
-    single rows ran packed, in ``setting`` (after ``WARMUP_TOKENS`` untimed tokens: first calls on
-    fresh packed copies page-fault)."""
+    """Tokens/s of every repeat, the tokens, tokens per target round, each model's shapes whose
+    single rows ran packed, and the last repeat's per-level statistics (``LevelStats.as_dict``:
+    rounds, proposed, accepted, seconds), in ``setting`` (after ``WARMUP_TOKENS`` untimed tokens:
+    first calls on fresh packed copies page-fault)."""
     torch.set_num_threads(setting.threads)
     generator = _generator(target, drafter, level, shape, setting, heads)
-    rates, tokens, per_round = [], None, 1.0
+    rates, tokens, per_round, levels = [], None, 1.0, []
     try:
         run_runtime(generator, prompts[:1], params, WARMUP_TOKENS, eos, 0, 1)
         packed_single_rows = {role: [list(shape) for shape in model.packed_single_row_shapes()]
@@ -88,7 +110,7 @@ def _measure(target, drafter, level, shape, setting, heads, prompts, params, max
         for model in (target, drafter):
             if model is not None:
                 model.unpack_linears()
-    return rates, tokens, per_round, packed_single_rows
+    return rates, tokens, per_round, packed_single_rows, levels
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,35 +124,34 @@ def main(argv: list[str] | None = None) -> None:
                 for precision in precisions]
     loaded = load_model(args.model)
     target = loaded.model
-    drafter, heads = None, {}
+    drafter, heads = None, load_exit_heads_option(loaded, args.exit_heads) or {}
     if level.kind is LevelKind.MODEL:
         drafter = load_model(level.model_path).model
         spec = DrafterSpec(model=drafter)
     else:
-        heads = load_exit_heads_option(loaded, args.exit_heads)
         spec = DrafterSpec(layer=level.layer, head=heads.get(level.layer))
     prompts = encoded_prompts(loaded.tokenizer, args.prompt_set, args.plan_prompts + args.num_prompts)
     plan_prompts, eval_prompts = prompts[: args.plan_prompts], prompts[args.plan_prompts :]
     params = SamplingParams(args.temperature)
     lookups = lookup_candidates(args.lookups, drafter is not None)
-    plan = plan_rounds(target, spec, plan_prompts, params, args.max_new_tokens, candidate_shapes(lookups=lookups),
-                       settings, progress=lambda text: print(text, flush=True))
+    middles = middle_candidates(args.middles, drafter is not None)
+    plan = plan_rounds(target, spec, plan_prompts, params, args.max_new_tokens,
+                       candidate_shapes(lookups=lookups, middles=middles), settings,
+                       progress=lambda text: print(text, flush=True), middle_heads=heads)
 
     chosen, plain = plan.best, plan.plain
     every_core = KernelSetting(os.cpu_count() or 1, PATH_MKL)
-    rows: list[tuple[str, RoundPrediction | None, RoundShape, KernelSetting]] = [
-        ("plain, runtime defaults", _plain_prediction(plan, DEFAULT_SETTING), RoundShape(), DEFAULT_SETTING)]
-    if every_core != DEFAULT_SETTING:
-        rows.append(("plain, every core", _plain_prediction(plan, every_core), RoundShape(), every_core))
-    if plain.costs.setting not in (DEFAULT_SETTING, every_core):
+    rows: list[tuple[str, RoundPrediction | None, RoundShape, KernelSetting]] = []
+    if args.plain_rows == "all":
+        rows.append(("plain, runtime defaults", _plain_prediction(plan, DEFAULT_SETTING), RoundShape(),
+                     DEFAULT_SETTING))
+        if every_core != DEFAULT_SETTING:
+            rows.append(("plain, every core", _plain_prediction(plan, every_core), RoundShape(), every_core))
+    if args.plain_rows == "fastest" or plain.costs.setting not in (DEFAULT_SETTING, every_core):
         rows.append(("plain, best setting", plain, plain.shape, plain.costs.setting))
     rows.append(("planner's choice", chosen, chosen.shape, chosen.costs.setting))
-    kinds = {"fixed": lambda s: s.fixed is not None, "adaptive": lambda s: s.adaptive is not None,
-             "tree": lambda s: s.tree is not None,
-             "lookup -> target": lambda s: s.lookup is not None and not s.lookup.uses_model,
-             "lookup -> drafter -> target": lambda s: s.lookup is not None and s.lookup.uses_model}
-    for kind, test in kinds.items():
-        best = next((p for p in plan.ranked if test(p.shape)), None)
+    for kind in (k.strip() for k in args.kinds.split(",") if k.strip()):
+        best = next((p for p in plan.ranked if KINDS[kind](p.shape)), None)
         if best is not None and best is not chosen:
             rows.append((f"best {kind}", best, best.shape, best.costs.setting))
 
@@ -142,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             pred = predict(pred.shape, pred.costs, plan.records[pred.costs.setting.drafter_precision],
                            args.max_new_tokens, measured_lengths)
         print(f"measuring {role}: {shape.label} ({setting.label})", flush=True)
-        rates, tokens, per_round, packed_single_rows = _measure(
+        rates, tokens, per_round, packed_single_rows, levels = _measure(
             target, drafter, level, shape, setting, heads, eval_prompts, params,
             args.max_new_tokens, eos, args.repeats)
         if reference is None:
@@ -157,14 +178,16 @@ def main(argv: list[str] | None = None) -> None:
             "measured_tokens_per_second": rate, "measured_ms_per_token": 1e3 / rate,
             "measured_ms_per_token_per_repeat": [1e3 / r for r in rates],
             "measured_tokens_per_round": per_round,
+            "levels": levels,  # per level of the last repeat: rounds, proposed, accepted, seconds
             "output_equals_plain": tokens == reference if args.temperature == 0.0 else None,
             # [in, out] shapes whose single rows ran packed (the row's own single_row_split)
             "packed_single_row_shapes": packed_single_rows,
         })
-    base = results[0]["measured_tokens_per_second"]
+    defaults = next((r for r in results if r["role"] == "plain, runtime defaults"), None)
+    base = None if defaults is None else defaults["measured_tokens_per_second"]
     best_plain_rate = max(r["measured_tokens_per_second"] for r in results if r["role"].startswith("plain"))
     for row in results:
-        row["vs_plain_defaults"] = row["measured_tokens_per_second"] / base
+        row["vs_plain_defaults"] = None if base is None else row["measured_tokens_per_second"] / base
         row["vs_plain_best"] = row["measured_tokens_per_second"] / best_plain_rate
         predicted = row["predicted_ms_per_token"]
         row["abs_percentage_error"] = (None if predicted is None else
@@ -214,7 +237,7 @@ def _markdown(args, results, plan) -> str:
             f"{num(predicted, '.1f')} | {measured:.1f} "
             f"({_range(row['measured_ms_per_token_per_repeat'])}) | {num(error, '.0f')}{'' if error is None else '%'} | "
             f"{num(row['predicted_tokens_per_round'], '.2f')} / {row['measured_tokens_per_round']:.2f} | "
-            f"{row['vs_plain_defaults']:.2f}x | {row['vs_plain_best']:.2f}x | {same} |")
+            f"{num(row['vs_plain_defaults'], '.2f')}x | {row['vs_plain_best']:.2f}x | {same} |")
     errors = [row["abs_percentage_error"] for row in results if row["abs_percentage_error"] is not None]
     if errors:
         lines += ["", f"Latency model: mean absolute percentage error {statistics.mean(errors):.0f}%, "
@@ -229,6 +252,15 @@ def _markdown(args, results, plan) -> str:
         packed = "; ".join(f"{role}: " + (", ".join(f"{i}x{o}" for i, o in shapes) or "none")
                            for role, shapes in row.get("packed_single_row_shapes", {}).items())
         lines.append(f"- {row['role']}: {packed or '-'}")
+    lines += ["", "Per level, last repeat (verification rounds; accepted of the drafts it verified; seconds in its "
+              "forwards and verification; the drafter: drafted tokens, seconds):", ""]
+    for row in results:
+        if len(row.get("levels") or []) < 2:
+            continue
+        parts = [f"{lv['name']}: {lv['proposed']} drafted, {lv['seconds']:.1f} s" if i == 0 else
+                 f"{lv['name']}: {lv['rounds']} rounds, {lv['accepted']}/{lv['proposed']} accepted, {lv['seconds']:.1f} s"
+                 for i, lv in enumerate(row["levels"])]
+        lines.append(f"- {row['role']} ({row['shape']}): " + "; ".join(parts))
     lines += ["", "Top predicted candidates:", "", "| shape | setting | predicted ms/tok | tokens/round |",
               "|---|---|---|---|"]
     for pred in plan.ranked[:10]:

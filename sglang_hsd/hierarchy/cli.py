@@ -53,6 +53,9 @@ def add_plan_parser(subparsers) -> None:
                        "to K tokens after the longest n-gram match, verified by the target) or n:N_d:N_1 (verified "
                        "by the drafter model first, which fills a buffer of N_1 for the target; model: drafters "
                        "only). Default: round_planner.DEFAULT_LOOKUPS (3:4 to 3:16:16; n:K only for an exit drafter)")
+    knobs.add_argument("--middles", help="comma list of the target's exits between a model: drafter and the target, "
+                       "L:N_d:N_1 (the drafter drafts N_d per sub-round, the exit at layer L, with its --exit-heads "
+                       "head or the logit lens, fills a buffer of N_1 for the target; default: none)")
     parser.set_defaults(func=run_plan)
 
 
@@ -72,7 +75,8 @@ def _round_plan_inputs(args: argparse.Namespace):
     import os
 
     from sglang_hsd.hierarchy.round_costs import KernelSetting
-    from sglang_hsd.hierarchy.round_planner import DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes, lookup_candidates
+    from sglang_hsd.hierarchy.round_planner import (DEFAULT_ADAPTIVE, DEFAULT_TREES, candidate_shapes, lookup_candidates,
+                                                     middle_candidates)
     from sglang_hsd.levels import LevelKind, parse_level_specs
     from sglang_hsd.tree_draft import TreeShape
     from sglang_hsd.runtime.kernel_setup import AUTO_PRECISION, DRAFTER_PRECISIONS, parse_drafter_precision
@@ -105,7 +109,7 @@ def _round_plan_inputs(args: argparse.Namespace):
         trees = [(t.depth, t.topk, t.num_draft_tokens) for t in parsed if t is not None]
     adaptive = [a for a in args.adaptive.split(",") if a.strip()] if args.adaptive is not None else DEFAULT_ADAPTIVE
     shapes = candidate_shapes(_int_list(args.fixed, "--fixed"), adaptive, trees,
-                              lookup_candidates(args.lookups, separate))
+                              lookup_candidates(args.lookups, separate), middle_candidates(args.middles, separate))
     return drafter_level, settings, shapes, SamplingParams(args.temperature, args.top_k, args.top_p)
 
 
@@ -122,14 +126,14 @@ def run_round_plan(args: argparse.Namespace) -> int:
 
     drafter_level, settings, shapes, params = _round_plan_inputs(args)
     loaded = load_model(args.model)
+    heads = load_exit_heads_option(loaded, args.exit_heads) or {}
     if drafter_level.kind is LevelKind.MODEL:
         spec = DrafterSpec(model=load_model(drafter_level.model_path).model)
     else:
-        heads = load_exit_heads_option(loaded, args.exit_heads)
-        spec = DrafterSpec(layer=drafter_level.layer, head=heads.get(drafter_level.layer) if heads else None)
+        spec = DrafterSpec(layer=drafter_level.layer, head=heads.get(drafter_level.layer))
     prompts = encode_prompts(loaded.tokenizer, prompt_set_texts(args.prompts, args.num_prompts))
     result = plan_rounds(loaded.model, spec, prompts, params, args.new_tokens, shapes, settings,
-                         progress=lambda text: print(text, flush=True))
+                         progress=lambda text: print(text, flush=True), middle_heads=heads)
     plain = result.plain
     print(f"\n{'candidate':<44} {'ms/token':>9} {'tokens/round':>12} {'vs best plain':>13}")
     shown = [p for p in result.ranked if p.shape.plain] + [p for p in result.ranked if not p.shape.plain][:12]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_hsd.hierarchy.replay import AcceptanceRecord, ReplayStats
+from sglang_hsd.hierarchy.replay import AcceptanceRecord, ReplayStats, ReplayTotals, leading_passes
 
 __all__ = ["LookupShape", "replay_lookup"]
 
@@ -109,54 +109,27 @@ def replay_lookup(records: list[AcceptanceRecord], new_tokens: int, shape: Looku
                              f"{shape.label} (needs {new_tokens + shape.longest})")
     rng = np.random.default_rng(seed)
     draws = 1 if all(r.greedy for r in records) else samples
-    totals = _Totals()
+    totals = ReplayTotals()
     for record in records:
         for _ in range(draws):
             if shape.uses_model:
                 _three_levels(record, new_tokens, shape, rng, totals)
             else:
                 _lookup_to_target(record, new_tokens, shape, rng, totals)
-    scale = 1.0 / draws
-    return ReplayStats(totals.rounds * scale, totals.tokens * scale, totals.drafted * scale,
-                       {k: v * scale for k, v in totals.drafter_calls.items()},
-                       {k: v * scale for k, v in totals.target_calls.items()}, lookups=totals.lookups * scale)
+    return totals.stats(draws)
 
 
-class _Totals:
-    """Running sums of one replay (``ReplayStats``' fields, before averaging over draws)."""
-
-    def __init__(self) -> None:
-        self.rounds = self.tokens = self.drafted = self.lookups = 0.0
-        self.drafter_calls: dict[int, float] = {}
-        self.target_calls: dict[int, float] = {}
-
-    def call(self, calls: dict[int, float], rows: int) -> None:
-        calls[rows] = calls.get(rows, 0.0) + 1
-
-    def emit(self, accepted: int, t: int, new_tokens: int) -> int:
-        """A target round that accepted ``accepted`` tokens from position ``t``; the next position."""
-        self.rounds += 1
-        self.tokens += min(accepted + 1, new_tokens - t)
-        return t + accepted + 1
-
-
-def _leading(rng: np.random.Generator, probs: np.ndarray) -> int:
-    """How many leading tests pass, test i with probability probs[i] (0 or 1: deterministic)."""
-    passed = rng.random(probs.shape[0]) < probs
-    return int(np.argmin(passed)) if not passed.all() else int(probs.shape[0])
-
-
-def _lookup_to_target(record: AcceptanceRecord, new_tokens: int, shape: LookupShape, rng, totals: _Totals) -> None:
+def _lookup_to_target(record: AcceptanceRecord, new_tokens: int, shape: LookupShape, rng, totals: ReplayTotals) -> None:
     found, t = record.lookup, 0
     while t < new_tokens:
         count = min(int(found.copy_len[t]), shape.copies)
-        accepted = _leading(rng, found.copy_p[t, :count])
+        accepted = leading_passes(rng, found.copy_p[t, :count])
         totals.lookups += 1
         totals.call(totals.target_calls, count + 1)
         t = totals.emit(accepted, t, new_tokens)
 
 
-def _three_levels(record: AcceptanceRecord, new_tokens: int, shape: LookupShape, rng, totals: _Totals) -> None:
+def _three_levels(record: AcceptanceRecord, new_tokens: int, shape: LookupShape, rng, totals: ReplayTotals) -> None:
     found, t, unseen = record.lookup, 0, 1
     while t < new_tokens:
         # unseen: tokens the small model has not run before this round's first copies (the target's
@@ -171,11 +144,11 @@ def _three_levels(record: AcceptanceRecord, new_tokens: int, shape: LookupShape,
                 buffered, unseen = buffered + 1, 1
                 continue
             count = min(int(found.copy_len[start]), shape.copies)
-            kept = _leading(rng, found.copy_q[start, :count])
+            kept = leading_passes(rng, found.copy_q[start, :count])
             totals.call(totals.drafter_calls, unseen + count)
             q_kept = found.copy_q[start, :kept]
             ratio = np.divide(found.copy_p[start, :kept], q_kept, out=np.ones(kept), where=q_kept > 0)
-            target_kept = _leading(rng, np.minimum(ratio, 1.0))
+            target_kept = leading_passes(rng, np.minimum(ratio, 1.0))
             if target_kept < kept:
                 rejected_at = buffered + target_kept
             elif not rng.random() < record.alpha[start + kept]:

@@ -2,18 +2,20 @@
 of each planning prompt (greedy, or sampled under the request's parameters), then both levels'
 rows at every position of it, in one teacher-forced pass each; a separate drafter's rows once per
 drafter precision the settings use (its weight copy changes its proposals, so each precision is
-replayed with its own records), and optionally what a prompt lookup copies at each position.
+replayed with its own records), and optionally what a prompt lookup copies at each position and
+how the target's own exits judge the drafter (an exit level between the drafter and the target).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
 from sglang_hsd.hierarchy.lookup_record import lookup_record
 from sglang_hsd.hierarchy.measure import target_continuation
+from sglang_hsd.hierarchy.middle_record import middle_record
 from sglang_hsd.hierarchy.replay import AcceptanceRecord
 from sglang_hsd.hierarchy.round_costs import DrafterSpec
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
@@ -34,6 +36,20 @@ def _logits_at(model: CausalLM, ids: list[int], start: int, end_layer: int | Non
     return model.exit_logits(hidden[:, start:-1], head)[0]
 
 
+@torch.inference_mode()
+def _exit_logits_at(model: CausalLM, ids: list[int], start: int, layers, heads) -> tuple[torch.Tensor, dict]:
+    """One pass of ``model`` over ``ids``: its final logits and those of its exit after each of
+    ``layers`` (with ``heads[layer]``, or the final norm + LM head), at positions start ..
+    len(ids) - 2. (float [P, V], {layer: float [P, V]}); layers lie in [1, depth)."""
+    cache = model.new_cache(1, len(ids))
+    hidden, lo, exits = model.embed(torch.tensor([ids])), 0, {}
+    for layer in sorted(set(layers)):
+        hidden = model.forward_layers(hidden, lo, layer, cache)
+        exits[layer], lo = model.exit_logits(hidden[:, start:-1], heads.get(layer))[0], layer
+    hidden = model.forward_layers(hidden, lo, model.num_layers, cache)
+    return model.exit_logits(hidden[:, start:-1], None)[0], exits
+
+
 def record_acceptance(
     target: CausalLM,
     drafter: DrafterSpec,
@@ -43,12 +59,17 @@ def record_acceptance(
     seed: int = 0,
     drafter_precisions: Sequence[str] = ("fp32",),
     lookup: tuple[int, int] | None = None,
+    middle_layers: Sequence[int] = (),
+    middle_heads: Mapping[int, torch.nn.Module] | None = None,
 ) -> dict[str, list[AcceptanceRecord]]:
     """Per drafter precision, one ``AcceptanceRecord`` of ``length`` positions per prompt (module
     docstring). The target's continuation is drawn once; a separate drafter's rows are computed
     on each precision's weight copy (every row on the copy, as its drafting steps run), an exit
     drafter's only in fp32 (the target's own weights). ``lookup``: (longest n-gram, most copies):
-    also record what a prompt lookup copies (``lookup_replay.lookup_record``)."""
+    also record what a prompt lookup copies (``lookup_replay.lookup_record``). ``middle_layers``: also
+    record the target's exit at each of these layers (``middle_heads[layer]``, or the logit lens)
+    between a separate drafter and the target (``middle_record.middle_record``), read in the
+    target's own pass."""
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
     if lookup is not None and (lookup[0] < 1 or lookup[1] < 1):
@@ -58,6 +79,11 @@ def record_acceptance(
     if drafter.model is None and tuple(drafter_precisions) != ("fp32",):
         raise ValueError(f"drafter_precisions: an exit drafter runs the target's own weights (fp32 only), "
                          f"got {tuple(drafter_precisions)}")
+    middle_layers = tuple(sorted(set(middle_layers)))
+    if middle_layers and drafter.model is None:
+        raise ValueError("middle_layers: an exit between the drafter and the target needs a separate drafter model")
+    if any(not 1 <= layer < target.num_layers for layer in middle_layers):
+        raise ValueError(f"middle_layers must lie in [1, {target.num_layers}), got {middle_layers}")
     generator = torch.Generator().manual_seed(seed)
     records: dict[str, list[AcceptanceRecord]] = {precision: [] for precision in drafter_precisions}
     try:
@@ -65,7 +91,10 @@ def record_acceptance(
             tail = target_continuation(target, list(prompt), length, params, generator)
             ids = list(prompt) + tail
             start = len(prompt) - 1
-            p = logits_to_probs(_logits_at(target, ids, start)[None], params)[0]
+            final, exits = _exit_logits_at(target, ids, start, middle_layers, middle_heads or {})
+            p = logits_to_probs(final[None], params)[0]
+            exit_probs = {layer: logits_to_probs(rows[None], params)[0] for layer, rows in exits.items()}
+            del final, exits
             for precision in drafter_precisions:
                 if drafter.model is not None:
                     drafter.model.set_weight_copy(DRAFTER_PRECISIONS[precision], PackedRows(((1, None),)))
@@ -78,6 +107,9 @@ def record_acceptance(
                 if lookup is not None:
                     copies = lookup_record(torch.tensor(ids), len(prompt), p, q, *lookup)
                     record = dataclasses.replace(record, lookup=copies)
+                if exit_probs:
+                    middles = tuple(middle_record(layer, p, q, e) for layer, e in sorted(exit_probs.items()))
+                    record = dataclasses.replace(record, middles=middles)
                 records[precision].append(record)
     finally:
         if drafter.model is not None:

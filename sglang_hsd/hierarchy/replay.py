@@ -27,7 +27,7 @@ children of a node in drawing order, each accepted with alpha_i. Rounds are aver
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -36,6 +36,7 @@ import torch
 from sglang_hsd.draft_length import DraftLengthRule
 from sglang_hsd.tree_draft import TreeShape
 from sglang_hsd.hierarchy.lookup_record import LookupRecord
+from sglang_hsd.hierarchy.middle_record import MiddleRecord
 from sglang_hsd.tree_draft.rules import spine_wide_order
 
 # Thresholds at which stop probabilities are recorded; an adaptive candidate must use one of them.
@@ -61,6 +62,8 @@ class AcceptanceRecord:
             threshold (greedy: 1.0 or 0.0 for the argmax).
         lookup: what a prompt lookup copies along the continuation (``lookup_replay.py``), for
             rounds with a lookup at the bottom (``lookup_record.py``); None when not recorded.
+        middles: the target's exits between the drafter and the target, one ``MiddleRecord`` per
+            recorded exit layer (``middle_replay.py``); empty when none was recorded.
     """
 
     greedy: bool
@@ -68,6 +71,7 @@ class AcceptanceRecord:
     rank: np.ndarray
     stop_prob: np.ndarray
     lookup: LookupRecord | None = None
+    middles: tuple[MiddleRecord, ...] = ()
 
     def __post_init__(self) -> None:
         length = self.alpha.shape[0]
@@ -75,6 +79,12 @@ class AcceptanceRecord:
             raise ValueError(
                 f"record arrays disagree: alpha {self.alpha.shape}, rank {self.rank.shape}, stop_prob "
                 f"{self.stop_prob.shape} (expected [{length}] and [{len(STOP_THRESHOLDS)}, {length}])")
+        if any(middle.length != length for middle in self.middles):
+            raise ValueError(f"middle records must have {length} positions, got {[m.length for m in self.middles]}")
+
+    def middle(self, layer: int) -> MiddleRecord | None:
+        """The recorded exit at ``layer`` (None if not recorded)."""
+        return next((middle for middle in self.middles if middle.layer == layer), None)
 
     @property
     def length(self) -> int:
@@ -118,6 +128,9 @@ class ReplayStats:
         drafter_calls: {rows: number of drafter forwards on that many rows}.
         target_calls: {rows: number of target (verification) forwards on that many rows}.
         lookups: prompt lookups (rounds with a lookup at the bottom, ``lookup_replay.py``).
+        middle_calls: {rows: number of an intermediate exit level's verification forwards on that
+            many rows} (rounds with an exit between the drafter and the target,
+            ``middle_replay.py``; the target's calls then run only the layers above the exit).
     """
 
     rounds: float
@@ -126,10 +139,47 @@ class ReplayStats:
     drafter_calls: dict[int, float]
     target_calls: dict[int, float]
     lookups: float = 0.0
+    middle_calls: dict[int, float] = field(default_factory=dict)
 
     @property
     def tokens_per_round(self) -> float:
         return self.tokens / self.rounds if self.rounds else float("nan")
+
+
+class ReplayTotals:
+    """Running sums of one replay (``ReplayStats``' fields, before averaging over draws)."""
+
+    def __init__(self) -> None:
+        self.rounds = self.tokens = self.drafted = self.lookups = 0.0
+        self.drafter_calls: dict[int, float] = {}
+        self.target_calls: dict[int, float] = {}
+        self.middle_calls: dict[int, float] = {}
+
+    def call(self, calls: dict[int, float], rows: int, count: float = 1.0) -> None:
+        calls[rows] = calls.get(rows, 0.0) + count
+
+    def emit(self, accepted: int, t: int, new_tokens: int) -> int:
+        """A target round that accepted ``accepted`` tokens from position ``t``; the next position."""
+        self.rounds += 1
+        self.tokens += min(accepted + 1, new_tokens - t)
+        return t + accepted + 1
+
+    def stats(self, draws: int) -> ReplayStats:
+        """The sums averaged over ``draws`` replays of every record."""
+        scale = 1.0 / draws
+
+        def per_draw(calls: dict[int, float]) -> dict[int, float]:
+            return {rows: count * scale for rows, count in calls.items()}
+
+        return ReplayStats(self.rounds * scale, self.tokens * scale, self.drafted * scale,
+                           per_draw(self.drafter_calls), per_draw(self.target_calls), self.lookups * scale,
+                           per_draw(self.middle_calls))
+
+
+def leading_passes(rng: np.random.Generator, probs: np.ndarray) -> int:
+    """How many leading tests pass, test i with probability probs[i] (0 or 1: deterministic)."""
+    passed = rng.random(probs.shape[0]) < probs
+    return int(np.argmin(passed)) if not passed.all() else int(probs.shape[0])
 
 
 def _check_threshold(rule: DraftLengthRule) -> int:

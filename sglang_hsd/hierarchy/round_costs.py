@@ -15,6 +15,10 @@ drafter (KV shared with the target) the drafter's call is layers [0, L) and the 
 [L, N) plus [0, L) on the one position no level has processed yet. Rows between the measured ones
 are interpolated (``costs._interp``).
 
+With a separate drafter, the target's exits may be timed as a middle level (``middle_replay.py``):
+the exit's verification call (layers [0, L), its head) and the target's above it (layers [L, N)
+on every row, [0, L) on the last), once per threads and kernel path.
+
 A prompt's prefill is timed too, at a few prompt lengths, as the runtime's first round runs it: the
 target's layers over every prompt position (and a separate drafter's, on its weight copy, for shapes
 that run it; an exit drafter's layers are part of the target's), the head on the last position.
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -85,6 +89,14 @@ class RoundCosts:
         sample_seconds: one draw from a vocabulary row (a drafted token, or a plain decoding step's).
         lookup_seconds: one prompt lookup that finds nothing (every n-gram tried) on a context of
             the planning prompts' length: the most a lookup level's step costs.
+        prefill_lengths, target_prefill_seconds, drafter_prefill_seconds: prompt prefills
+            (``prefill``).
+        middle_layers: exits of the target timed as a level between a separate drafter and the
+            target (``middle_replay.py``), increasing.
+        middle_seconds: per middle layer L, that exit's verification on n rows: layers [0, L), its
+            head and transform on every row, ``verify_chain`` of n - 1 drafts.
+        tail_seconds: per middle layer L, the target's verification above it on n rows: layers
+            [L, N) on n rows and [0, L) on the last, head, transform, ``verify_chain``.
     """
 
     setting: KernelSetting
@@ -96,8 +108,18 @@ class RoundCosts:
     prefill_lengths: tuple[int, ...] = ()
     target_prefill_seconds: tuple[float, ...] = ()
     drafter_prefill_seconds: tuple[float, ...] = ()
+    middle_layers: tuple[int, ...] = ()
+    middle_seconds: tuple[tuple[float, ...], ...] = ()
+    tail_seconds: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
+        layers = self.middle_layers
+        if list(layers) != sorted(set(layers)) or len(self.middle_seconds) != len(layers) \
+                or len(self.tail_seconds) != len(layers) \
+                or any(len(row) != len(self.rows) for row in (*self.middle_seconds, *self.tail_seconds)):
+            raise ValueError(f"middle_layers must increase, with one row of {len(self.rows)} seconds per layer in "
+                             f"middle_seconds and tail_seconds; got layers {layers}, "
+                             f"{[len(r) for r in self.middle_seconds]}, {[len(r) for r in self.tail_seconds]}")
         n = len(self.prefill_lengths)
         if list(self.prefill_lengths) != sorted(set(self.prefill_lengths)) or any(x < 1 for x in self.prefill_lengths):
             raise ValueError(f"prefill_lengths must be increasing positive lengths, got {self.prefill_lengths}")
@@ -111,17 +133,38 @@ class RoundCosts:
     def verify(self, rows: int) -> float:
         return _interp(self.rows, self.verify_seconds, rows)
 
+    def _middle_index(self, layer: int) -> int:
+        if layer not in self.middle_layers:
+            raise ValueError(f"no middle exit timed at layer {layer} (timed: {self.middle_layers})")
+        return self.middle_layers.index(layer)
+
+    def middle(self, layer: int, rows: int) -> float:
+        """The exit at ``layer`` verifying on ``rows`` rows (a middle level's call)."""
+        return _interp(self.rows, self.middle_seconds[self._middle_index(layer)], rows)
+
+    def tail(self, layer: int, rows: int) -> float:
+        """The target verifying on ``rows`` rows above its exit at ``layer``."""
+        return _interp(self.rows, self.tail_seconds[self._middle_index(layer)], rows)
+
     @property
     def plain_step_seconds(self) -> float:
         """One plain decoding step: the target on one row and a draw."""
         return self.verify(1) + self.sample_seconds
 
     def round_seconds(self, drafter_calls: dict[int, float], target_calls: dict[int, float], drafted: float,
-                      lookups: float = 0.0) -> float:
+                      lookups: float = 0.0, middle_calls: dict[int, float] | None = None,
+                      middle_layer: int | None = None) -> float:
         """Seconds of drafter calls ``{rows: count}``, target calls ``{rows: count}``, ``drafted``
-        draws and ``lookups`` prompt lookups."""
-        return (sum(count * self.draft(rows) for rows, count in drafter_calls.items())
-                + sum(count * self.verify(rows) for rows, count in target_calls.items())
+        draws and ``lookups`` prompt lookups; with ``middle_layer``, ``middle_calls`` of the exit
+        there and target calls that run only the layers above it."""
+        if middle_layer is None:
+            if middle_calls:
+                raise ValueError("middle_calls need the middle_layer they run")
+            target = sum(count * self.verify(rows) for rows, count in target_calls.items())
+        else:
+            target = (sum(count * self.tail(middle_layer, rows) for rows, count in target_calls.items())
+                      + sum(count * self.middle(middle_layer, rows) for rows, count in (middle_calls or {}).items()))
+        return (sum(count * self.draft(rows) for rows, count in drafter_calls.items()) + target
                 + drafted * self.sample_seconds + lookups * self.lookup_seconds)
 
     def prefill(self, prompt_len: int, drafter: bool) -> float:
@@ -149,7 +192,9 @@ class RoundCosts:
         return cls(KernelSetting(**data["setting"]), tuple(data["rows"]), tuple(data["draft_seconds"]),
                    tuple(data["verify_seconds"]), float(data["sample_seconds"]),
                    float(data.get("lookup_seconds", 0.0)), tuple(data.get("prefill_lengths", ())),
-                   tuple(data.get("target_prefill_seconds", ())), tuple(data.get("drafter_prefill_seconds", ())))
+                   tuple(data.get("target_prefill_seconds", ())), tuple(data.get("drafter_prefill_seconds", ())),
+                   tuple(data.get("middle_layers", ())), tuple(tuple(r) for r in data.get("middle_seconds", ())),
+                   tuple(tuple(r) for r in data.get("tail_seconds", ())))
 
 
 @dataclass(frozen=True)
@@ -240,6 +285,8 @@ def measure_round_costs(
     progress=None,
     lookup_ngram: int | None = None,
     prefill_lengths: Sequence[int] = (),
+    middle_layers: Sequence[int] = (),
+    middle_heads: Mapping[int, torch.nn.Module] | None = None,
 ) -> list[RoundCosts]:
     """Time drafter and target calls of ``rows`` rows under every setting (threads are restored,
     the models are left unpacked).
@@ -249,7 +296,16 @@ def measure_round_costs(
         lookup_ngram: also time a prompt lookup of this longest n-gram (``lookup_seconds``).
         prefill_lengths: also time a prefill of each of these prompt lengths (``RoundCosts.prefill``;
             empty: predictions leave the prefill out).
+        middle_layers: also time the target's exit at each of these layers as a level between a
+            separate drafter and the target (with ``middle_heads[layer]``, or the logit lens), and
+            the target's calls above it (``RoundCosts.middle``, ``RoundCosts.tail``).
     """
+    middle_layers = tuple(sorted(set(int(n) for n in middle_layers)))
+    if middle_layers and drafter.model is None:
+        raise ValueError("middle_layers: an exit between the drafter and the target needs a separate drafter model")
+    if any(not 1 <= layer < target.num_layers for layer in middle_layers):
+        raise ValueError(f"middle_layers must lie in [1, {target.num_layers}), got {middle_layers}")
+    heads = middle_heads or {}
     prefill_lengths = tuple(sorted(set(int(n) for n in prefill_lengths)))
     rows = tuple(sorted(set(int(n) for n in rows)))
     if not rows or rows[0] != 1:
@@ -259,7 +315,7 @@ def measure_round_costs(
     models = [target] + ([drafter.model] if drafter.model is not None else [])
     threads_before = torch.get_num_threads()
     timer = _CallTimer(models, params, context_len, rows[-1], repeats)
-    results, verified, target_prefills = [], {}, {}
+    results, verified, target_prefills, middles = [], {}, {}, {}
     try:
         for setting in settings:
             if progress is not None:
@@ -285,10 +341,18 @@ def measure_round_costs(
                 drafter_prefill = ()  # the exit's layers are the target's first: its prefill covers them
             if key not in target_prefills:
                 target_prefills[key] = tuple(timer.prefill(target, n) for n in prefill_lengths)
-            verify = [v + timer.verify_chain(target.vocab_size, n) for v, n in zip(verify, rows)]
+            chains = [timer.verify_chain(target.vocab_size, n) for n in rows]
+            verify = [v + c for v, c in zip(verify, chains)]
+            if key not in middles:  # the target's own layers: once per kernels, not per drafter copy
+                middles[key] = (
+                    tuple(tuple(timer.call(target, 0, layer, n, heads.get(layer)) + c for n, c in zip(rows, chains))
+                          for layer in middle_layers),
+                    tuple(tuple(timer.call(target, layer, target.num_layers, n, extra=(0, layer)) + c
+                                for n, c in zip(rows, chains)) for layer in middle_layers))
             lookup = timer.lookup(target.vocab_size, context_len, lookup_ngram) if lookup_ngram else 0.0
             results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size),
-                                      lookup, prefill_lengths, target_prefills[key], drafter_prefill))
+                                      lookup, prefill_lengths, target_prefills[key], drafter_prefill,
+                                      middle_layers, *middles[key]))
     finally:
         torch.set_num_threads(threads_before)
         if drafter.model is not None:

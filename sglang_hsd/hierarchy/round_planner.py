@@ -3,9 +3,10 @@
 The knobs: the round's draft shape (a fixed draft length K, an adaptive stopping rule
 ``adaptive:threshold:max``, a sampled tree ``D:k:N``, or a prompt lookup at the bottom: copies
 verified by the target, ``lookup:n,target``, or by the drafter model first, ``lookup:n,model:D,target``,
-a three-level hierarchy) and the ``KernelSetting`` (threads, kernel path, drafter precision). Plain
-decoding under each setting is a candidate too, so the choice is never predicted slower than plain
-decoding.
+a three-level hierarchy; or the target's own exit between a separate drafter and the target,
+``model:D,exit:L,target``, another three-level hierarchy, ``middle_replay.py``) and the
+``KernelSetting`` (threads, kernel path, drafter precision). Plain decoding under each setting is a
+candidate too, so the choice is never predicted slower than plain decoding.
 
 Prediction of a candidate, in seconds per token: replay its rounds over the acceptance records
 (``replay.py``: rounds, tokens, drafter and target calls by row count), price the calls with the
@@ -27,8 +28,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+import torch
+
 from sglang_hsd.draft_length import DraftLengthRule, format_draft_length, parse_draft_length
 from sglang_hsd.hierarchy.lookup_replay import LookupShape, replay_lookup
+from sglang_hsd.hierarchy.middle_replay import MiddleShape, replay_middle
 from sglang_hsd.hierarchy.recording import record_acceptance
 from sglang_hsd.runtime.plan_file import CHAINS, PlannedHierarchy, RunKnobs
 from sglang_hsd.hierarchy.replay import STOP_THRESHOLDS, AcceptanceRecord, ReplayStats, replay_chain, replay_tree
@@ -52,17 +56,19 @@ DEFAULT_TREES = ((2, 2, 4), (3, 2, 6), (4, 2, 8), (5, 2, 10), (6, 2, 12), (8, 2,
 class RoundShape:
     """How a round drafts. Exactly one of: ``fixed`` (K drafts), ``adaptive`` (a
     ``DraftLengthRule`` of kind adaptive), ``tree`` (a ``TreeShape``), ``lookup`` (a
-    ``LookupShape``: a prompt lookup at the bottom); all None: plain decoding.
+    ``LookupShape``: a prompt lookup at the bottom), ``middle`` (a ``MiddleShape``: the target's
+    exit between a separate drafter and the target); all None: plain decoding.
     """
 
     fixed: int | None = None
     adaptive: DraftLengthRule | None = None
     tree: TreeShape | None = None
     lookup: LookupShape | None = None
+    middle: MiddleShape | None = None
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.fixed, self.adaptive, self.tree, self.lookup)) > 1:
-            raise ValueError("a RoundShape is one of fixed, adaptive, tree and lookup")
+        if sum(x is not None for x in (self.fixed, self.adaptive, self.tree, self.lookup, self.middle)) > 1:
+            raise ValueError("a RoundShape is one of fixed, adaptive, tree, lookup and middle")
         if self.fixed is not None and self.fixed < 1:
             raise ValueError(f"fixed draft length must be >= 1, got {self.fixed}")
         if self.adaptive is not None and not self.adaptive.adaptive:
@@ -70,7 +76,7 @@ class RoundShape:
 
     @property
     def plain(self) -> bool:
-        return self.fixed is None and self.adaptive is None and self.tree is None and self.lookup is None
+        return all(x is None for x in (self.fixed, self.adaptive, self.tree, self.lookup, self.middle))
 
     @property
     def uses_drafter(self) -> bool:
@@ -95,8 +101,10 @@ class RoundShape:
     @property
     def buffer(self) -> int:
         """The drafter level's buffer: K, the adaptive maximum, the tree's depth, or the level above a
-        lookup's (the drafter model's N_1, or the lookup's copies when the target verifies them);
-        1 for plain."""
+        lookup's (the drafter model's N_1, or the lookup's copies when the target verifies them),
+        a middle exit's N_d; 1 for plain."""
+        if self.middle is not None:
+            return self.middle.draft
         if self.lookup is not None:
             return self.lookup.model_buffer or self.lookup.copies
         if self.fixed is not None:
@@ -113,12 +121,17 @@ class RoundShape:
             return f"fixed {self.fixed}"
         if self.lookup is not None:
             return self.lookup.label
+        if self.middle is not None:
+            return self.middle.label
         return self.draft_length if self.adaptive is not None else f"tree {self.tree_text}"
 
     def levels(self, drafter: LevelSpec | None) -> tuple[LevelSpec, ...]:
         """The hierarchy this shape runs, cheapest first: the lookup (if any), ``drafter`` with its
-        buffer replaced by the shape's (if it runs; None is allowed where it does not), the target."""
+        buffer replaced by the shape's (if it runs; None is allowed where it does not), the middle
+        exit (if any), the target."""
         levels: tuple[LevelSpec, ...] = (LevelSpec(LevelKind.TARGET),)
+        if self.middle is not None:
+            levels = (LevelSpec(LevelKind.EXIT, buffer=self.middle.buffer, layer=self.middle.layer), *levels)
         if self.uses_drafter:
             levels = (dataclasses.replace(drafter, buffer=self.buffer), *levels)
         if self.lookup is not None:
@@ -130,6 +143,8 @@ class RoundShape:
         """The most positions past the round's start its replay reads."""
         if self.lookup is not None:
             return self.lookup.longest
+        if self.middle is not None:
+            return self.middle.longest
         return self.tree.depth if self.tree is not None else (self.buffer if not self.plain else 0)
 
 
@@ -170,11 +185,22 @@ def lookup_candidates(text: str | None, separate_drafter: bool, name: str = "--l
     return lookups
 
 
+def middle_candidates(text: str | None, separate_drafter: bool, name: str = "--middles") -> list[MiddleShape]:
+    """The middle-exit candidates of a comma list ``L:N_d:N_1`` (None or '': none; they need a
+    separate drafter model: refused otherwise, naming ``name``)."""
+    middles = [MiddleShape.parse(part.strip(), name) for part in (text or "").split(",") if part.strip()]
+    if middles and not separate_drafter:
+        raise ValueError(f"{name}: an exit between the drafter and the target needs a separate drafter model "
+                         f"(model:<name>), got {text!r}")
+    return middles
+
+
 def candidate_shapes(
     fixed: Sequence[int] = DEFAULT_FIXED,
     adaptive: Sequence[str] = DEFAULT_ADAPTIVE,
     trees: Sequence[tuple[int, int, int]] = DEFAULT_TREES,
     lookups: Sequence[LookupShape] = (),
+    middles: Sequence[MiddleShape] = (),
 ) -> list[RoundShape]:
     """Plain decoding and every given shape. Trees that ``spine_wide`` cannot fill, adaptive
     thresholds outside ``replay.STOP_THRESHOLDS`` and lookups of different n-grams (one recording
@@ -196,6 +222,7 @@ def candidate_shapes(
     if len({shape.ngram for shape in lookups}) > 1:
         raise ValueError(f"lookup candidates must share one n-gram, got {sorted({s.ngram for s in lookups})}")
     shapes += [RoundShape(lookup=shape) for shape in lookups]
+    shapes += [RoundShape(middle=shape) for shape in middles]
     return shapes
 
 
@@ -208,6 +235,8 @@ def replay(shape: RoundShape, records: list[AcceptanceRecord], new_tokens: int) 
         return replay_tree(records, new_tokens, shape.tree)
     if shape.lookup is not None:
         return replay_lookup(records, new_tokens, shape.lookup)
+    if shape.middle is not None:
+        return replay_middle(records, new_tokens, shape.middle)
     rule = shape.adaptive or DraftLengthRule()
     return replay_chain(records, new_tokens, rule, shape.fixed or 1)
 
@@ -219,7 +248,8 @@ def predict(shape: RoundShape, costs: RoundCosts, records: list[AcceptanceRecord
     ``prompt_lengths`` (none: no prefill; they may be other prompts' than the records', e.g. the
     prompts a benchmark measures)."""
     stats = replay(shape, records, new_tokens)
-    seconds = costs.round_seconds(stats.drafter_calls, stats.target_calls, stats.drafted, stats.lookups)
+    seconds = costs.round_seconds(stats.drafter_calls, stats.target_calls, stats.drafted, stats.lookups,
+                                  stats.middle_calls, shape.middle.layer if shape.middle is not None else None)
     if shape.plain:
         seconds += stats.tokens * costs.sample_seconds
     prefill = (sum(costs.prefill(n, shape.uses_drafter) for n in prompt_lengths) / len(prompt_lengths)
@@ -310,9 +340,12 @@ def plan_rounds(
     shapes: Sequence[RoundShape],
     settings: Sequence[KernelSetting],
     progress: Callable[[str], None] | None = None,
+    middle_heads: Mapping[int, torch.nn.Module] | None = None,
 ) -> RoundPlan:
     """Record acceptance on ``prompts``, time the calls under every setting, rank every candidate
-    for generations of ``new_tokens`` tokens."""
+    for generations of ``new_tokens`` tokens. ``middle_heads``: the exit heads of middle-exit
+    shapes (``{layer: head}``; a layer without one runs the logit lens), as the runtime's
+    ``exit_heads``."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
     say = progress or (lambda text: None)
@@ -321,10 +354,14 @@ def plan_rounds(
     lookup = (lookups[0].ngram, max(s.copies for s in lookups)) if lookups else None
     if lookups and drafter.model is None and any(s.uses_model for s in lookups):
         raise ValueError("shapes: a lookup verified by the drafter needs a separate drafter model (model:<name>)")
+    middle_layers = sorted({shape.middle.layer for shape in shapes if shape.middle is not None})
+    if middle_layers and drafter.model is None:
+        raise ValueError("shapes: an exit between the drafter and the target needs a separate drafter model "
+                         "(model:<name>)")
     say(f"recording {len(prompts)} continuations of {new_tokens + longest} tokens")
     precisions = tuple(dict.fromkeys(s.drafter_precision for s in settings))
     records = record_acceptance(target, drafter, prompts, params, new_tokens + longest, drafter_precisions=precisions,
-                                lookup=lookup)
+                                lookup=lookup, middle_layers=middle_layers, middle_heads=middle_heads)
     lengths = [len(p) for p in prompts]
     mean = int(sum(lengths) / len(lengths))
     # Prefill timed at half the mean prompt and at the longest: two cold forwards per model and
@@ -332,5 +369,6 @@ def plan_rounds(
     prefill_lengths = sorted({max(1, mean // 2), max(lengths)})
     costs = measure_round_costs(target, drafter, settings, params, context_len=mean + new_tokens // 2,
                                 progress=lambda label: say(f"timing calls: {label}"),
-                                lookup_ngram=lookup[0] if lookup else None, prefill_lengths=prefill_lengths)
+                                lookup_ngram=lookup[0] if lookup else None, prefill_lengths=prefill_lengths,
+                                middle_layers=middle_layers, middle_heads=middle_heads)
     return RoundPlan(records, costs, rank_candidates(shapes, costs, records, new_tokens, lengths))
