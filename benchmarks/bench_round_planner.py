@@ -84,8 +84,9 @@ def _generator(target, drafter, level: LevelSpec | None, shape: RoundShape, sett
                heads) -> SpeculativeGenerator:
     """The engine for ``shape`` over the drafter ``level`` (None where the shape runs no drafter)."""
     config = HierarchyConfig(shape.levels(level), draft_length=shape.adaptive or DraftLengthRule(), tree=shape.tree)
+    # A setting's drafter copy matters only where the drafter runs (plain rows are priced under any).
     return SpeculativeGenerator(target, config, drafter=drafter, exit_heads=heads, pack_linears=setting.packed,
-                                drafter_precision=setting.drafter_precision)
+                                drafter_precision=setting.drafter_precision if shape.uses_drafter else "fp32")
 
 
 def _measure(target, drafter, level, shape, setting, heads, prompts, params, max_new, eos, repeats):
@@ -193,12 +194,29 @@ def main(argv: list[str] | None = None) -> None:
         row["abs_percentage_error"] = (None if predicted is None else
                                        abs(predicted - row["measured_ms_per_token"]) / row["measured_ms_per_token"] * 100)
 
-    payload = {"model": args.model, "drafter": args.drafter, "prompt_set": args.prompt_set,
+    agreement = _record_agreement(plan)
+    payload = {"agreement": agreement, "model": args.model, "drafter": args.drafter, "prompt_set": args.prompt_set,
                "plan_prompts": args.plan_prompts, "num_prompts": args.num_prompts,
                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "repeats": args.repeats,
                "rows": results, **plan.as_dict()}
-    write_results(RESULTS_DIR / args.name, payload, _markdown(args, results, plan), run)
-    print(_markdown(args, results, plan))
+    text = _markdown(args, results, plan, agreement)
+    write_results(RESULTS_DIR / args.name, payload, text, run)
+    print(text)
+
+
+def _record_agreement(plan: RoundPlan) -> dict:
+    """Mean acceptance per level pair over the planning records, per drafter precision: drafter ->
+    target (alpha), and for each recorded middle exit, drafter -> exit and exit -> target (greedy:
+    argmax agreement; sampled: 1 - TV)."""
+    out = {}
+    for precision, records in plan.records.items():
+        entry = {"drafter_target": statistics.mean(float(r.alpha.mean()) for r in records)}
+        for middle in records[0].middles:
+            layer = middle.layer
+            entry[f"drafter_exit{layer}"] = statistics.mean(float(r.middle(layer).draft_pass.mean()) for r in records)
+            entry[f"exit{layer}_target"] = statistics.mean(float(r.middle(layer).target_pass.mean()) for r in records)
+        out[precision] = entry
+    return out
 
 
 def _plain_prediction(plan: RoundPlan, setting: KernelSetting) -> RoundPrediction | None:
@@ -212,7 +230,7 @@ def _range(values: list[float]) -> str:
     return f"{min(values):.1f}-{max(values):.1f}"
 
 
-def _markdown(args, results, plan) -> str:
+def _markdown(args, results, plan, agreement) -> str:
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
@@ -237,7 +255,8 @@ def _markdown(args, results, plan) -> str:
             f"{num(predicted, '.1f')} | {measured:.1f} "
             f"({_range(row['measured_ms_per_token_per_repeat'])}) | {num(error, '.0f')}{'' if error is None else '%'} | "
             f"{num(row['predicted_tokens_per_round'], '.2f')} / {row['measured_tokens_per_round']:.2f} | "
-            f"{num(row['vs_plain_defaults'], '.2f')}x | {row['vs_plain_best']:.2f}x | {same} |")
+            f"{num(row['vs_plain_defaults'], '.2f')}{'' if row['vs_plain_defaults'] is None else 'x'} | "
+            f"{row['vs_plain_best']:.2f}x | {same} |")
     errors = [row["abs_percentage_error"] for row in results if row["abs_percentage_error"] is not None]
     if errors:
         lines += ["", f"Latency model: mean absolute percentage error {statistics.mean(errors):.0f}%, "
@@ -261,6 +280,10 @@ def _markdown(args, results, plan) -> str:
                  f"{lv['name']}: {lv['rounds']} rounds, {lv['accepted']}/{lv['proposed']} accepted, {lv['seconds']:.1f} s"
                  for i, lv in enumerate(row["levels"])]
         lines.append(f"- {row['role']} ({row['shape']}): " + "; ".join(parts))
+    lines += ["", "Acceptance between levels on the planning records (greedy: argmax agreement; sampled: "
+              "mean 1 - TV), per drafter precision: " + "; ".join(
+                  f"{precision}: " + ", ".join(f"{pair.replace('_', ' -> ')} {value:.3f}" for pair, value in entry.items())
+                  for precision, entry in agreement.items())]
     lines += ["", "Top predicted candidates:", "", "| shape | setting | predicted ms/tok | tokens/round |",
               "|---|---|---|---|"]
     for pred in plan.ranked[:10]:
