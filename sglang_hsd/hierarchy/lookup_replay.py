@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_hsd.hierarchy.replay import AcceptanceRecord, ReplayStats, ReplayTotals, leading_passes
+from sglang_hsd.hierarchy.replay import AcceptanceRecord, ReplayStats, ReplayTotals, leading_passes, replay_records
 
 __all__ = ["LookupShape", "replay_lookup"]
 
@@ -97,26 +97,15 @@ def replay_lookup(records: list[AcceptanceRecord], new_tokens: int, shape: Looku
     with the shape's n-gram and at least its copies. Drafter calls are the small model's, counted
     by rows; ``drafted`` counts its draws (one per sub-round); ``lookups`` the lookups.
     """
-    if new_tokens < 1:
-        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
     for record in records:
         found = record.lookup
         if found is None or found.ngram != shape.ngram or found.max_copies < shape.copies:
             raise ValueError(f"records need lookup copies of n-gram {shape.ngram} and up to {shape.copies} tokens, "
                              f"got {None if found is None else (found.ngram, found.max_copies)}")
-        if record.length < new_tokens + shape.longest:
-            raise ValueError(f"a record of {record.length} positions cannot replay {new_tokens} tokens with "
-                             f"{shape.label} (needs {new_tokens + shape.longest})")
-    rng = np.random.default_rng(seed)
-    draws = 1 if all(r.greedy for r in records) else samples
-    totals = ReplayTotals()
-    for record in records:
-        for _ in range(draws):
-            if shape.uses_model:
-                _three_levels(record, new_tokens, shape, rng, totals)
-            else:
-                _lookup_to_target(record, new_tokens, shape, rng, totals)
-    return totals.stats(draws)
+    replay_one = _three_levels if shape.uses_model else _lookup_to_target
+    return replay_records(records, new_tokens, shape.longest, shape.label,
+                          lambda record, tokens, rng, totals: replay_one(record, tokens, shape, rng, totals),
+                          samples, seed)
 
 
 def _lookup_to_target(record: AcceptanceRecord, new_tokens: int, shape: LookupShape, rng, totals: ReplayTotals) -> None:

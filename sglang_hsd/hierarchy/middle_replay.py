@@ -30,9 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from sglang_hsd.hierarchy.replay import AcceptanceRecord, ReplayStats, ReplayTotals, leading_passes
+from sglang_hsd.hierarchy.replay import AcceptanceRecord, ReplayStats, ReplayTotals, leading_passes, replay_records
 
 __all__ = ["MiddleShape", "replay_middle"]
 
@@ -86,22 +84,13 @@ def replay_middle(records: list[AcceptanceRecord], new_tokens: int, shape: Middl
     middle_layers=...)``). Drafter calls are the drafter's, by rows; ``middle_calls`` the exit's;
     ``target_calls`` the target's (layers above the exit); ``drafted`` the drafter's draws.
     """
-    if new_tokens < 1:
-        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
     for record in records:
         if record.middle(shape.layer) is None:
             raise ValueError(f"records need the exit at layer {shape.layer} (recorded: "
                              f"{[m.layer for m in record.middles]})")
-        if record.length < new_tokens + shape.longest:
-            raise ValueError(f"a record of {record.length} positions cannot replay {new_tokens} tokens with "
-                             f"{shape.label} (needs {new_tokens + shape.longest})")
-    rng = np.random.default_rng(seed)
-    draws = 1 if all(r.greedy for r in records) else samples
-    totals = ReplayTotals()
-    for record in records:
-        for _ in range(draws):
-            _rounds(record, new_tokens, shape, rng, totals)
-    return totals.stats(draws)
+    return replay_records(records, new_tokens, shape.longest, shape.label,
+                          lambda record, tokens, rng, totals: _rounds(record, tokens, shape, rng, totals),
+                          samples, seed)
 
 
 def _rounds(record: AcceptanceRecord, new_tokens: int, shape: MiddleShape, rng, totals: ReplayTotals) -> None:

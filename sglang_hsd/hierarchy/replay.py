@@ -182,6 +182,28 @@ def leading_passes(rng: np.random.Generator, probs: np.ndarray) -> int:
     return int(np.argmin(passed)) if not passed.all() else int(probs.shape[0])
 
 
+def replay_records(records: list[AcceptanceRecord], new_tokens: int, longest: int, label: str, replay_one,
+                   samples: int = 32, seed: int = 0) -> ReplayStats:
+    """Replay rounds over ``records`` until each has emitted ``new_tokens`` tokens:
+    ``replay_one(record, new_tokens, rng, totals)`` runs one record's rounds into a ``ReplayTotals``,
+    once per record when every record is greedy (exact), else ``samples`` Monte Carlo times.
+    ``longest``: the most positions past a round's start the shape reads (``label`` names it in
+    the error when a record is too short)."""
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    for record in records:
+        if record.length < new_tokens + longest:
+            raise ValueError(f"a record of {record.length} positions cannot replay {new_tokens} tokens with "
+                             f"{label} (needs {new_tokens + longest})")
+    rng = np.random.default_rng(seed)
+    draws = 1 if all(r.greedy for r in records) else samples
+    totals = ReplayTotals()
+    for record in records:
+        for _ in range(draws):
+            replay_one(record, new_tokens, rng, totals)
+    return totals.stats(draws)
+
+
 def _check_threshold(rule: DraftLengthRule) -> int:
     try:
         return STOP_THRESHOLDS.index(rule.threshold)
