@@ -53,7 +53,8 @@ def apply_exit_map(hidden: torch.Tensor, A: torch.Tensor, b: torch.Tensor) -> to
 class ExitHead(nn.Module):
     """hidden [..., D] -> logits [..., V] for one exit layer of a runtime ``CausalLM``.
 
-    The target's final norm and LM head are referenced, not copied; they are excluded from
+    The target's final norm and LM head are referenced, not copied (read from the target at each
+    call, so a packed LM head serves the exit too); they are excluded from
     ``trainable_parameters`` and from the state dict. ``A`` and ``b`` start at zero, so an
     untrained head *is* the logit lens (``CausalLM.exit_logits`` without a head), bit for bit.
     """
@@ -64,8 +65,11 @@ class ExitHead(nn.Module):
         self.layer = layer
         self.A = nn.Parameter(torch.zeros(dim, dim, dtype=target.embed_tokens.weight.dtype))
         self.b = nn.Parameter(torch.zeros(dim, dtype=target.embed_tokens.weight.dtype))
-        # A plain attribute tuple keeps the target's modules out of this module's state_dict.
-        self._shared = (target.norm, target.lm_head)
+        # A plain attribute tuple keeps the target out of this module's state_dict and parameters.
+        # Its norm and LM head are looked up at each call: ``CausalLM.pack_linears`` swaps the LM
+        # head for a packed one, and a head that kept the old module ran its vocabulary product
+        # outside the packed kernel (an exit call then cost more than the target's whole call).
+        self._target = (target,)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [self.A, self.b]
@@ -75,8 +79,8 @@ class ExitHead(nn.Module):
         return apply_exit_map(hidden, self.A, self.b)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        norm, lm_head = self._shared
-        return lm_head(norm(self.transform(hidden)))
+        target = self._target[0]
+        return target.lm_head(target.norm(self.transform(hidden)))
 
 
 def save_exit_heads(directory: str, heads: dict[int, ExitHead], manifest: dict | None = None) -> str:

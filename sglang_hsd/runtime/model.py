@@ -167,7 +167,7 @@ class CausalLM(nn.Module):
         """Run every projection and the LM head through :class:`PackedLinear` (oneDNN, CPU float32).
 
         Idempotent. Parameters stay shared with the HF model; the packed copies take as much
-        memory again as the linear weights. Exit heads built earlier keep the plain LM head.
+        memory again as the linear weights. Exit heads read the LM head at each call, so they run packed too.
         ``packed_rows``: ``(in_features, out_features) -> PackedRows``, the row counts each shape
         runs packed (e.g. ``KernelTable.packed_rows`` of ``runtime/kernel_paths.py``); a shape with
         no packed rows stays a plain ``nn.Linear`` (no copy). None: every call of 2 rows or more.

@@ -116,3 +116,20 @@ def test_generator_output_is_target_greedy_with_and_without_packing(pack):
     assert isinstance(drafter.layers[0].mlp.up_proj, PackedLinear) == pack
     result = gen.generate([prompt], SamplingParams(temperature=0.0), max_new_tokens=12)
     assert result.tokens[0] == expected
+
+
+def test_exit_heads_run_the_packed_lm_head():
+    # A head built before packing reads the target's LM head at each call: after pack_linears its
+    # vocabulary product runs on the packed kernel too, with the lens' logits unchanged.
+    from sglang_hsd.runtime.exit_heads import ExitHead
+
+    model = CausalLM.from_hf(tiny_qwen2())
+    head = ExitHead(model, 1)
+    hidden = torch.randn(1, 5, model.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        plain = head(hidden)
+        assert model.pack_linears()
+        assert _ran_packed_kernel(lambda: head(hidden))
+        assert (head(hidden) - plain).abs().max() < ATOL
+        assert torch.equal(head(hidden), model.exit_logits(hidden))
+        model.unpack_linears()
