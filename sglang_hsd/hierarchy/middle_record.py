@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["MiddleRecord", "middle_record"]
+__all__ = ["MiddleRecord", "check_middle_layers", "middle_record"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,17 @@ class MiddleRecord:
     @property
     def length(self) -> int:
         return int(self.draft_pass.shape[0])
+
+
+def check_middle_layers(layers, num_layers: int, separate_drafter: bool) -> tuple[int, ...]:
+    """``layers`` sorted without repeats, each checked to lie in [1, num_layers); a middle exit
+    needs a separate drafter model below it (ValueError naming ``middle_layers`` otherwise)."""
+    layers = tuple(sorted(set(int(layer) for layer in layers)))
+    if layers and not separate_drafter:
+        raise ValueError("middle_layers: an exit between the drafter and the target needs a separate drafter model")
+    if any(not 1 <= layer < num_layers for layer in layers):
+        raise ValueError(f"middle_layers must lie in [1, {num_layers}), got {layers}")
+    return layers
 
 
 def middle_record(layer: int, p: torch.Tensor, q: torch.Tensor, e: torch.Tensor) -> MiddleRecord:

@@ -15,7 +15,7 @@ import torch
 
 from sglang_hsd.hierarchy.lookup_record import lookup_record
 from sglang_hsd.hierarchy.measure import target_continuation
-from sglang_hsd.hierarchy.middle_record import middle_record
+from sglang_hsd.hierarchy.middle_record import check_middle_layers, middle_record
 from sglang_hsd.hierarchy.replay import AcceptanceRecord
 from sglang_hsd.hierarchy.round_costs import DrafterSpec
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
@@ -79,11 +79,7 @@ def record_acceptance(
     if drafter.model is None and tuple(drafter_precisions) != ("fp32",):
         raise ValueError(f"drafter_precisions: an exit drafter runs the target's own weights (fp32 only), "
                          f"got {tuple(drafter_precisions)}")
-    middle_layers = tuple(sorted(set(middle_layers)))
-    if middle_layers and drafter.model is None:
-        raise ValueError("middle_layers: an exit between the drafter and the target needs a separate drafter model")
-    if any(not 1 <= layer < target.num_layers for layer in middle_layers):
-        raise ValueError(f"middle_layers must lie in [1, {target.num_layers}), got {middle_layers}")
+    middle_layers = check_middle_layers(middle_layers, target.num_layers, drafter.model is not None)
     generator = torch.Generator().manual_seed(seed)
     records: dict[str, list[AcceptanceRecord]] = {precision: [] for precision in drafter_precisions}
     try:

@@ -36,6 +36,7 @@ import torch
 
 from sglang_hsd.hierarchy.costs import _interp
 from sglang_hsd.hierarchy.measure import _median_seconds
+from sglang_hsd.hierarchy.middle_record import check_middle_layers
 from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED, single_row_split
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
 from sglang_hsd.runtime.model import CausalLM
@@ -240,6 +241,16 @@ class _CallTimer:
 
         return _median_seconds(run, self.repeats, warmup=1)
 
+    def middle_calls(self, target: CausalLM, layers, heads, rows, chains) -> tuple[tuple, tuple]:
+        """Per middle layer L, seconds on each of ``rows`` rows of the exit's call (layers [0, L),
+        ``heads[L]`` or the lens) and of the target's call above it (layers [L, N), [0, L) on the
+        last row), each plus ``chains`` (``verify_chain`` of n - 1 drafts, per row count)."""
+        middle = tuple(tuple(self.call(target, 0, layer, n, heads.get(layer)) + c for n, c in zip(rows, chains))
+                       for layer in layers)
+        tail = tuple(tuple(self.call(target, layer, target.num_layers, n, extra=(0, layer)) + c
+                           for n, c in zip(rows, chains)) for layer in layers)
+        return middle, tail
+
     def prefill(self, model: CausalLM, n: int) -> float:
         """Seconds of one cold prefill of n positions on a fresh cache: every layer on n rows, the
         head and the transform on the last (module docstring)."""
@@ -273,6 +284,26 @@ class _CallTimer:
         return _median_seconds(lambda: torch.multinomial(q, 1, generator=self.generator), self.repeats, warmup=1)
 
 
+def _checked_rows(rows: Sequence[int], drafter: DrafterSpec, settings: Sequence[KernelSetting]) -> tuple[int, ...]:
+    """The row counts to time, sorted, starting at 1; settings an exit drafter can run."""
+    rows = tuple(sorted(set(int(n) for n in rows)))
+    if not rows or rows[0] != 1:
+        raise ValueError(f"rows must include 1, got {rows}")
+    if drafter.model is None and any(s.drafter_precision != "fp32" for s in settings):
+        raise ValueError("settings: an exit drafter runs the target's own weights; drafter_precision must be fp32")
+    return rows
+
+
+def _use_setting(models: Sequence[CausalLM], setting: KernelSetting) -> None:
+    """Threads and linears as the runtime runs them under ``setting`` (packed at this thread
+    count's split, ``kernel_paths``)."""
+    torch.set_num_threads(setting.threads)
+    for model in models:
+        model.unpack_linears()
+        if setting.packed:
+            model.pack_linears(single_row_split(model))
+
+
 @torch.inference_mode()
 def measure_round_costs(
     target: CausalLM,
@@ -300,18 +331,9 @@ def measure_round_costs(
             separate drafter and the target (with ``middle_heads[layer]``, or the logit lens), and
             the target's calls above it (``RoundCosts.middle``, ``RoundCosts.tail``).
     """
-    middle_layers = tuple(sorted(set(int(n) for n in middle_layers)))
-    if middle_layers and drafter.model is None:
-        raise ValueError("middle_layers: an exit between the drafter and the target needs a separate drafter model")
-    if any(not 1 <= layer < target.num_layers for layer in middle_layers):
-        raise ValueError(f"middle_layers must lie in [1, {target.num_layers}), got {middle_layers}")
-    heads = middle_heads or {}
+    middle_layers = check_middle_layers(middle_layers, target.num_layers, drafter.model is not None)
     prefill_lengths = tuple(sorted(set(int(n) for n in prefill_lengths)))
-    rows = tuple(sorted(set(int(n) for n in rows)))
-    if not rows or rows[0] != 1:
-        raise ValueError(f"rows must include 1, got {rows}")
-    if drafter.model is None and any(s.drafter_precision != "fp32" for s in settings):
-        raise ValueError("settings: an exit drafter runs the target's own weights; drafter_precision must be fp32")
+    rows = _checked_rows(rows, drafter, settings)
     models = [target] + ([drafter.model] if drafter.model is not None else [])
     threads_before = torch.get_num_threads()
     timer = _CallTimer(models, params, context_len, rows[-1], repeats)
@@ -321,11 +343,7 @@ def measure_round_costs(
             if progress is not None:
                 progress(setting.label)
             key = (setting.threads, setting.kernel_path)
-            torch.set_num_threads(setting.threads)
-            for model in models:  # packed as the runtime packs at this thread count (kernel_paths)
-                model.unpack_linears()
-                if setting.packed:
-                    model.pack_linears(single_row_split(model))
+            _use_setting(models, setting)
             if drafter.model is not None:
                 drafter.model.set_weight_copy(DRAFTER_PRECISIONS[setting.drafter_precision])
                 draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
@@ -344,11 +362,7 @@ def measure_round_costs(
             chains = [timer.verify_chain(target.vocab_size, n) for n in rows]
             verify = [v + c for v, c in zip(verify, chains)]
             if key not in middles:  # the target's own layers: once per kernels, not per drafter copy
-                middles[key] = (
-                    tuple(tuple(timer.call(target, 0, layer, n, heads.get(layer)) + c for n, c in zip(rows, chains))
-                          for layer in middle_layers),
-                    tuple(tuple(timer.call(target, layer, target.num_layers, n, extra=(0, layer)) + c
-                                for n, c in zip(rows, chains)) for layer in middle_layers))
+                middles[key] = timer.middle_calls(target, middle_layers, middle_heads or {}, rows, chains)
             lookup = timer.lookup(target.vocab_size, context_len, lookup_ngram) if lookup_ngram else 0.0
             results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size),
                                       lookup, prefill_lengths, target_prefills[key], drafter_prefill,
