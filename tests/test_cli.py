@@ -130,6 +130,8 @@ def test_generate_measures_a_separate_drafters_precision_by_default():
     ("--drafter-precisions", "fp32,int3", "--drafter-precisions must be one of"),
     ("--lookups", "3:zero", "--lookups must be"),
     ("--lookups", "3:0:8", "--lookups must be"),
+    ("--middles", "24:4", "--middles must be <exit layer>:<drafts>:<exit buffer>"),
+    ("--middles", "24:0:8", "--middles must be"),
 ])
 def test_round_plan_rejects_bad_options_before_loading_a_model(option, value, message):
     args = ["plan", "--model", "no-such-model", "--drafter", "model:no-such-drafter", option, value]
@@ -145,6 +147,11 @@ def test_round_plan_refuses_half_precision_for_an_exit_drafter():
 def test_round_plan_refuses_a_lookup_verified_by_an_exit_drafter():
     with pytest.raises(ValueError, match="--lookups: n:N_d:N_1 needs a separate drafter model"):
         cli.main(["plan", "--model", "no-such-model", "--drafter", "exit:8", "--lookups", "3:4:8"])
+
+
+def test_round_plan_refuses_a_middle_exit_above_an_exit_drafter():
+    with pytest.raises(ValueError, match="--middles: an exit between the drafter and the target needs a separate"):
+        cli.main(["plan", "--model", "no-such-model", "--drafter", "exit:8", "--middles", "24:4:8"])
 
 
 def test_generate_offers_exactly_the_runtimes_drafter_precisions():
