@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> None:
                 for precision in precisions]
     loaded = load_model(args.model)
     target = loaded.model
-    drafter, heads = None, load_exit_heads_option(loaded, args.exit_heads) or {}
+    drafter = None
+    # Exit heads serve an exit drafter or a middle exit (--middles); a model drafter alone needs none.
+    heads = ((load_exit_heads_option(loaded, args.exit_heads) or {})
+             if level.kind is not LevelKind.MODEL or args.middles else {})
     if level.kind is LevelKind.MODEL:
         drafter = load_model(level.model_path).model
         spec = DrafterSpec(model=drafter)
