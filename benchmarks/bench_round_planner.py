@@ -90,8 +90,8 @@ def _generator(target, drafter, level: LevelSpec | None, shape: RoundShape, sett
 
 
 def _measure(target, drafter, level, shape, setting, heads, prompts, params, max_new, eos, repeats):
-    """Tokens/s of every repeat, the tokens, tokens per target round, each model's shapes whose
-    single rows ran packed, and the last repeat's per-level statistics (``LevelStats.as_dict``:
+    """Tokens/s of every repeat, the tokens, tokens per target round, (each model's shapes whose
+    single rows ran packed, each model's row padding), and the last repeat's per-level statistics (``LevelStats.as_dict``:
     rounds, proposed, accepted, seconds), in ``setting`` (after ``WARMUP_TOKENS`` untimed tokens:
     first calls on fresh packed copies page-fault)."""
     torch.set_num_threads(setting.threads)
@@ -99,8 +99,9 @@ def _measure(target, drafter, level, shape, setting, heads, prompts, params, max
     rates, tokens, per_round, levels = [], None, 1.0, []
     try:
         run_runtime(generator, prompts[:1], params, WARMUP_TOKENS, eos, 0, 1)
-        packed_single_rows = {role: [list(shape) for shape in model.packed_single_row_shapes()]
-                              for role, model in (("target", target), ("drafter", drafter)) if model is not None}
+        models = [(role, model) for role, model in (("target", target), ("drafter", drafter)) if model is not None]
+        packed_single_rows = {role: [list(shape) for shape in model.packed_single_row_shapes()] for role, model in models}
+        padding = {role: model.row_padding.describe() for role, model in models}
         for _ in range(repeats):
             tokens, seconds, levels = run_runtime(generator, prompts, params, max_new, eos, 0, 1)
             rates.append(sum(len(t) for t in tokens) / seconds)
@@ -111,7 +112,7 @@ def _measure(target, drafter, level, shape, setting, heads, prompts, params, max
         for model in (target, drafter):
             if model is not None:
                 model.unpack_linears()
-    return rates, tokens, per_round, packed_single_rows, levels
+    return rates, tokens, per_round, (packed_single_rows, padding), levels
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             pred = predict(pred.shape, pred.costs, plan.records[pred.costs.setting.drafter_precision],
                            args.max_new_tokens, measured_lengths)
         print(f"measuring {role}: {shape.label} ({setting.label})", flush=True)
-        rates, tokens, per_round, packed_single_rows, levels = _measure(
+        rates, tokens, per_round, (packed_single_rows, padding), levels = _measure(
             target, drafter, level, shape, setting, heads, eval_prompts, params,
             args.max_new_tokens, eos, args.repeats)
         if reference is None:
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
             "output_equals_plain": tokens == reference if args.temperature == 0.0 else None,
             # [in, out] shapes whose single rows ran packed (the row's own single_row_split)
             "packed_single_row_shapes": packed_single_rows,
+            "row_padding": padding,  # packed few-row calls padded per model (CausalLM.pack_linears)
         })
     defaults = next((r for r in results if r["role"] == "plain, runtime defaults"), None)
     base = None if defaults is None else defaults["measured_tokens_per_second"]
@@ -273,7 +275,8 @@ def _markdown(args, results, plan, agreement) -> str:
     for row in results:
         packed = "; ".join(f"{role}: " + (", ".join(f"{i}x{o}" for i, o in shapes) or "none")
                            for role, shapes in row.get("packed_single_row_shapes", {}).items())
-        lines.append(f"- {row['role']}: {packed or '-'}")
+        padding = "; ".join(f"{role}: {text}" for role, text in row.get("row_padding", {}).items())
+        lines.append(f"- {row['role']}: {packed or '-'}" + (f" ({padding})" if padding else ""))
     lines += ["", "Per level, last repeat (verification rounds; accepted of the drafts it verified; seconds in its "
               "forwards and verification; the drafter: drafted tokens, seconds):", ""]
     for row in results:

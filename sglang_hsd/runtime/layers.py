@@ -99,7 +99,9 @@ class PackedLinear(nn.Module):
     weights created under inference mode, which carry no version counter). Inputs that need
     gradients, or are not CPU float32, take the plain ``F.linear`` path, and so does any row count
     outside ``packed_rows`` (default: a single row, see ``_PACKED_MIN_ROWS``; a measured table gives
-    per-shape ranges, ``runtime/kernel_paths.py``).
+    per-shape ranges, ``runtime/kernel_paths.py``). ``padding`` (a ``runtime.row_padding.RowPadding``,
+    set by ``CausalLM.pack_linears``; None: none) runs a packed call of few rows with zero rows
+    appended where a larger row count measured cheaper.
     """
 
     def __init__(self, linear: nn.Linear, packed_rows: PackedRows = PackedRows()) -> None:
@@ -110,6 +112,7 @@ class PackedLinear(nn.Module):
             raise ValueError(f"packed_rows must be a PackedRows, got {type(packed_rows).__name__}")
         self.linear = linear
         self.packed_rows = packed_rows
+        self.padding = None
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self._pack()
 
@@ -140,7 +143,10 @@ class PackedLinear(nn.Module):
             return self.linear(x)
         if self._weight_version() != self._packed_version:
             self._pack()
-        out = packed_linear(flat, self._packed, self.linear.bias)
+        if self.padding is None:
+            out = packed_linear(flat, self._packed, self.linear.bias)
+        else:
+            out = self.padding.run(flat, lambda rows: packed_linear(rows, self._packed, self.linear.bias))
         return out.view(*x.shape[:-1], self.out_features)
 
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
+from sglang_hsd.runtime.row_padding import NO_PADDING, PADDING_CHOICES, probe_row_padding
 from sglang_hsd.runtime.layers import (
     DecoderLayer,
     CopyRowsLinear,
@@ -124,6 +125,7 @@ class CausalLM(nn.Module):
         )
         self.norm = RMSNorm(base.norm.weight, config.rms_norm_eps)
         self.lm_head = hf_model.lm_head
+        self.row_padding = NO_PADDING  # of packed few-row calls (pack_linears)
         rotary = base.rotary_emb
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
         self.rope_scaling: float = float(rotary.attention_scaling)
@@ -162,8 +164,10 @@ class CausalLM(nn.Module):
             module = getattr(owner, name)
             if isinstance(module, PackedLinear):
                 setattr(owner, name, module.linear)
+        self.row_padding = NO_PADDING
 
-    def pack_linears(self, packed_rows: Callable[[int, int], PackedRows] | None = None) -> bool:
+    def pack_linears(self, packed_rows: Callable[[int, int], PackedRows] | None = None,
+                     row_padding: str = "auto") -> bool:
         """Run every projection and the LM head through :class:`PackedLinear` (oneDNN, CPU float32).
 
         Idempotent. Parameters stay shared with the HF model; the packed copies take as much
@@ -173,9 +177,15 @@ class CausalLM(nn.Module):
         no packed rows stays a plain ``nn.Linear`` (no copy). None: every call of 2 rows or more.
         Linears packed earlier keep their ranges (:meth:`unpack_linears` first to change them).
         Rows on a weight copy (:meth:`set_weight_copy`) keep serving their rows.
+        ``row_padding`` (``row_padding.PADDING_CHOICES``): ``auto`` pads packed calls of 1-3 rows
+        with zero rows where the largest packed projection measured cheaper padded
+        (``row_padding.probe_row_padding``, about a second; :attr:`row_padding` holds the result),
+        as the server's ``--hsd-cpu-linear-padding auto`` does; ``off`` never pads.
         Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
         or torch build; nothing changed).
         """
+        if row_padding not in PADDING_CHOICES:
+            raise ValueError(f"row_padding must be one of {', '.join(PADDING_CHOICES)}, got {row_padding!r}")
         todo = [(owner, name) for owner, name in self._linear_slots()
                 if not isinstance(getattr(owner, name), PackedLinear)]
         if not all(packed_linear_supported(getattr(owner, name)) for owner, name in todo):
@@ -185,6 +195,13 @@ class CausalLM(nn.Module):
             rows = PackedRows() if packed_rows is None else packed_rows(linear.in_features, linear.out_features)
             if rows.ranges:
                 setattr(owner, name, PackedLinear(linear, rows))
+        packed = [module if isinstance(module := getattr(owner, name), PackedLinear) else None
+                  for owner, name in self._linear_slots()]  # the LM head first
+        self.row_padding = NO_PADDING if row_padding == "off" else probe_row_padding(
+            [(m.weight, m._packed) for m in packed[1:] if m is not None])[0]
+        for module in packed:
+            if module is not None:
+                module.padding = self.row_padding
         return True
 
     def packed_single_row_shapes(self) -> list[tuple[int, int]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,24 +55,34 @@ class RowPadding:
         """The row count a call of ``rows`` rows runs with."""
         return self.pad_to[rows - 1] if 1 <= rows <= len(self.pad_to) else rows
 
+    def run(self, x: torch.Tensor, product: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``product`` of ``x`` ``[rows, in]`` with zero rows appended up to ``rows_for(rows)``;
+        returns the real rows' ``[rows, out]``."""
+        rows = x.shape[0]
+        padded = self.rows_for(rows)
+        if padded == rows:
+            return product(x)
+        return product(torch.cat([x, x.new_zeros(padded - rows, x.shape[1])]))[:rows]
+
     def describe(self) -> str:
         padded = [f"{r} -> {p}" for r, p in enumerate(self.pad_to, start=1) if p != r]
         return "rows padded: " + ", ".join(padded) if padded else "no row padding"
 
 
 NO_PADDING = RowPadding()
+# ``auto``: measured per model when its linears are packed (``probe_row_padding``); ``off``: never padded.
+PADDING_CHOICES = ("auto", "off")
+# A model whose largest packed layer (LM head aside) is smaller than this is not padded: such a
+# layer stays in the cache between calls, so timing it says nothing about a forward, and a choice
+# made by noise would differ between two loads of the same model.
+MIN_MEASURED_BYTES = 16 << 20
 
 
 def padded_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                   padding: RowPadding = NO_PADDING) -> torch.Tensor:
     """``packed_linear`` of ``x`` ``[rows, in]`` with ``padding``'s zero rows appended for the
     call; returns ``[rows, out]``."""
-    rows = x.shape[0]
-    padded = padding.rows_for(rows)
-    if padded == rows:
-        return packed_linear(x, packed, bias)
-    full = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
-    return packed_linear(full, packed, bias)[:rows]
+    return padding.run(x, lambda rows: packed_linear(rows, packed, bias))
 
 
 def choose_row_padding(cost: Callable[[int], float], target: int = PAD_TARGET,
@@ -107,3 +117,21 @@ def measure_row_padding(packed: torch.Tensor, in_features: int, repeats: int = 7
         return sorted(times)[len(times) // 2]
 
     return choose_row_padding(cost, target)
+
+
+def probe_row_padding(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[RowPadding, tuple[int, int] | None]:
+    """The padding of a model's packed layers, measured on the largest (``measure_row_padding``).
+
+    Args:
+        layers: ``(weight [out, in], packed weight)`` of each packed layer, the LM head left out
+            by the caller (it would cost tens of ms a call and is not what a forward repeats).
+    Returns:
+        ``(padding, (out, in) of the layer measured)``; ``(NO_PADDING, None)`` without a layer of
+        at least ``MIN_MEASURED_BYTES``.
+    """
+    if not layers:
+        return NO_PADDING, None
+    weight, packed = max(layers, key=lambda layer: layer[0].numel())
+    if weight.numel() * weight.element_size() < MIN_MEASURED_BYTES:
+        return NO_PADDING, None
+    return measure_row_padding(packed, weight.shape[1]), tuple(weight.shape)

@@ -35,7 +35,7 @@ def test_measure_warms_up_and_returns_every_repeat(monkeypatch):
     assert calls == [(1, bench_round_planner.WARMUP_TOKENS), (2, 6), (2, 6), (2, 6)]
     assert len(rates) == 3 and all(rate > 0 for rate in rates)
     assert [len(t) for t in tokens] == [6, 6] and per_round == 1.0
-    assert packed == {"target": []}  # mkl: nothing packed
+    assert packed == ({"target": []}, {"target": "no row padding"})  # mkl: nothing packed, nothing padded
     assert [lv["name"] for lv in levels] == ["target"]
     assert bench_round_planner._range([30.0, 24.94, 37.21]) == "24.9-37.2"
 

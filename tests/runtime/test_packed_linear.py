@@ -133,3 +133,32 @@ def test_exit_heads_run_the_packed_lm_head():
         assert (head(hidden) - plain).abs().max() < ATOL
         assert torch.equal(head(hidden), model.exit_logits(hidden))
         model.unpack_linears()
+
+
+def test_pack_linears_pads_few_row_calls_where_measured_cheaper(monkeypatch):
+    # ``auto`` measures the largest projection (the LM head left out): a tiny model's are below
+    # MIN_MEASURED_BYTES, so they are not padded; with the threshold lowered the measured choice
+    # is applied to every packed linear, and padded calls keep every row's logits.
+    from sglang_hsd.runtime import row_padding
+
+    model = CausalLM.from_hf(tiny_qwen2())
+    ids = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        plain = model(ids, model.new_cache(1, 8))
+        assert model.pack_linears() and model.row_padding == row_padding.NO_PADDING
+        model.unpack_linears()
+        probed = []
+        monkeypatch.setattr(row_padding, "MIN_MEASURED_BYTES", 0)
+        monkeypatch.setattr(row_padding, "measure_row_padding",
+                            lambda packed, in_features: probed.append(in_features) or row_padding.RowPadding((4, 4, 4)))
+        assert model.pack_linears(row_padding="auto")
+        assert probed == [model.layers[0].mlp.gate_proj.in_features]  # the first of the largest (MLP) shapes
+        assert model.row_padding == row_padding.RowPadding((4, 4, 4))
+        assert model.lm_head.padding is model.row_padding and model.layers[1].attn.o_proj.padding is model.row_padding
+        padded = model(ids, model.new_cache(1, 8))
+        model.unpack_linears()
+        assert model.row_padding == row_padding.NO_PADDING
+        assert model.pack_linears(row_padding="off") and model.lm_head.padding == row_padding.NO_PADDING
+    assert (padded - plain).abs().max() < ATOL
+    with pytest.raises(ValueError, match="row_padding must be one of auto, off, got 'on'"):
+        model.pack_linears(row_padding="on")

@@ -50,8 +50,8 @@ from sglang_hsd.runtime.kernel_paths import SINGLE_ROW_MEASURE
 from sglang_hsd.runtime.kernel_setup import (AUTO_PRECISION, DRAFTER_PRECISION_OPTIONS, DRAFTER_PRECISIONS,
                                              fastest_precision_for_shapes)
 from sglang_hsd.runtime.layers import PackedRows
-from sglang_hsd.runtime.row_padding import NO_PADDING, padded_linear
-from sglang_hsd.sglang_plugin.cpu.linear_path import (COPY_ATTR, MIN_MEASURED_BYTES, PACKED_ATTR, PADDING_ATTR,
+from sglang_hsd.runtime.row_padding import MIN_MEASURED_BYTES, NO_PADDING, padded_linear
+from sglang_hsd.sglang_plugin.cpu.linear_path import (COPY_ATTR, PACKED_ATTR, PADDING_ATTR,
                                                       float32_linear_layers)
 from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, WeightCopy, build_weight_copy, w8a8_activation_levels
 

@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 
 from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED
 from sglang_hsd.runtime.layers import pack_linear_weight
-from sglang_hsd.runtime.row_padding import NO_PADDING, RowPadding, measure_row_padding, padded_linear
+from sglang_hsd.runtime.row_padding import (
+    NO_PADDING, PADDING_CHOICES, RowPadding, padded_linear, probe_row_padding)
 
 CPU_LINEAR_ENV = "SGLANG_HSD_CPU_LINEAR"
 CPU_LINEAR_FLAG = "--hsd-cpu-linear"
@@ -57,10 +58,6 @@ CPU_LINEAR_FLAG = "--hsd-cpu-linear"
 CPU_LINEAR_PATHS = (PATH_MKL, PATH_PACKED)
 PADDING_ENV = "SGLANG_HSD_CPU_LINEAR_PADDING"
 PADDING_FLAG = "--hsd-cpu-linear-padding"
-# ``auto``: measured per model when it loads (runtime.row_padding); ``off``: never padded.
-PADDING_CHOICES = ("auto", "off")
-# A model whose largest packed layer (LM head aside) is smaller than this is not padded.
-MIN_MEASURED_BYTES = 16 << 20
 # Attribute holding a layer's packed weight (set after loading, read by the patched apply).
 PACKED_ATTR = "hsd_packed_weight"
 # Attribute holding the RowPadding of a packed layer (measured once per model, runtime.row_padding).
@@ -164,19 +161,12 @@ def pack_model(model: torch.nn.Module, release: bool = True, row_padding: str = 
 def model_row_padding(model: torch.nn.Module, layers: list[torch.nn.Module]) -> RowPadding:
     """The row padding measured on the largest packed layer other than the LM head (one that
     does not fit in the cache, as in a forward; the LM head would cost tens of ms a call),
-    logged; no padding without such a layer or when it is under ``MIN_MEASURED_BYTES``."""
+    logged (``row_padding.probe_row_padding``)."""
     lm_head = getattr(model, "lm_head", None)
-    candidates = [m for m in layers if m is not lm_head]
-    if not candidates:
-        return NO_PADDING
-    probe = max(candidates, key=lambda m: m.weight.numel())
-    if probe.weight.numel() * probe.weight.element_size() < MIN_MEASURED_BYTES:
-        # Small enough to stay in the cache between calls: timing it says nothing about a
-        # forward, and a choice by noise would differ between two servers of the same model.
-        return NO_PADDING
-    padding = measure_row_padding(getattr(probe, PACKED_ATTR), probe.weight.shape[1])
-    logger.info("sglang-hsd: packed linear layers of %s: %s (measured on a %d x %d layer)",
-                type(model).__name__, padding.describe(), *probe.weight.shape)
+    padding, probed = probe_row_padding([(m.weight, getattr(m, PACKED_ATTR)) for m in layers if m is not lm_head])
+    if probed is not None:
+        logger.info("sglang-hsd: packed linear layers of %s: %s (measured on a %d x %d layer)",
+                    type(model).__name__, padding.describe(), *probed)
     return padding
 
 
