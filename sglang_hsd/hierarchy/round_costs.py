@@ -1,12 +1,12 @@
 """What a drafter call and a target call cost on this machine, per thread count and kernel path.
 
 The round planner prices a candidate's rounds (``replay.ReplayStats``: how many drafter and
-target forwards of how many rows) with these tables. A *setting* is the pair the runtime can
-choose at start-up: torch's intra-op threads and the kernel path of the linear layers
-(``runtime/kernel_paths.py``: ``mkl`` = ``F.linear``, ``onednn-packed`` = the target's and a
-separate drafter's projections on oneDNN prepacked weights for two rows or more, as
-``SpeculativeGenerator(pack_linears=True)`` runs them). Every setting computes the same fp32
-numbers, so the choice changes speed only.
+target forwards of how many rows) with these tables. A *setting* is what the runtime can choose at
+start-up: torch's intra-op threads, the kernel path of the linear layers (``runtime/kernel_paths.py``:
+``mkl`` = ``F.linear``, ``onednn-packed`` = oneDNN prepacked weights, few-row calls padded where
+measured cheaper, as ``SpeculativeGenerator(pack_linears=True)`` runs them) and a separate
+drafter's weight copy. Only the copy changes numbers (the drafter's), so the rest changes speed only.
+A sampled tree round's drawing and verification are timed per tree shape (``tree_costs.py``).
 
 A call on n rows is timed as the runtime runs it, at batch 1 with a KV cache of ``context_len``
 positions (rolled back after each timing): the forward of its layers, the head and the sampling
@@ -17,30 +17,26 @@ are interpolated (``costs._interp``).
 
 With a separate drafter, the target's exits may be timed as a middle level (``middle_replay.py``):
 the exit's verification call (layers [0, L), its head) and the target's above it (layers [L, N)
-on every row, [0, L) on the last), once per threads and kernel path.
-
-A prompt's prefill is timed too, at a few prompt lengths, as the runtime's first round runs it: the
-target's layers over every prompt position (and a separate drafter's, on its weight copy, for shapes
-that run it; an exit drafter's layers are part of the target's), the head on the last position.
-One cold call per length, no repeats: every prompt of a generation is a new row count, and its
-prefill a first call too (a 1.5B prefill of 150 positions takes seconds on one core).
+on every row, [0, L) on the last), once per threads and kernel path. A prompt's prefill is timed
+at a few prompt lengths, as the runtime's first round runs it: the target's layers over every
+prompt position (and a separate drafter's, on its weight copy, for shapes that run it), the head
+on the last position; one cold call per length, no repeats (every prompt is a new row count).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 import torch
 
+from sglang_hsd.hierarchy.call_timer import CallTimer
 from sglang_hsd.hierarchy.costs import _interp
-from sglang_hsd.hierarchy.measure import _median_seconds
 from sglang_hsd.hierarchy.middle_record import check_middle_layers
 from sglang_hsd.runtime.kernel_paths import PATH_MKL, PATH_PACKED, single_row_split
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
 from sglang_hsd.runtime.model import CausalLM
-from sglang_hsd.sampling import SamplingParams, logits_to_probs
+from sglang_hsd.sampling import SamplingParams
 
 KERNEL_PATHS = (PATH_MKL, PATH_PACKED)
 DEFAULT_ROWS = (1, 2, 3, 4, 6, 8, 12, 17, 25)
@@ -98,6 +94,7 @@ class RoundCosts:
             head and transform on every row, ``verify_chain`` of n - 1 drafts.
         tail_seconds: per middle layer L, the target's verification above it on n rows: layers
             [L, N) on n rows and [0, L) on the last, head, transform, ``verify_chain``.
+        tree_shapes, tree_seconds: per tree shape ``"D:k:N"``, a round's drawing and verification (``tree``).
     """
 
     setting: KernelSetting
@@ -112,15 +109,18 @@ class RoundCosts:
     middle_layers: tuple[int, ...] = ()
     middle_seconds: tuple[tuple[float, ...], ...] = ()
     tail_seconds: tuple[tuple[float, ...], ...] = ()
+    tree_shapes: tuple[str, ...] = ()
+    tree_seconds: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         layers = self.middle_layers
         if list(layers) != sorted(set(layers)) or len(self.middle_seconds) != len(layers) \
-                or len(self.tail_seconds) != len(layers) \
+                or len(self.tail_seconds) != len(layers) or len(self.tree_shapes) != len(self.tree_seconds) \
                 or any(len(row) != len(self.rows) for row in (*self.middle_seconds, *self.tail_seconds)):
             raise ValueError(f"middle_layers must increase, with one row of {len(self.rows)} seconds per layer in "
-                             f"middle_seconds and tail_seconds; got layers {layers}, "
-                             f"{[len(r) for r in self.middle_seconds]}, {[len(r) for r in self.tail_seconds]}")
+                             f"middle_seconds and tail_seconds, and tree_seconds one entry per tree shape; got "
+                             f"layers {layers}, {[len(r) for r in self.middle_seconds]}, "
+                             f"{[len(r) for r in self.tail_seconds]}, trees {self.tree_shapes}, {self.tree_seconds}")
         n = len(self.prefill_lengths)
         if list(self.prefill_lengths) != sorted(set(self.prefill_lengths)) or any(x < 1 for x in self.prefill_lengths):
             raise ValueError(f"prefill_lengths must be increasing positive lengths, got {self.prefill_lengths}")
@@ -146,6 +146,15 @@ class RoundCosts:
     def tail(self, layer: int, rows: int) -> float:
         """The target verifying on ``rows`` rows above its exit at ``layer``."""
         return _interp(self.rows, self.tail_seconds[self._middle_index(layer)], rows)
+
+    def tree(self, shape) -> float:
+        """A ``TreeShape`` round's drawing and ``verify_tree`` beyond its calls' chain pricing
+        (``tree_costs.tree_round_extra``); 0 for costs timed without trees (older tables)."""
+        if not self.tree_shapes:
+            return 0.0
+        if str(shape) not in self.tree_shapes:
+            raise ValueError(f"no tree round timed at shape {shape} (timed: {', '.join(self.tree_shapes)})")
+        return self.tree_seconds[self.tree_shapes.index(str(shape))]
 
     @property
     def plain_step_seconds(self) -> float:
@@ -195,7 +204,8 @@ class RoundCosts:
                    float(data.get("lookup_seconds", 0.0)), tuple(data.get("prefill_lengths", ())),
                    tuple(data.get("target_prefill_seconds", ())), tuple(data.get("drafter_prefill_seconds", ())),
                    tuple(data.get("middle_layers", ())), tuple(tuple(r) for r in data.get("middle_seconds", ())),
-                   tuple(tuple(r) for r in data.get("tail_seconds", ())))
+                   tuple(tuple(r) for r in data.get("tail_seconds", ())), tuple(data.get("tree_shapes", ())),
+                   tuple(data.get("tree_seconds", ())))
 
 
 @dataclass(frozen=True)
@@ -212,76 +222,23 @@ class DrafterSpec:
             raise ValueError("DrafterSpec needs exactly one of model (a separate drafter) and layer (an exit)")
 
 
-class _CallTimer:
-    """Times calls of the runtime's shape on warmed KV caches of ``context_len`` positions."""
-
-    def __init__(self, models: list[CausalLM], params: SamplingParams, context_len: int, max_rows: int,
-                 repeats: int) -> None:
-        self.params, self.repeats = params, repeats
-        self.generator = torch.Generator().manual_seed(0)
-        self.caches, self.bases = {}, {}
-        for model in models:
-            cache = model.new_cache(1, context_len + max_rows + 1)
-            prompt = torch.randint(0, model.vocab_size, (1, context_len), generator=self.generator)
-            model.forward_layers(model.embed(prompt), 0, model.num_layers, cache)
-            self.caches[id(model)], self.bases[id(model)] = cache, cache.lengths[0].clone()
-
-    def call(self, model: CausalLM, lo: int, hi: int, n: int, head=None, extra: tuple[int, int] | None = None) -> float:
-        """Median seconds of layers [lo, hi) on n rows, the head and the transform on all n rows;
-        ``extra``: also layers extra[0]..extra[1] on the last row (an exit drafter's catch-up)."""
-        cache, base = self.caches[id(model)], self.bases[id(model)]
-        hidden = torch.randn(1, n, model.hidden_size, generator=self.generator)
-
-        def run():
-            out = model.forward_layers(hidden, lo, hi, cache)
-            if extra is not None:
-                model.forward_layers(hidden[:, -1:], extra[0], extra[1], cache)
-            logits_to_probs(model.exit_logits(out, head), self.params)
-            cache.truncate(base)
-
-        return _median_seconds(run, self.repeats, warmup=1)
-
-    def middle_calls(self, target: CausalLM, layers, heads, rows, chains) -> tuple[tuple, tuple]:
-        """Per middle layer L, seconds on each of ``rows`` rows of the exit's call (layers [0, L),
-        ``heads[L]`` or the lens) and of the target's call above it (layers [L, N), [0, L) on the
-        last row), each plus ``chains`` (``verify_chain`` of n - 1 drafts, per row count)."""
-        middle = tuple(tuple(self.call(target, 0, layer, n, heads.get(layer)) + c for n, c in zip(rows, chains))
-                       for layer in layers)
-        tail = tuple(tuple(self.call(target, layer, target.num_layers, n, extra=(0, layer)) + c
-                           for n, c in zip(rows, chains)) for layer in layers)
-        return middle, tail
-
-    def prefill(self, model: CausalLM, n: int) -> float:
-        """Seconds of one cold prefill of n positions on a fresh cache: every layer on n rows, the
-        head and the transform on the last (module docstring)."""
-        cache = model.new_cache(1, n)
-        prompt = torch.randint(0, model.vocab_size, (1, n), generator=self.generator)
-        start = time.perf_counter()
-        hidden = model.forward_layers(model.embed(prompt), 0, model.num_layers, cache)
-        logits_to_probs(model.exit_logits(hidden[:, -1:], None), self.params)
-        return time.perf_counter() - start
-
-    def verify_chain(self, vocab: int, n: int) -> float:
-        """Median seconds of ``verify_chain`` on n - 1 drafts (0 for n = 1)."""
-        from sglang_hsd.verify.chain import verify_chain
-
-        if n == 1:
-            return 0.0
-        probs = torch.softmax(torch.randn(1, n, vocab, generator=self.generator), -1)
-        tokens = torch.randint(0, vocab, (1, n - 1), generator=self.generator)
-        return _median_seconds(lambda: verify_chain(tokens, probs[:, : n - 1], probs, generator=self.generator,
-                                                    validate=False), self.repeats, warmup=1)
-
-    def lookup(self, vocab: int, context_len: int, ngram: int) -> float:
-        """Median seconds of a lookup over ``context_len`` random tokens that finds nothing."""
-        from sglang_hsd.lookup_draft import lookup_continuation
-
-        context = torch.randperm(max(vocab, context_len), generator=self.generator)[:context_len]
-        return _median_seconds(lambda: lookup_continuation(context, ngram, 1), self.repeats, warmup=1)
-
-    def sample(self, vocab: int) -> float:
-        q = torch.softmax(torch.randn(1, vocab, generator=self.generator), -1)
-        return _median_seconds(lambda: torch.multinomial(q, 1, generator=self.generator), self.repeats, warmup=1)
+def _model_calls(timer: CallTimer, target: CausalLM, drafter: DrafterSpec, setting: KernelSetting,
+                 rows: tuple[int, ...], prefill_lengths: tuple[int, ...], verified: dict) -> tuple[list, list, tuple]:
+    """The drafter's calls, the target's (without ``verify_chain``) and the drafter's prefills under
+    ``setting`` (its kernels already in place); ``verified``: the target's calls per (threads,
+    kernel path), filled here, as they do not depend on the drafter's weight copy."""
+    if drafter.model is None:
+        layer = drafter.layer
+        draft = [timer.call(target, 0, layer, n, drafter.head) for n in rows]
+        verify = [timer.call(target, layer, target.num_layers, n, extra=(0, layer)) for n in rows]
+        return draft, verify, ()  # the exit's layers are the target's first: its prefill covers them
+    drafter.model.set_weight_copy(DRAFTER_PRECISIONS[setting.drafter_precision])
+    draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
+    # On its weight copy: the copy may serve a prefill's rows too, so timed per setting.
+    drafter_prefill = tuple(timer.prefill(drafter.model, n) for n in prefill_lengths)
+    key = (setting.threads, setting.kernel_path)
+    verified[key] = verified.get(key) or [timer.call(target, 0, target.num_layers, n) for n in rows]
+    return draft, verified[key], drafter_prefill
 
 
 def _checked_rows(rows: Sequence[int], drafter: DrafterSpec, settings: Sequence[KernelSetting]) -> tuple[int, ...]:
@@ -318,6 +275,7 @@ def measure_round_costs(
     prefill_lengths: Sequence[int] = (),
     middle_layers: Sequence[int] = (),
     middle_heads: Mapping[int, torch.nn.Module] | None = None,
+    trees: Sequence = (),
 ) -> list[RoundCosts]:
     """Time drafter and target calls of ``rows`` rows under every setting (threads are restored,
     the models are left unpacked).
@@ -330,33 +288,24 @@ def measure_round_costs(
         middle_layers: also time the target's exit at each of these layers as a level between a
             separate drafter and the target (with ``middle_heads[layer]``, or the logit lens), and
             the target's calls above it (``RoundCosts.middle``, ``RoundCosts.tail``).
+        trees: ``TreeShape`` s whose rounds' drawing and verification are timed (``RoundCosts.tree``),
+            once per thread count.
     """
     middle_layers = check_middle_layers(middle_layers, target.num_layers, drafter.model is not None)
     prefill_lengths = tuple(sorted(set(int(n) for n in prefill_lengths)))
     rows = _checked_rows(rows, drafter, settings)
     models = [target] + ([drafter.model] if drafter.model is not None else [])
     threads_before = torch.get_num_threads()
-    timer = _CallTimer(models, params, context_len, rows[-1], repeats)
-    results, verified, target_prefills, middles = [], {}, {}, {}
+    timer = CallTimer(models, params, context_len, rows[-1], repeats)
+    results, verified, target_prefills, middles, tree_extras = [], {}, {}, {}, {}
     try:
         for setting in settings:
             if progress is not None:
                 progress(setting.label)
             key = (setting.threads, setting.kernel_path)
             _use_setting(models, setting)
-            if drafter.model is not None:
-                drafter.model.set_weight_copy(DRAFTER_PRECISIONS[setting.drafter_precision])
-                draft = [timer.call(drafter.model, 0, drafter.model.num_layers, n) for n in rows]
-                # On its weight copy: the copy may serve a prefill's rows too, so timed per setting.
-                drafter_prefill = tuple(timer.prefill(drafter.model, n) for n in prefill_lengths)
-                # The target's calls do not depend on the drafter's precision: timed once per kernels.
-                verify = verified.get(key) or [timer.call(target, 0, target.num_layers, n) for n in rows]
-                verified[key] = verify
-            else:
-                layer = drafter.layer
-                draft = [timer.call(target, 0, layer, n, drafter.head) for n in rows]
-                verify = [timer.call(target, layer, target.num_layers, n, extra=(0, layer)) for n in rows]
-                drafter_prefill = ()  # the exit's layers are the target's first: its prefill covers them
+            draft, verify, drafter_prefill = _model_calls(timer, target, drafter, setting, rows, prefill_lengths,
+                                                          verified)
             if key not in target_prefills:
                 target_prefills[key] = tuple(timer.prefill(target, n) for n in prefill_lengths)
             chains = [timer.verify_chain(target.vocab_size, n) for n in rows]
@@ -364,9 +313,13 @@ def measure_round_costs(
             if key not in middles:  # the target's own layers: once per kernels, not per drafter copy
                 middles[key] = timer.middle_calls(target, middle_layers, middle_heads or {}, rows, chains)
             lookup = timer.lookup(target.vocab_size, context_len, lookup_ngram) if lookup_ngram else 0.0
-            results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), timer.sample(target.vocab_size),
+            sample = timer.sample(target.vocab_size)
+            if setting.threads not in tree_extras:  # no linear layers: the kernel path does not matter
+                tree_extras[setting.threads] = timer.tree_rounds(trees, target.vocab_size, sample)
+            results.append(RoundCosts(setting, rows, tuple(draft), tuple(verify), sample,
                                       lookup, prefill_lengths, target_prefills[key], drafter_prefill,
-                                      middle_layers, *middles[key]))
+                                      middle_layers, *middles[key], tuple(str(t) for t in trees),
+                                      tree_extras[setting.threads]))
     finally:
         torch.set_num_threads(threads_before)
         if drafter.model is not None:

@@ -252,6 +252,8 @@ def predict(shape: RoundShape, costs: RoundCosts, records: list[AcceptanceRecord
                                   stats.middle_calls, shape.middle.layer if shape.middle is not None else None)
     if shape.plain:
         seconds += stats.tokens * costs.sample_seconds
+    if shape.tree is not None:
+        seconds += stats.rounds * costs.tree(shape.tree)
     prefill = (sum(costs.prefill(n, shape.uses_drafter) for n in prompt_lengths) / len(prompt_lengths)
                if prompt_lengths else 0.0)
     seconds += len(records) * prefill
@@ -370,5 +372,6 @@ def plan_rounds(
     costs = measure_round_costs(target, drafter, settings, params, context_len=mean + new_tokens // 2,
                                 progress=lambda label: say(f"timing calls: {label}"),
                                 lookup_ngram=lookup[0] if lookup else None, prefill_lengths=prefill_lengths,
-                                middle_layers=middle_layers, middle_heads=middle_heads)
+                                middle_layers=middle_layers, middle_heads=middle_heads,
+                                trees=[shape.tree for shape in shapes if shape.tree is not None])
     return RoundPlan(records, costs, rank_candidates(shapes, costs, records, new_tokens, lengths))

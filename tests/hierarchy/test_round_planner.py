@@ -182,11 +182,11 @@ def test_the_plan_file_entry_carries_the_chosen_knobs():
 
 
 def test_round_costs_time_each_drafter_precision_and_restore_the_models(target, drafter, monkeypatch):
-    from sglang_hsd.hierarchy import round_costs
+    from sglang_hsd.hierarchy import call_timer, round_costs
 
     timed = []
-    call = round_costs._CallTimer.call
-    monkeypatch.setattr(round_costs._CallTimer, "call", lambda self, model, *a, **k: timed.append(
+    call = call_timer.CallTimer.call
+    monkeypatch.setattr(call_timer.CallTimer, "call", lambda self, model, *a, **k: timed.append(
         ("target" if model is target else "drafter", type(model.lm_head).__name__)) or call(self, model, *a, **k))
     settings = [KernelSetting(1, "mkl"), KernelSetting(1, "mkl", "bf16")]
     costs = round_costs.measure_round_costs(target, DrafterSpec(model=drafter), settings, context_len=8, rows=(1, 2),
