@@ -110,6 +110,28 @@ def _fold(ms_parent: torch.Tensor, mb_parent: torch.Tensor, w_parent: torch.Tens
     return weight, mb, _remove_token(ms_parent, token) if remove_rejected else ms_parent
 
 
+def _fold_rejected(state, flat_parent, w_parent, parent, token, one_hot, reject, remove_rejected: bool, tiny: float,
+                   only_rejected: bool) -> None:
+    """Fold each rejected leaf (bool [B]) into its parent in place: ``state`` = (Mb, Ms float
+    [B * N, V], weights float [B * N]), the parents' flat rows int64 [B] and weights [B], the
+    leaves' parent index, token and one-hot flag [B]. ``only_rejected``: fold just those rows
+    (host synchronisation); else fold every row and keep the rejected rows' folds (static)."""
+    mb_flat, ms_flat, weight_flat = state
+    if only_rejected:
+        folding = reject.nonzero().squeeze(-1)
+        if folding.numel():
+            at = flat_parent[folding]
+            weight_flat[at], mb_flat[at], ms_flat[at] = _fold(
+                ms_flat[at], mb_flat[at], w_parent[folding], parent[folding], token[folding], one_hot[folding],
+                remove_rejected, tiny)
+        return
+    mb_parent, ms_parent = mb_flat.index_select(0, flat_parent), ms_flat.index_select(0, flat_parent)
+    folded_w, folded_mb, folded_ms = _fold(ms_parent, mb_parent, w_parent, parent, token, one_hot, remove_rejected, tiny)
+    weight_flat.index_copy_(0, flat_parent, torch.where(reject, folded_w, w_parent))
+    mb_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_mb, mb_parent))
+    ms_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_ms, ms_parent))
+
+
 def _compute_dtype(tree: TreeBatch) -> torch.dtype:
     return torch.promote_types(tree.target_probs.dtype, torch.float32)
 
@@ -160,21 +182,8 @@ def hsd_final_node(tree: TreeBatch, uniforms: TreeUniforms) -> tuple[torch.Tenso
         accept = testing & ((node == 0) | (coins.gather(1, node.unsqueeze(-1)).squeeze(-1) < w_node))
         reject = testing & ~accept
         weight_flat.index_copy_(0, flat_node, w_node)
-        # Fold a rejected leaf into its parent.
-        if only_rejected:
-            folding = reject.nonzero().squeeze(-1)
-            if folding.numel():
-                at = flat_parent[folding]
-                folded_w, folded_mb, folded_ms = _fold(ms_flat[at], mb_flat[at], w_parent[folding], parent[folding],
-                                                       token[folding], one_hot[folding], tree.remove_rejected, tiny)
-                weight_flat[at], mb_flat[at], ms_flat[at] = folded_w, folded_mb, folded_ms
-        else:
-            mb_parent, ms_parent = mb_flat.index_select(0, flat_parent), ms_flat.index_select(0, flat_parent)
-            folded_w, folded_mb, folded_ms = _fold(ms_parent, mb_parent, w_parent, parent, token, one_hot,
-                                                   tree.remove_rejected, tiny)
-            weight_flat.index_copy_(0, flat_parent, torch.where(reject, folded_w, w_parent))
-            mb_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_mb, mb_parent))
-            ms_flat.index_copy_(0, flat_parent, torch.where(reject.unsqueeze(-1), folded_ms, ms_parent))
+        _fold_rejected((mb_flat, ms_flat, weight_flat), flat_parent, w_parent, parent, token, one_hot, reject,
+                       tree.remove_rejected, tiny, only_rejected)
         # Next state.
         child = tree.first_child.gather(1, node.unsqueeze(-1)).squeeze(-1)
         sibling = tree.next_sibling.gather(1, node.unsqueeze(-1)).squeeze(-1)
