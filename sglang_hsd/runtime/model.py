@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
-from sglang_hsd.runtime.row_padding import NO_PADDING, PADDING_CHOICES, probe_row_padding
+from sglang_hsd.runtime.row_padding import (MIN_MEASURED_BYTES, NO_PADDING, PADDING_CHOICES, decode_forward,
+                                            forward_row_padding)
 from sglang_hsd.runtime.layers import (
     DecoderLayer,
     CopyRowsLinear,
@@ -177,10 +178,9 @@ class CausalLM(nn.Module):
         no packed rows stays a plain ``nn.Linear`` (no copy). None: every call of 2 rows or more.
         Linears packed earlier keep their ranges (:meth:`unpack_linears` first to change them).
         Rows on a weight copy (:meth:`set_weight_copy`) keep serving their rows.
-        ``row_padding`` (``row_padding.PADDING_CHOICES``): ``auto`` pads packed calls of 1-3 rows
-        with zero rows where the largest packed projection measured cheaper padded
-        (``row_padding.probe_row_padding``, about a second; :attr:`row_padding` holds the result),
-        as the server's ``--hsd-cpu-linear-padding auto`` does; ``off`` never pads.
+        ``row_padding``: ``auto`` pads packed calls of 1-3 rows with zero rows where a forward of
+        4 rows measured cheaper (``row_padding.forward_row_padding``: 16 forwards, about 4 s for a
+        1.5B; :attr:`row_padding` holds the result); ``off`` never pads.
         Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
         or torch build; nothing changed).
         """
@@ -195,13 +195,15 @@ class CausalLM(nn.Module):
             rows = PackedRows() if packed_rows is None else packed_rows(linear.in_features, linear.out_features)
             if rows.ranges:
                 setattr(owner, name, PackedLinear(linear, rows))
-        packed = [module if isinstance(module := getattr(owner, name), PackedLinear) else None
-                  for owner, name in self._linear_slots()]  # the LM head first
-        self.row_padding = NO_PADDING if row_padding == "off" else probe_row_padding(
-            [(m.weight, m._packed) for m in packed[1:] if m is not None])[0]
+        slots = [getattr(owner, name) for owner, name in self._linear_slots()]  # the LM head first
+        packed = [module for module in slots if isinstance(module, PackedLinear)]
         for module in packed:
-            if module is not None:
-                module.padding = self.row_padding
+            module.padding = None  # unpadded while measuring
+        # A model whose layers stay in the cache between calls is not timed (row_padding.py).
+        large = any(isinstance(m, PackedLinear) and m.weight.numel() * m.weight.element_size() >= MIN_MEASURED_BYTES for m in slots[1:])
+        self.row_padding = forward_row_padding(decode_forward(self)) if row_padding == "auto" and large else NO_PADDING
+        for module in packed:
+            module.padding = self.row_padding
         return True
 
     def packed_single_row_shapes(self) -> list[tuple[int, int]]:

@@ -119,6 +119,43 @@ def measure_row_padding(packed: torch.Tensor, in_features: int, repeats: int = 7
     return choose_row_padding(cost, target)
 
 
+def decode_forward(model, context: int = 16) -> Callable[[int], None]:
+    """``forward(rows)`` of a ``CausalLM``: ``rows`` new positions after a ``context``-token
+    prompt on a scratch cache, rolled back after each call."""
+    cache = model.new_cache(1, context + PAD_TARGET)
+    with torch.inference_mode():
+        model.forward(torch.zeros(1, context, dtype=torch.long), cache)
+    base = cache.lengths[0].clone()  # [B]: every layer holds the context
+
+    @torch.inference_mode()
+    def forward(rows: int) -> None:
+        model.forward(torch.zeros(1, rows, dtype=torch.long), cache)
+        cache.truncate(base)
+
+    return forward
+
+
+def forward_row_padding(forward: Callable[[int], None], repeats: int = 3, target: int = PAD_TARGET) -> RowPadding:
+    """``choose_row_padding`` from whole forwards: the median seconds of ``forward(rows)`` (a
+    model's forward of ``rows`` new positions, unpadded) at each row count up to ``target``,
+    after one untimed call. Steadier than one layer's calls: a forward streams every weight, as
+    decoding does, and lasts long enough for the timer (one layer of the 1.5B took 1.75-2.73 ms
+    a call, and two probes of it on the same machine chose differently)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+
+    def cost(rows: int) -> float:
+        forward(rows)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            forward(rows)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    return choose_row_padding(cost, target)
+
+
 def probe_row_padding(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[RowPadding, tuple[int, int] | None]:
     """The padding of a model's packed layers, measured on the largest (``measure_row_padding``).
 

@@ -136,10 +136,11 @@ def test_exit_heads_run_the_packed_lm_head():
 
 
 def test_pack_linears_pads_few_row_calls_where_measured_cheaper(monkeypatch):
-    # ``auto`` measures the largest projection (the LM head left out): a tiny model's are below
-    # MIN_MEASURED_BYTES, so they are not padded; with the threshold lowered the measured choice
-    # is applied to every packed linear, and padded calls keep every row's logits.
-    from sglang_hsd.runtime import row_padding
+    # ``auto`` times whole forwards of 1-4 rows: a tiny model's layers are below
+    # MIN_MEASURED_BYTES (cache-resident), so it is not timed nor padded; with the threshold
+    # lowered the choice measured on the model's forwards is applied to every packed linear, and
+    # padded calls keep every row's logits.
+    from sglang_hsd.runtime import model as model_module, row_padding
 
     model = CausalLM.from_hf(tiny_qwen2())
     ids = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(2))
@@ -147,12 +148,12 @@ def test_pack_linears_pads_few_row_calls_where_measured_cheaper(monkeypatch):
         plain = model(ids, model.new_cache(1, 8))
         assert model.pack_linears() and model.row_padding == row_padding.NO_PADDING
         model.unpack_linears()
-        probed = []
-        monkeypatch.setattr(row_padding, "MIN_MEASURED_BYTES", 0)
-        monkeypatch.setattr(row_padding, "measure_row_padding",
-                            lambda packed, in_features: probed.append(in_features) or row_padding.RowPadding((4, 4, 4)))
-        assert model.pack_linears(row_padding="auto")
-        assert probed == [model.layers[0].mlp.gate_proj.in_features]  # the first of the largest (MLP) shapes
+        rows_timed = []
+        monkeypatch.setattr(model_module, "MIN_MEASURED_BYTES", 0)
+        monkeypatch.setattr(model_module, "forward_row_padding",
+                            lambda forward: [forward(r) or rows_timed.append(r) for r in (1, 4)]
+                            and row_padding.RowPadding((4, 4, 4)))
+        assert model.pack_linears(row_padding="auto") and rows_timed == [1, 4]
         assert model.row_padding == row_padding.RowPadding((4, 4, 4))
         assert model.lm_head.padding is model.row_padding and model.layers[1].attn.o_proj.padding is model.row_padding
         padded = model(ids, model.new_cache(1, 8))
@@ -162,3 +163,17 @@ def test_pack_linears_pads_few_row_calls_where_measured_cheaper(monkeypatch):
     assert (padded - plain).abs().max() < ATOL
     with pytest.raises(ValueError, match="row_padding must be one of auto, off, got 'on'"):
         model.pack_linears(row_padding="on")
+
+
+def test_forward_padding_is_chosen_from_whole_forwards():
+    from sglang_hsd.runtime.row_padding import RowPadding, decode_forward, forward_row_padding
+
+    model = CausalLM.from_hf(tiny_qwen2())
+    forward = decode_forward(model)
+    lengths = []
+    padding = forward_row_padding(lambda rows: lengths.append(rows) or forward(rows), repeats=2)
+    assert lengths == [r for r in (4, 1, 2, 3) for _ in range(3)]  # the target first, one untimed call each
+    assert len(padding.pad_to) == 3 and all(p in (r, 4) for r, p in enumerate(padding.pad_to, start=1))
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        forward_row_padding(forward, repeats=0)
+    assert isinstance(padding, RowPadding)
