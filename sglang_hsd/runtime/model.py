@@ -126,7 +126,7 @@ class CausalLM(nn.Module):
         )
         self.norm = RMSNorm(base.norm.weight, config.rms_norm_eps)
         self.lm_head = hf_model.lm_head
-        self.row_padding = NO_PADDING  # of packed few-row calls (pack_linears)
+        self.row_padding, self._measured_padding = NO_PADDING, {}  # pack_linears: in use; per thread count
         rotary = base.rotary_emb
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
         self.rope_scaling: float = float(rotary.attention_scaling)
@@ -172,17 +172,16 @@ class CausalLM(nn.Module):
         """Run every projection and the LM head through :class:`PackedLinear` (oneDNN, CPU float32).
 
         Idempotent. Parameters stay shared with the HF model; the packed copies take as much
-        memory again as the linear weights. Exit heads read the LM head at each call, so they run packed too.
+        memory again as the linear weights (exit heads read the LM head: they run packed too).
         ``packed_rows``: ``(in_features, out_features) -> PackedRows``, the row counts each shape
         runs packed (e.g. ``KernelTable.packed_rows`` of ``runtime/kernel_paths.py``); a shape with
         no packed rows stays a plain ``nn.Linear`` (no copy). None: every call of 2 rows or more.
         Linears packed earlier keep their ranges (:meth:`unpack_linears` first to change them).
         Rows on a weight copy (:meth:`set_weight_copy`) keep serving their rows.
-        ``row_padding``: ``auto`` pads packed calls of 1-3 rows with zero rows where a forward of
-        4 rows measured cheaper (``row_padding.forward_row_padding``: 16 forwards, about 4 s for a
-        1.5B; :attr:`row_padding` holds the result); ``off`` never pads.
-        Returns whether the linears are packed afterwards (``False``: unsupported dtype, device
-        or torch build; nothing changed).
+        ``row_padding``: ``auto`` pads packed calls of 1-3 rows where a forward of 4 rows measured
+        cheaper (``row_padding.forward_row_padding``: about 4 s for a 1.5B, once per thread count;
+        :attr:`row_padding` holds it); ``off`` never pads. Returns whether the linears are packed
+        afterwards (``False``: unsupported dtype, device or torch build; nothing changed).
         """
         if row_padding not in PADDING_CHOICES:
             raise ValueError(f"row_padding must be one of {', '.join(PADDING_CHOICES)}, got {row_padding!r}")
@@ -197,11 +196,15 @@ class CausalLM(nn.Module):
                 setattr(owner, name, PackedLinear(linear, rows))
         slots = [getattr(owner, name) for owner, name in self._linear_slots()]  # the LM head first
         packed = [module for module in slots if isinstance(module, PackedLinear)]
-        for module in packed:
-            module.padding = None  # unpadded while measuring
-        # A model whose layers stay in the cache between calls is not timed (row_padding.py).
-        large = any(isinstance(m, PackedLinear) and m.weight.numel() * m.weight.element_size() >= MIN_MEASURED_BYTES for m in slots[1:])
-        self.row_padding = forward_row_padding(decode_forward(self)) if row_padding == "auto" and large else NO_PADDING
+        # Measured unpadded, once per thread count; cache-resident models are not timed (row_padding.py).
+        threads = torch.get_num_threads()
+        if row_padding == "auto" and threads not in self._measured_padding and any(
+                isinstance(m, PackedLinear) and m.weight.numel() * m.weight.element_size() >= MIN_MEASURED_BYTES
+                for m in slots[1:]):
+            for module in packed:
+                module.padding = None
+            self._measured_padding[threads] = forward_row_padding(decode_forward(self))
+        self.row_padding = self._measured_padding.get(threads, NO_PADDING) if row_padding == "auto" else NO_PADDING
         for module in packed:
             module.padding = self.row_padding
         return True

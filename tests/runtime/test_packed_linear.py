@@ -160,6 +160,9 @@ def test_pack_linears_pads_few_row_calls_where_measured_cheaper(monkeypatch):
         model.unpack_linears()
         assert model.row_padding == row_padding.NO_PADDING
         assert model.pack_linears(row_padding="off") and model.lm_head.padding == row_padding.NO_PADDING
+        model.unpack_linears()
+        # Repacked at the same thread count: the measurement is reused, not run again.
+        assert model.pack_linears() and rows_timed == [1, 4] and model.row_padding == row_padding.RowPadding((4, 4, 4))
     assert (padded - plain).abs().max() < ATOL
     with pytest.raises(ValueError, match="row_padding must be one of auto, off, got 'on'"):
         model.pack_linears(row_padding="on")
