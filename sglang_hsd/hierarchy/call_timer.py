@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from sglang_hsd.hierarchy.measure import _median_seconds
+from sglang_hsd.hierarchy.measure import _median_seconds, draw_seconds
 from sglang_hsd.hierarchy.tree_costs import tree_round_extra, tree_round_seconds
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
@@ -85,8 +85,8 @@ class CallTimer:
         return self.median(lambda: lookup_continuation(context, ngram, 1))
 
     def sample(self, vocab: int) -> float:
-        q = torch.softmax(torch.randn(1, vocab, generator=self.generator), -1)
-        return self.median(lambda: torch.multinomial(q, 1, generator=self.generator))
+        """Median seconds of one draw over ``vocab`` tokens as the runtime draws (``draw_seconds``)."""
+        return draw_seconds(vocab, self.generator, self.repeats, warmup=1)
 
     def median(self, fn) -> float:
         return _median_seconds(fn, self.repeats, warmup=1)  # after one untimed call

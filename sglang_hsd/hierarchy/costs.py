@@ -4,7 +4,7 @@ What each runtime operation costs (``engine.py`` with KV reuse, ``groups.py``), 
 L_lo < L_hi (the target's "exit" is its depth N):
 
 * a drafter step at exit L: layers [0, L) on 1 token + exit head and ``logits_to_probs`` on 1
-  position + one multinomial draw;
+  position + one draw (inverse CDF, as the runtime samples);
 * a verification by the level at L_hi of D tokens drafted at L_lo: layers [L_lo, L_hi) on D + 1
   positions (the buffer and the position before it), layers [0, L_lo) on 1 position (the last
   drafted token, which no level has processed yet), the head on D + 1 positions, and
@@ -45,7 +45,7 @@ class LayerCosts:
         call_seconds: fixed time of one ``forward_layers`` call on n tokens.
         head_seconds: exit head + ``logits_to_probs`` on n positions.
         verify_seconds: ``verify_chain`` on a chain of n drafts.
-        sample_seconds: one multinomial draw over the vocabulary.
+        sample_seconds: one draw over the vocabulary (``measure.draw_seconds``).
     """
 
     exits: tuple[int, ...]

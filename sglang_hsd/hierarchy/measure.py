@@ -23,6 +23,7 @@ import torch
 from sglang_hsd.hierarchy.costs import LayerCosts
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
+from sglang_hsd.verify.common import inverse_cdf_sample
 
 
 @torch.inference_mode()
@@ -124,6 +125,14 @@ def measure_acceptance(
     return total / count
 
 
+def draw_seconds(vocab: int, generator: torch.Generator, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of one token drawn from a [1, vocab] distribution as the runtime draws it
+    (``Engine._sample``: inverse CDF with one uniform). ``torch.multinomial`` costs about 3x as much
+    over 152k tokens, so timing it would overprice every drafted token."""
+    q = torch.softmax(torch.randn(1, vocab, generator=generator), -1)
+    return _median_seconds(lambda: inverse_cdf_sample(q, torch.rand(1, generator=generator)), repeats, warmup=warmup)
+
+
 def _median_seconds(fn, repeats: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
@@ -183,8 +192,7 @@ def measure_costs(
         verify_s.append(_median_seconds(
             lambda: verify_chain(draft, probs[:, :n], probs, generator=generator, validate=False), repeats
         ))
-    q = torch.softmax(torch.randn(1, vocab, generator=generator), -1)
-    sample = _median_seconds(lambda: torch.multinomial(q, 1, generator=generator), repeats)
+    sample = draw_seconds(vocab, generator, repeats)
     # More tokens never cost less; on a shared machine single medians can say otherwise.
     monotone = [tuple(np.maximum.accumulate(v).tolist()) for v in (layer_s, call_s, head_s, verify_s)]
     costs = LayerCosts(tuple(exits), model.num_layers, tuple(token_counts), *monotone, sample)

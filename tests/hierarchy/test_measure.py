@@ -126,3 +126,23 @@ def test_plan_then_generate_with_the_plan_on_a_tiny_model(tmp_path, monkeypatch,
                                       "--max-new-tokens", "4", "--exit-heads", "none"])
     assert args.func(args) == 0
     assert f"=== {data['levels']} ===" in capsys.readouterr().out  # the plan's levels ran
+
+
+def test_draw_is_timed_as_the_runtime_draws(monkeypatch):
+    """The planners price a drafted token at one inverse-CDF draw (``Engine._sample``), not at a
+    ``torch.multinomial`` call (about 3x dearer over a 152k vocabulary)."""
+    import sglang_hsd.hierarchy.measure as measure
+
+    calls = []
+
+    def counting(weights, uniform):
+        calls.append(weights.shape)
+        return torch.zeros(weights.shape[0], dtype=torch.long)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the runtime never draws with torch.multinomial")
+
+    monkeypatch.setattr(measure, "inverse_cdf_sample", counting)
+    monkeypatch.setattr(torch, "multinomial", forbidden)
+    seconds = measure.draw_seconds(64, torch.Generator().manual_seed(0), repeats=3, warmup=1)
+    assert seconds >= 0 and calls == [torch.Size([1, 64])] * 4
