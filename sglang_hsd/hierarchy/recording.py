@@ -19,6 +19,7 @@ from sglang_hsd.hierarchy.middle_record import check_middle_layers, middle_recor
 from sglang_hsd.hierarchy.replay import AcceptanceRecord
 from sglang_hsd.hierarchy.round_costs import DrafterSpec
 from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISIONS, parse_drafter_precision
+from sglang_hsd.runtime.weight_copies import single_row_copy
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
@@ -93,7 +94,9 @@ def record_acceptance(
             del final, exits
             for precision in drafter_precisions:
                 if drafter.model is not None:
-                    drafter.model.set_weight_copy(DRAFTER_PRECISIONS[precision], PackedRows(((1, None),)))
+                    # Every row on the copy a drafting step reads (a mix's single-row part).
+                    kind = DRAFTER_PRECISIONS[precision]
+                    drafter.model.set_weight_copy(kind and single_row_copy(kind), PackedRows(((1, None),)))
                     raw = _logits_at(drafter.model, ids, start)
                 else:
                     raw = _logits_at(target, ids, start, drafter.layer, drafter.head)

@@ -17,7 +17,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_LEVELS = "exit:8,exit:16,target"
 # kernel_setup.DRAFTER_PRECISION_OPTIONS, spelled out so that --help does not import torch
 # (tests/test_cli.py holds the two equal).
-DRAFTER_PRECISION_CHOICES = ("fp32", "bf16", "fp16", "int8", "int4", "w8a8", "auto")
+DRAFTER_PRECISION_CHOICES = ("fp32", "bf16", "fp16", "int8", "int4", "w8a8", "int4+w8a8", "auto")
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime, and explain it briefly."
 
 
@@ -56,7 +56,7 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument(
         "--drafter-precision", choices=DRAFTER_PRECISION_CHOICES,
         help="weights a separate draft model's batch-1 drafting steps read: bf16 / fp16 / int8 / int4 / w8a8 "
-        "(8-bit activations too) copies stream less; the output law is unchanged, acceptance may change. 'auto' "
+        "copies stream less (int4+w8a8: 1 row on int4, 2 or more on w8a8); the output law is unchanged. 'auto' "
         "times them on this CPU and takes the fastest. Default: auto with a model: drafter, else fp32",
     )
     parser.add_argument(

@@ -24,12 +24,13 @@ from torch import nn
 from sglang_hsd.runtime.kernel_paths import (PATH_MKL, RUNTIME_PATHS, SINGLE_ROW_MEASURE, LinearPath, MeasureConfig,
                                              measure, single_row_split)
 from sglang_hsd.runtime.layers import CopyRowsLinear, PackedRows
-from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES
+from sglang_hsd.runtime.weight_copies import COPY_MIXES, WEIGHT_COPIES
 
 __all__ = [
     "AUTO_PRECISION",
     "DRAFTER_PRECISIONS",
     "DRAFTER_PRECISION_OPTIONS",
+    "SINGLE_COPY_PRECISIONS",
     "COPY_PATHS",
     "configure_kernels",
     "fastest_drafter_precision",
@@ -41,7 +42,12 @@ __all__ = [
 # a ``WEIGHT_COPIES`` kind, its default rows): None = its fp32 weights. Fewer bytes make a drafting step at batch 1
 # faster; the drafter's numbers change, the output law does not (the verifier uses its actual
 # probabilities).
-DRAFTER_PRECISIONS: Mapping[str, str | None] = {"fp32": None, **{kind: kind for kind in WEIGHT_COPIES}}
+# A ``COPY_MIXES`` name reads a different copy per row count (the runtime's drafter only).
+DRAFTER_PRECISIONS: Mapping[str, str | None] = {"fp32": None, **{kind: kind for kind in WEIGHT_COPIES},
+                                                **{mix: mix for mix in COPY_MIXES}}
+# fp32 and the single copies: what ``"auto"`` measures among (one row cannot tell a mix from its
+# single-row part) and what the server's drafter offers.
+SINGLE_COPY_PRECISIONS: tuple[str, ...] = ("fp32", *WEIGHT_COPIES)
 
 
 # ``drafter_precision="auto"``: the fastest single-row copy on this machine, measured when the
@@ -108,8 +114,8 @@ COPY_PATHS: Mapping[str, LinearPath] = {
 
 def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
                               config: MeasureConfig = SINGLE_ROW_MEASURE,
-                              candidates: tuple[str, ...] = tuple(DRAFTER_PRECISIONS)) -> tuple[str, dict[str, float]]:
-    """The ``candidates`` name (:data:`DRAFTER_PRECISIONS`) whose single-row projections cost
+                              candidates: tuple[str, ...] = SINGLE_COPY_PRECISIONS) -> tuple[str, dict[str, float]]:
+    """The ``candidates`` name (:data:`SINGLE_COPY_PRECISIONS`) whose single-row projections cost
     ``model`` (its ``nn.Linear`` layers) least here: :func:`fastest_precision_for_shapes`."""
     counts = Counter((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
     return fastest_precision_for_shapes(counts, pack_linears, config, candidates)
@@ -117,8 +123,8 @@ def fastest_drafter_precision(model: nn.Module, pack_linears: bool = True,
 
 def fastest_precision_for_shapes(counts: Mapping[tuple[int, int], int], pack_linears: bool = True,
                                  config: MeasureConfig = SINGLE_ROW_MEASURE,
-                                 candidates: tuple[str, ...] = tuple(DRAFTER_PRECISIONS)) -> tuple[str, dict[str, float]]:
-    """The ``candidates`` name (:data:`DRAFTER_PRECISIONS`) whose single-row projections cost a
+                                 candidates: tuple[str, ...] = SINGLE_COPY_PRECISIONS) -> tuple[str, dict[str, float]]:
+    """The ``candidates`` name (:data:`SINGLE_COPY_PRECISIONS`) whose single-row projections cost a
     drafter with these linear shapes least here (``config.rows``: one row count, 1 by default).
 
     Args:
@@ -139,7 +145,8 @@ def fastest_precision_for_shapes(counts: Mapping[tuple[int, int], int], pack_lin
     if len(tuple(config.rows)) != 1:
         raise ValueError(f"config.rows must hold one row count, got {config.rows}")
     for name in candidates:
-        parse_drafter_precision(name, name="candidates")
+        if name not in SINGLE_COPY_PRECISIONS:
+            raise ValueError(f"candidates must be one of {', '.join(SINGLE_COPY_PRECISIONS)}, got {name!r}")
     copy_paths = {kind: path for kind, path in COPY_PATHS.items() if kind in candidates}
     fp32_paths = RUNTIME_PATHS if pack_linears else {PATH_MKL: RUNTIME_PATHS[PATH_MKL]}
     threads = torch.get_num_threads()

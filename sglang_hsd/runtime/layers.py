@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_hsd.runtime.kv_cache import KVCache
-from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES, build_weight_copy
+from sglang_hsd.runtime.weight_copies import COPY_MIXES, WEIGHT_COPIES, build_weight_copy
 
 __all__ = [
     "Attention",
@@ -196,6 +196,24 @@ class CopyRowsLinear(nn.Module):
         if out is None:
             return self.inner(x)
         return out.view(*x.shape[:-1], self.out_features)
+
+
+def with_weight_copy(module: nn.Module, name: str | None, rows: PackedRows | None = None) -> nn.Module:
+    """``module`` (a projection; any :class:`CopyRowsLinear` around it removed) reading the copies
+    ``name`` names: a ``WEIGHT_COPIES`` kind on ``rows`` (None: the kind's default rows), a
+    ``COPY_MIXES`` mix on each part's own rows (one :class:`CopyRowsLinear` per part, the first
+    outermost), or None: the bare projection."""
+    while isinstance(module, CopyRowsLinear):
+        module = module.inner
+    if name is None:
+        return module
+    if name not in COPY_MIXES:
+        return CopyRowsLinear(module, name, rows)
+    if rows is not None:
+        raise ValueError(f"rows: the mix {name!r} names its parts' rows itself, got {rows}")
+    for kind, part_rows in reversed(COPY_MIXES[name]):
+        module = CopyRowsLinear(module, kind, PackedRows((part_rows,)))
+    return module
 
 
 class RMSNorm(nn.Module):

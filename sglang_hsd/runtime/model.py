@@ -30,16 +30,8 @@ from torch import nn
 from sglang_hsd.runtime.kv_cache import KVCache
 from sglang_hsd.runtime.row_padding import (MIN_MEASURED_BYTES, NO_PADDING, PADDING_CHOICES, decode_forward,
                                             forward_row_padding)
-from sglang_hsd.runtime.layers import (
-    DecoderLayer,
-    CopyRowsLinear,
-    PackedLinear,
-    PackedRows,
-    RMSNorm,
-    build_attention_mask,
-    fold_groups,
-    packed_linear_supported,
-)
+from sglang_hsd.runtime.layers import (CopyRowsLinear, DecoderLayer, PackedLinear, PackedRows, RMSNorm,
+                                       build_attention_mask, fold_groups, packed_linear_supported, with_weight_copy)
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "ForwardCounters"]
 
@@ -147,9 +139,13 @@ class CausalLM(nn.Module):
 
     def _linear_slots(self) -> list[tuple[nn.Module, str]]:
         """``(owner, name)`` of every projection and the LM head, looking through a
-        :class:`CopyRowsLinear` to the fp32 module it keeps (``(wrapper, "inner")``)."""
-        return [(getattr(owner, name), "inner") if isinstance(getattr(owner, name), CopyRowsLinear) else (owner, name)
-                for owner, name in self._outer_slots()]
+        :class:`CopyRowsLinear` s to the fp32 module they keep (``(wrapper, "inner")``)."""
+        slots = []
+        for owner, name in self._outer_slots():
+            while isinstance(getattr(owner, name), CopyRowsLinear):  # a mix nests one per part
+                owner, name = getattr(owner, name), "inner"
+            slots.append((owner, name))
+        return slots
 
     def _outer_slots(self) -> list[tuple[nn.Module, str]]:
         """``(owner, name)`` of every projection and the LM head, as the forward calls them."""
@@ -219,17 +215,14 @@ class CausalLM(nn.Module):
 
     def set_weight_copy(self, kind: str | None, rows: PackedRows | None = None) -> None:
         """Projections' calls of ``rows`` rows (None: the kind's default ``WeightCopyKind.rows``,
-        which includes one row, a drafting step at batch 1) on a
-        ``kind`` copy of the weights (:class:`CopyRowsLinear`; a ``WEIGHT_COPIES`` name: bf16 and
-        fp16 take half as much memory again as the linear weights, int8 a quarter, int4 an
-        eighth); None: back to fp32. Only for a separate draft model: it changes the model's
-        numbers. Composes with :meth:`pack_linears` (other row counts).
+        which includes one row, a drafting step at batch 1) on a ``kind`` copy of the weights
+        (``layers.with_weight_copy``; a ``WEIGHT_COPIES`` name: bf16 and fp16 take half as much
+        memory again as the linear weights, int8 a quarter, int4 an eighth; or a ``COPY_MIXES``
+        mix, each part on its rows); None: back to fp32. Only for a separate draft model: it changes
+        the model's numbers. Composes with :meth:`pack_linears` (other row counts).
         """
         for owner, name in self._outer_slots():
-            module = getattr(owner, name)
-            if isinstance(module, CopyRowsLinear):
-                module = module.inner
-            setattr(owner, name, module if kind is None else CopyRowsLinear(module, kind, rows))
+            setattr(owner, name, with_weight_copy(getattr(owner, name), kind, rows))
 
         # ---------------------------------------------------------------- pieces
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:

@@ -57,7 +57,9 @@ __all__ = [
     "W8A8Copy",
     "WeightCopy",
     "WeightCopyKind",
+    "COPY_MIXES",
     "build_weight_copy",
+    "single_row_copy",
     "w8a8_activation_levels",
 ]
 
@@ -273,6 +275,26 @@ WEIGHT_COPIES: Mapping[str, WeightCopyKind] = {
     "int4": WeightCopyKind("int4", 4, Int4Copy, rows=(1, 16)),
     "w8a8": WeightCopyKind("w8a8", 8, W8A8Copy, rows=(1, None)),
 }
+
+
+# Drafter precisions that read a different copy for different row counts: ``(kind, (first, last))``
+# parts, each a :data:`WEIGHT_COPIES` kind and the row counts it serves (inclusive, ``last`` None:
+# open-ended; other counts read the fp32 weights). ``int4+w8a8``: a drafting step's single row on
+# int4, the fewest bytes; every call of 2 rows or more (a small model's check of a lookup's copies,
+# its catch-up after a round, its prefill) on w8a8, whose integer kernel costs about what one row
+# does up to ~16 rows while int4's grows with the rows (``docs/cpu.md``, "The drafter's weight copy").
+COPY_MIXES: Mapping[str, tuple[tuple[str, tuple[int, int | None]], ...]] = {
+    "int4+w8a8": (("int4", (1, 1)), ("w8a8", (2, None))),
+}
+
+
+def single_row_copy(name: str) -> str:
+    """The :data:`WEIGHT_COPIES` kind that serves a single row (a drafting step) under ``name``, a
+    kind or a :data:`COPY_MIXES` mix: what a drafter's proposals are computed on."""
+    for kind, (first, last) in COPY_MIXES.get(name, ((name, (1, 1)),)):
+        if first == 1:
+            return kind
+    raise ValueError(f"{name!r} serves no single row from a copy")
 
 
 def build_weight_copy(kind: str, weight: torch.Tensor, bias: torch.Tensor | None = None) -> WeightCopy:

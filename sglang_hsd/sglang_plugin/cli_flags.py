@@ -25,12 +25,11 @@ from sglang_hsd.sglang_plugin.config import (
     VERIFY_METHOD_CHOICES,
     VERIFY_METHOD_ENV,
 )
-from sglang_hsd.runtime.kernel_setup import DRAFTER_PRECISION_OPTIONS
 from sglang_hsd.sglang_plugin.adaptive_setting import (
     ADAPTIVE_ENV, ADAPTIVE_FLAG, CYCLE_ENV, CYCLE_FLAG, TRACE_ENV, TRACE_FLAG, TUNABLE, TUNING_ENV, TUNING_FLAG)
 from sglang_hsd.sglang_plugin.draft_catch_up_setting import (
     CATCH_UP_ENV, CATCH_UP_FLAG, EXTEND_ENV, EXTEND_FLAG, EXTEND_MODES)
-from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG
+from sglang_hsd.sglang_plugin.cpu.draft_copies import DRAFT_PRECISION_ENV, DRAFT_PRECISION_FLAG, SERVER_DRAFT_PRECISIONS
 from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_ENV, LEAN_DECODE_FLAG, LEAN_DECODE_MODES
 from sglang_hsd.sglang_plugin.cpu.linear_path import (
     CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS, PADDING_CHOICES, PADDING_ENV, PADDING_FLAG)
@@ -131,7 +130,7 @@ HSD_FLAGS = (
      "only over the one or two positions its draft steps did not write (the bonus token, and "
      "the last draft when all were accepted); window reruns the whole verify window (SGLang's "
      "way). Reported in /server_info (hsd.draft_catch_up)"),
-    (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": DRAFTER_PRECISION_OPTIONS},
+    (DRAFT_PRECISION_FLAG, DRAFT_PRECISION_ENV, {"choices": SERVER_DRAFT_PRECISIONS},
      "CPU: the weight copy a separate draft model's (--hsd-draft-kind model) few-row forwards "
      "read: auto (default: the fastest measured at start-up, logged), fp32 (none), bf16, fp16, "
      "int8, int4 or w8a8 (int8 weights and per-row 8-bit activations: where it measures faster "

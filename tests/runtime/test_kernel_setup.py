@@ -100,6 +100,9 @@ def test_fastest_drafter_precision_measures_only_its_candidates(monkeypatch):
     assert seen_paths == [sorted([PATH_MKL, PATH_PACKED, "int4"])]
     with pytest.raises(ValueError, match="candidates must be one of fp32, bf16, fp16, int8, int4, w8a8, got 'int3'"):
         kernel_setup.fastest_drafter_precision(_two_shape_model(), candidates=("fp32", "int3"))
+    # One row cannot tell a mix from its single-row part: auto never measures a mix.
+    with pytest.raises(ValueError, match="candidates must be one of .*, got 'int4\\+w8a8'"):
+        kernel_setup.fastest_drafter_precision(_two_shape_model(), candidates=("fp32", "int4+w8a8"))
 
 
 def test_configure_kernels_resolves_auto_by_measuring_the_drafter(monkeypatch):

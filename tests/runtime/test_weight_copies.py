@@ -19,11 +19,13 @@ from sglang_hsd.runtime.layers import CopyRowsLinear, PackedLinear, PackedRows, 
 from sglang_hsd.runtime.model import CausalLM
 from sglang_hsd.runtime.testing import greedy_reference, tiny_llama
 from sglang_hsd.runtime.weight_copies import (
+    COPY_MIXES,
     INT4_GROUP_SIZE,
     WEIGHT_COPIES,
     Int8Copy,
     W8A8Copy,
     build_weight_copy,
+    single_row_copy,
     w8a8_activation_levels,
 )
 from sglang_hsd.sampling import SamplingParams
@@ -236,5 +238,60 @@ def test_sampled_law_with_every_drafter_call_on_the_copy(kind, method):
 def test_refused_without_a_separate_drafter_and_for_unknown_names(target):
     with pytest.raises(ValueError, match="drafter_precision='int4' needs a separate draft model"):
         SpeculativeGenerator(target, parse_levels("exit:2,target"), drafter_precision="int4")
-    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4, w8a8, got 'int2'"):
+    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4, w8a8, "
+                       "int4\\+w8a8, got 'int2'"):
         SpeculativeGenerator(target, parse_levels("model:tiny,target"), drafter=_drafter(), drafter_precision="int2")
+
+
+@pytest.mark.skipif(not packed_linear_supported(torch.nn.Linear(2, 2)), reason="torch built without oneDNN")
+def test_a_mix_serves_each_row_count_from_its_part(monkeypatch):
+    """``int4+w8a8``: one row from the int4 copy, 2 rows and more (here 2, 5 and 20) from the w8a8
+    copy, each call's numbers those of a model with only that part's copy; composes with packing;
+    None takes every wrapper off."""
+    calls = []
+    copy_call = CopyRowsLinear.forward
+
+    def counted(self, x):
+        if x.reshape(-1, self.in_features).shape[0] in self.rows:
+            calls.append(self.kind)
+        return copy_call(self, x)
+
+    monkeypatch.setattr(CopyRowsLinear, "forward", counted)
+    (first, _), (second, _) = COPY_MIXES["int4+w8a8"]
+    assert (first, second) == ("int4", "w8a8") and single_row_copy("int4+w8a8") == "int4" == single_row_copy("int4")
+    torch.manual_seed(0)
+    ids = torch.tensor([[3, 9, 4, 1] * 5])
+    for rows, kind in ((1, "int4"), (2, "w8a8"), (5, "w8a8"), (20, "w8a8")):
+        alone = _drafter()
+        alone.set_weight_copy(kind, PackedRows(((1, None),)))
+        expected = alone.forward(ids[:, :rows], alone.new_cache(1, 24))
+        mixed = _drafter()
+        mixed.pack_linears()
+        mixed.set_weight_copy("int4+w8a8")
+        calls.clear()
+        assert torch.allclose(mixed.forward(ids[:, :rows], mixed.new_cache(1, 24)), expected, atol=1e-5), rows
+        assert set(calls) == {kind}, rows
+    q_proj = mixed.layers[0].attn.q_proj
+    assert q_proj.kind == "int4" and q_proj.inner.kind == "w8a8" and isinstance(q_proj.inner.inner, PackedLinear)
+    mixed.unpack_linears()
+    assert type(mixed.layers[0].attn.q_proj.inner.inner) is torch.nn.Linear
+    mixed.set_weight_copy(None)
+    assert type(mixed.layers[0].attn.q_proj) is torch.nn.Linear and type(mixed.lm_head) is torch.nn.Linear
+    with pytest.raises(ValueError, match="rows: the mix 'int4\\+w8a8' names its parts' rows itself"):
+        mixed.set_weight_copy("int4+w8a8", PackedRows(((1, None),)))
+
+
+def test_a_mix_drafter_below_a_lookup_keeps_greedy_output(target, monkeypatch):
+    """The small model checks a lookup's copies in multi-row calls (w8a8) and drafts single rows
+    (int4): both parts run, and greedy output is the target's."""
+    calls = []
+    copy_call = CopyRowsLinear.forward
+    monkeypatch.setattr(CopyRowsLinear, "forward", lambda self, x: calls.append(self.kind) or copy_call(self, x))
+    gen = SpeculativeGenerator(target, parse_levels("lookup:2,model:tiny,target", buffers=[3, 4]), drafter=_drafter(),
+                               validate=True, drafter_precision="int4+w8a8")
+    prompts = [[3, 9, 4, 3, 9, 4, 3, 9], [7, 1, 7, 1, 7]]
+    result = gen.generate(prompts, SamplingParams(temperature=0.0), max_new_tokens=12)
+    for prompt, out in zip(prompts, result.tokens):
+        assert out == greedy_reference(target, prompt, 12)
+    assert {"int4", "w8a8"} <= set(calls) and result.levels[0].proposed > 0
+

@@ -47,7 +47,7 @@ from typing import Callable
 import torch
 
 from sglang_hsd.runtime.kernel_paths import SINGLE_ROW_MEASURE
-from sglang_hsd.runtime.kernel_setup import (AUTO_PRECISION, DRAFTER_PRECISION_OPTIONS, DRAFTER_PRECISIONS,
+from sglang_hsd.runtime.kernel_setup import (AUTO_PRECISION, DRAFTER_PRECISIONS, SINGLE_COPY_PRECISIONS,
                                              fastest_precision_for_shapes)
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.row_padding import MIN_MEASURED_BYTES, NO_PADDING, padded_linear
@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 DRAFT_PRECISION_ENV = "SGLANG_HSD_DRAFT_PRECISION"
 DRAFT_PRECISION_FLAG = "--hsd-draft-precision"
+# The server's choices: one copy per layer (its rows measured at start-up), so no copy mixes.
+SERVER_DRAFT_PRECISIONS: tuple[str, ...] = (*SINGLE_COPY_PRECISIONS, AUTO_PRECISION)
 
 
 # Row counts at which the copy and the float32 kernel are compared when the server starts.
@@ -81,15 +83,15 @@ class DraftPrecisionError(ValueError):
 @dataclass(frozen=True)
 class DraftPrecisionConfig:
     """Fields:
-        precision: a ``DRAFTER_PRECISION_OPTIONS`` name (``fp32``: no copy; ``auto``: measured).
+        precision: a ``SERVER_DRAFT_PRECISIONS`` name (``fp32``: no copy; ``auto``: measured).
     """
 
     precision: str = AUTO_PRECISION
 
     def __post_init__(self) -> None:
-        if self.precision not in DRAFTER_PRECISION_OPTIONS:
+        if self.precision not in SERVER_DRAFT_PRECISIONS:
             raise DraftPrecisionError(f"{DRAFT_PRECISION_FLAG} ({DRAFT_PRECISION_ENV}) must be one of "
-                                      f"{', '.join(DRAFTER_PRECISION_OPTIONS)}, got {self.precision!r}")
+                                      f"{', '.join(SERVER_DRAFT_PRECISIONS)}, got {self.precision!r}")
 
     @classmethod
     def from_env(cls) -> "DraftPrecisionConfig":
