@@ -56,7 +56,7 @@ def add_generate_parser(subparsers) -> None:
     parser.add_argument(
         "--drafter-precision", choices=DRAFTER_PRECISION_CHOICES,
         help="weights a separate draft model's batch-1 drafting steps read: bf16 / fp16 / int8 / int4 / w8a8 "
-        "copies stream less (int4+w8a8: 1 row on int4, 2 or more on w8a8); the output law is unchanged. 'auto' "
+        "copies stream less (int4+w8a8: 1-3 rows on int4, more on w8a8); the output law is unchanged. 'auto' "
         "times them on this CPU and takes the fastest. Default: auto with a model: drafter, else fp32",
     )
     parser.add_argument(
