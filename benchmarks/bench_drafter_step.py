@@ -10,7 +10,8 @@ KV cache of ``--context`` positions, median of ``--repeats`` after one untimed c
   are measured faster (``kernel_paths.single_row_split``, as the runtime packs);
 * ``packed + KIND rows`` for each weight copy KIND (bf16, fp16, int8, int4;
   ``runtime/weight_copies.py``): packed, and the kind's default row counts on the copy
-  (``WeightCopyKind.rows``; ``CausalLM.set_weight_copy``, what ``--drafter-precision`` selects);
+  (``WeightCopyKind.rows``; ``CausalLM.set_weight_copy``, what ``--drafter-precision`` selects), and
+  each ``COPY_MIXES`` mix (``int4+w8a8``: int4 up to 3 rows, w8a8 from 4);
 * ``KIND every row``: every row count on the copy, to see whether several rows gain from it too
   (AVX-512 BF16 dot products, the int4 kernel's tiles).
 
@@ -40,9 +41,9 @@ from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_par
 from sglang_hsd.runtime.kernel_paths import single_row_split
 from sglang_hsd.runtime.layers import PackedRows
 from sglang_hsd.runtime.loading import load_model, prompt_set_texts
-from sglang_hsd.runtime.weight_copies import WEIGHT_COPIES
+from sglang_hsd.runtime.weight_copies import COPY_MIXES, WEIGHT_COPIES
 
-DEFAULT_ROWS = {f"packed + {kind} rows": kind for kind in WEIGHT_COPIES}
+DEFAULT_ROWS = {f"packed + {kind} rows": kind for kind in (*WEIGHT_COPIES, *COPY_MIXES)}
 EVERY_ROW = {f"{kind} every row": kind for kind in WEIGHT_COPIES}
 VARIANTS = ("fp32 mkl", "fp32 packed", *DEFAULT_ROWS, *EVERY_ROW)
 
