@@ -283,7 +283,7 @@ WEIGHT_COPIES: Mapping[str, WeightCopyKind] = {
 # up to 3) on int4, the fewest bytes; every call of 4 rows or more (a small model's check of a
 # lookup's copies, a prefill) on w8a8, whose integer kernel grows slowly with the rows while int4's
 # grows about linearly. One forward of Qwen2.5-Coder-0.5B on the AVX-512 EPYC, 2 threads (ms,
-# int4 / w8a8): 1 row 26 / 28, 3 rows 35 / 37, 4 rows 40 / 39, 9 rows 91 / 48, 17 rows 145 / 75.
+# int4 / w8a8; docs/cpu.md): 1 row 26 / 31, 3 rows 33 / 36, 4 rows 37 / 37, 9 rows 90 / 52.
 COPY_MIXES: Mapping[str, tuple[tuple[str, tuple[int, int | None]], ...]] = {
     "int4+w8a8": (("int4", (1, 3)), ("w8a8", (4, None))),
 }
