@@ -45,7 +45,8 @@ def test_tree_rows_are_labelled_and_compared_by_their_tree():
 def test_drafter_precision_per_config_is_checked_and_labelled():
     args = bench_e2e.parse_args(["--configs", "target", "model:x,target", "--drafter-precision", "fp32", "bf16"])
     assert args.drafter_precision == ["fp32", "bf16"]
-    with pytest.raises(ValueError, match="--drafter-precision must be one of fp32, bf16, fp16, int8, int4, w8a8, got 'int3'"):
+    with pytest.raises(ValueError, match="--drafter-precision must be one of fp32, bf16, fp16, int8, int4, w8a8, "
+                       "int4\\+w8a8, got 'int3'"):
         bench_e2e.parse_args(["--configs", "model:x,target", "--drafter-precision", "int3"])
     from benchmarks.bench_report import check_batch_outputs, config_label
 

@@ -125,5 +125,6 @@ def test_auto_threads_uses_every_core_only_on_an_idle_machine():
 
 def test_demo_spec_refuses_an_unknown_drafter_precision():
     assert QWEN_PAIR.drafter_precision == "auto"  # measured on the machine it runs on
-    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4, w8a8, auto, got 'int3'"):
+    with pytest.raises(ValueError, match="drafter_precision must be one of fp32, bf16, fp16, int8, int4, w8a8, "
+                       "int4\\+w8a8, auto, got 'int3'"):
         dataclasses.replace(QWEN_PAIR, drafter_precision="int3")

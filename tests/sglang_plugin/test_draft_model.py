@@ -202,6 +202,9 @@ def test_draft_model_with_an_exit_level_is_served(hsd, pair, clean_env):
      "--hsd-draft-precision int4: the copies are built from float32 weights; serve with --dtype float32"),
     ({DRAFT_PRECISION_ENV: "int4"}, dict(device="cuda"), "--hsd-draft-precision int4: weight copies run on CPU"),
     ({DRAFT_PRECISION_ENV: "int5"}, {}, "--hsd-draft-precision (SGLANG_HSD_DRAFT_PRECISION) must be one of"),
+    # The runtime's copy mixes are not the server's: it keeps one copy per layer.
+    ({DRAFT_PRECISION_ENV: "int4+w8a8"}, {}, "--hsd-draft-precision (SGLANG_HSD_DRAFT_PRECISION) must be one of "
+     "fp32, bf16, fp16, int8, int4, w8a8, auto, got 'int4+w8a8'"),
     ({ADAPTIVE_ENV: "on"}, dict(speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
                                 device="cuda"),
      "--hsd-adaptive on with --speculative-eagle-topk 2 on --device cuda (tree budgets run on CPU"),
