@@ -92,11 +92,15 @@ def record_acceptance(
             p = logits_to_probs(final[None], params)[0]
             exit_probs = {layer: logits_to_probs(rows[None], params)[0] for layer, rows in exits.items()}
             del final, exits
+            made = {}  # the copy a drafting step reads -> its record (a mix shares its part's)
             for precision in drafter_precisions:
+                kind = DRAFTER_PRECISIONS[precision]
+                read = kind and single_row_copy(kind)
+                if read in made:
+                    records[precision].append(made[read])
+                    continue
                 if drafter.model is not None:
-                    # Every row on the copy a drafting step reads (a mix's single-row part).
-                    kind = DRAFTER_PRECISIONS[precision]
-                    drafter.model.set_weight_copy(kind and single_row_copy(kind), PackedRows(((1, None),)))
+                    drafter.model.set_weight_copy(read, PackedRows(((1, None),)))  # every row on it
                     raw = _logits_at(drafter.model, ids, start)
                 else:
                     raw = _logits_at(target, ids, start, drafter.layer, drafter.head)
@@ -109,6 +113,7 @@ def record_acceptance(
                 if exit_probs:
                     middles = tuple(middle_record(layer, p, q, e) for layer, e in sorted(exit_probs.items()))
                     record = dataclasses.replace(record, middles=middles)
+                made[read] = record
                 records[precision].append(record)
     finally:
         if drafter.model is not None:

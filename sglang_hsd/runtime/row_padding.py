@@ -108,15 +108,20 @@ def measure_row_padding(packed: torch.Tensor, in_features: int, repeats: int = 7
 
     def cost(rows: int) -> float:
         x = torch.randn(rows, in_features)
-        packed_linear(x, packed, None)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            packed_linear(x, packed, None)
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+        return _median_call_seconds(lambda: packed_linear(x, packed, None), repeats)
 
     return choose_row_padding(cost, target)
+
+
+def _median_call_seconds(call: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``repeats`` calls of ``call``, after one untimed call."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def decode_forward(model, context: int = 16) -> Callable[[int], None]:
@@ -144,16 +149,7 @@ def forward_row_padding(forward: Callable[[int], None], repeats: int = 3, target
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
 
-    def cost(rows: int) -> float:
-        forward(rows)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            forward(rows)
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
-
-    return choose_row_padding(cost, target)
+    return choose_row_padding(lambda rows: _median_call_seconds(lambda: forward(rows), repeats), target)
 
 
 def probe_row_padding(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[RowPadding, tuple[int, int] | None]:

@@ -203,8 +203,10 @@ def test_each_drafter_precision_replays_its_own_records(target, drafter):
     import dataclasses
 
     records = record_acceptance(target, DrafterSpec(model=drafter), PROMPTS, SamplingParams(1.0), NEW_TOKENS + 10,
-                                drafter_precisions=("fp32", "int4"))
+                                drafter_precisions=("fp32", "int4", "int4+w8a8"))
     assert type(drafter.lm_head) is torch.nn.Linear  # the copy is gone after recording
+    # A mix drafts on its single-row part: its records are that part's, recorded once.
+    assert all(a is b for a, b in zip(records["int4"], records["int4+w8a8"]))
     fp32_only = record_acceptance(target, DrafterSpec(model=drafter), PROMPTS, SamplingParams(1.0), NEW_TOKENS + 10)
     assert all(np.array_equal(a.alpha, b.alpha) for a, b in zip(records["fp32"], fp32_only["fp32"]))
     assert not all(np.array_equal(a.alpha, b.alpha) for a, b in zip(records["fp32"], records["int4"]))  # the copy's q
