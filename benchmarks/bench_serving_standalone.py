@@ -31,6 +31,8 @@ Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-line
                   'hsd-adaptive-k8-tuned=--hsd-adaptive-tuning draft_margin=1.05'``: two
                   settings compared in one run;
 * ``hsd-adaptive-k16`` the same with 16 (lengths 0..16);
+* ``hsd-adaptive-k8-lookup`` / ``hsd-adaptive-k16-lookup`` the k8 / k16 rows with a prompt-lookup
+                  level below the draft model (``--hsd-draft-lookup 3``; k16: at most 8 copies);
 * ``hsd-adaptive-k8-extend`` the same with ``--hsd-draft-catch-up off`` (a round that drafts
                   nothing still extends the draft cache): what the catch-up saves;
 * ``hsd-adaptive-k8-window`` the same with ``--hsd-draft-extend window`` (a drafting round
@@ -141,6 +143,18 @@ CONFIGS = {c.name: c for c in (
                      "round's length chosen in 0..16): room for long chains where drafts are "
                      "almost always accepted",
                      server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on"),
+                     num_steps=16),
+    DraftModelConfig("hsd-adaptive-k8-lookup", "hsd-adaptive-k8 with a prompt-lookup level below "
+                     "the draft model (--hsd-draft-lookup 3): one draft forward reads the copies "
+                     "too and hands up every draft its draws matched",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on",
+                                  "--hsd-draft-lookup", "3"),
+                     num_steps=8),
+    DraftModelConfig("hsd-adaptive-k16-lookup", "hsd-adaptive-k16 with the lookup level "
+                     "(--hsd-draft-lookup 3, at most 8 copies per lookup): the round planner's "
+                     "runtime choice on code, lookup:3 8 -> drafter 16 -> target",
+                     server_args=("--hsd-verify-method", "hsd", "--hsd-adaptive", "on",
+                                  "--hsd-draft-lookup", "3", "--hsd-draft-lookup-copies", "8"),
                      num_steps=16),
     DraftModelConfig("hsd-adaptive-k8-extend", "hsd-adaptive-k8 with --hsd-draft-catch-up off: "
                      "rounds that draft nothing still extend the draft cache (SGLang's way)",

@@ -34,6 +34,7 @@ from sglang_hsd.sglang_plugin.cpu.lean_decode import LEAN_DECODE_ENV, LEAN_DECOD
 from sglang_hsd.sglang_plugin.cpu.linear_path import (
     CPU_LINEAR_ENV, CPU_LINEAR_FLAG, CPU_LINEAR_PATHS, PADDING_CHOICES, PADDING_ENV, PADDING_FLAG)
 from sglang_hsd.sglang_plugin.draft_kind import DRAFT_KIND_ENV, DRAFT_KINDS
+from sglang_hsd.sglang_plugin.draft_lookup_setting import COPIES_ENV, COPIES_FLAG, LOOKUP_ENV, LOOKUP_FLAG
 from sglang_hsd.sglang_plugin.request_seeds import REQUEST_SEEDS_CHOICES, REQUEST_SEEDS_ENV, REQUEST_SEEDS_FLAG
 from sglang_hsd.verify import LOSSLESS_CHAIN_METHODS
 from sglang_hsd.tree_draft import LOSSLESS_LEVEL_RULES
@@ -79,7 +80,8 @@ HSD_FLAGS = (
      "(default 1: one exit sub-round per round)"),
     ("--hsd-plan", PLAN_ENV, {},
      "take the exit layer and its buffer from a `sglang-hsd plan` JSON (its one intermediate "
-     "exit level); nothing else is read from it, so a plan with runtime knobs (draft_length, "
+     "exit level), or its lookup level below the draft model (lookup:N,model:...,target: "
+     "--hsd-draft-lookup N with the lookup's buffer as the copies); nothing else is read from it, so a plan with runtime knobs (draft_length, "
      "tree, threads, kernel_path, drafter_precision) is refused, naming the server's own flag "
      "for each"),
     ("--hsd-draft-kind", DRAFT_KIND_ENV, {"choices": DRAFT_KINDS},
@@ -136,6 +138,15 @@ HSD_FLAGS = (
      "int8, int4 or w8a8 (int8 weights and per-row 8-bit activations: where it measures faster "
      "at every row count, prefills and catch-ups too). Only the drafter's numbers change; the "
      "verifier uses the q it produced, so the output law is unchanged"),
+    (LOOKUP_FLAG, LOOKUP_ENV, {},
+     "N (a longest n-gram) or off (default): a prompt-lookup level below a separate draft model "
+     "(--hsd-draft-kind model, chains, CPU): each draft forward also reads the tokens that "
+     "followed the latest earlier occurrence of the text's last <= N tokens, and hands up several "
+     "drafts where the draft model's own draws match them (same drafts, same law, fewer "
+     "forwards). Reported in /server_info (hsd.draft_lookup)"),
+    (COPIES_FLAG, COPIES_ENV, {"type": int},
+     "with --hsd-draft-lookup: the most tokens one lookup copies (default: as many as the "
+     "round's chain has room for); on CPU each copy is a row of the draft forward"),
     (LEAN_DECODE_FLAG, LEAN_DECODE_ENV, {"choices": LEAN_DECODE_MODES},
      "CPU: how a separate draft model (--hsd-draft-kind model) runs its forwards (draft steps, "
      "draft extends, its prefill): auto (default) the lean forward of Llama / Qwen2-style models "

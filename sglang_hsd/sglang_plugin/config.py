@@ -282,13 +282,10 @@ def _exit_buffer(from_plan: int | None, layer: int | None) -> int:
     return buffer
 
 
-def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
-    """(exit layer, its buffer N_i) of a ``sglang-hsd plan`` file ((None, None): no exit level).
-
-    The plan's cheapest level is the drafter; in the server the EAGLE-3 head drafts instead, so
-    only the levels between drafter and target matter. The server runs one intermediate level.
-    A plan with runtime knobs is refused (``plan_knob_refusals``).
-    """
+def _plan_hierarchy(path: str):
+    """The chosen hierarchy (``PlannedHierarchy``) of a ``sglang-hsd plan`` file the server can
+    run: no runtime knobs (``plan_knob_refusals``), and a lookup level only as the drafter of
+    the server's draft model (``lookup:N,model:...,target``)."""
     from sglang_hsd.levels import LevelKind
     from sglang_hsd.runtime.plan_file import PlanFile
 
@@ -298,15 +295,42 @@ def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
         best = PlanFile.read(path).best
     except ValueError as err:
         raise ExitLevelConfigError(f"--hsd-plan {err}") from None
-    if any(level.kind is LevelKind.LOOKUP for level in best.levels):
+    kinds = [level.kind for level in best.levels]
+    if LevelKind.LOOKUP in kinds and kinds != [LevelKind.LOOKUP, LevelKind.MODEL, LevelKind.TARGET]:
         raise ExitLevelConfigError(
-            f"--hsd-plan {path}: levels {best.level_names!r} have a lookup level, which the server does not run "
-            "(it drafts with its draft model or EAGLE head); run this plan with `sglang-hsd generate --plan`")
+            f"--hsd-plan {path}: levels {best.level_names!r}: the server runs a lookup level only below "
+            "its draft model (lookup:N,model:<draft>,target, with --hsd-draft-kind model); run this plan "
+            "with `sglang-hsd generate --plan`")
     refusals = plan_knob_refusals(path, best.knobs)
     if refusals:
         raise ExitLevelConfigError("\n".join(refusals))
+    return best
+
+
+def lookup_from_plan(path: str) -> tuple[int, int, int] | None:
+    """(longest n-gram, copies per lookup, the draft model's buffer) of a plan's lookup level
+    (``lookup:N,model:...,target``, buffers ``copies,buffer``), or None without one."""
+    from sglang_hsd.levels import LevelKind
+
+    best = _plan_hierarchy(path)
+    lookup = best.levels[0]
+    if lookup.kind is not LevelKind.LOOKUP:
+        return None
+    return lookup.ngram, lookup.buffer, best.levels[1].buffer
+
+
+def exit_level_from_plan(path: str) -> tuple[int | None, int | None]:
+    """(exit layer, its buffer N_i) of a ``sglang-hsd plan`` file ((None, None): no exit level).
+
+    The plan's cheapest level is the drafter; in the server the EAGLE-3 head or draft model drafts
+    instead (below a lookup level, ``lookup_from_plan``), so only the levels between drafter and
+    target matter. The server runs one intermediate level.
+    """
+    from sglang_hsd.levels import LevelKind
+
+    best = _plan_hierarchy(path)
     middle = best.levels[1:-1]
-    if not middle:
+    if not middle or best.levels[0].kind is LevelKind.LOOKUP:
         return None, None
     if len(middle) > 1 or middle[0].kind is not LevelKind.EXIT:
         raise ExitLevelConfigError(

@@ -229,10 +229,18 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
     rejected ones. With ``hsd_catch_up`` (``--hsd-draft-catch-up``) a round that drafts nothing
     skips that pass, and the next drafting round first catches the cache up; a drafting chain
     round extends only the one or two positions its draft steps did not write
-    (``--hsd-draft-extend tail``; ``draft_catch_up.py``).
+    (``--hsd-draft-extend tail``; ``draft_catch_up.py``). With ``hsd_lookup``
+    (``--hsd-draft-lookup``) a chain round's draft steps read prompt-lookup copies as well, several
+    drafts per forward where the copies match (``draft_lookup.py``).
     """
 
     hsd_catch_up = None  # a draft_catch_up.DraftCatchUp, set by HSDStandaloneWorker
+    hsd_lookup = None  # a draft_lookup.DraftLookup (--hsd-draft-lookup), set by HSDStandaloneWorker
+
+    def draft(self, batch, *args, **kwargs):
+        if self.hsd_lookup is not None and not batch.forward_mode.is_idle():
+            self.hsd_lookup.begin(batch)  # the lookup copies from the committed tokens
+        return super().draft(batch, *args, **kwargs)
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None,
                           token_to_kv_pool_allocator=None):
@@ -282,5 +290,17 @@ class HSDStandaloneDraftWorker(TargetVocabDraft, SampledTreeDraft, StandaloneDra
         tree = self._hsd_sampled_tree(forward_batch)
         if tree is not None:
             return tree
-        parents, scores_index, draft_tokens, draft_probs = super().draft_forward(forward_batch)
+        if self._hsd_lookup_round(forward_batch):
+            out = self.hsd_lookup.draft(self, forward_batch)
+        else:
+            out = super().draft_forward(forward_batch)
+        parents, scores_index, draft_tokens, draft_probs = out
         return parents, scores_index, draft_tokens, self._hsd_full_vocab(draft_probs)
+
+    def _hsd_lookup_round(self, forward_batch) -> bool:
+        """Whether this round's chain is drafted with the lookup level (``draft_lookup.py``): a
+        chain of at least two drafts (one draft needs no forward) of a batch SGLang's
+        preallocated chain topology covers."""
+        return (self.hsd_lookup is not None and not forward_batch.forward_mode.is_idle()
+                and self.topk == 1 and self.speculative_num_steps > 1
+                and forward_batch.batch_size <= self._topk1_parents_prealloc.shape[0])

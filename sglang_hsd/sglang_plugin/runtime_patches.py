@@ -128,6 +128,8 @@ def hsd_internal_state(scheduler) -> dict:
     state["adaptive"] = {"enabled": False} if adaptive is None else adaptive.as_dict()
     catch_up = getattr(worker, "hsd_catch_up", None)
     state["draft_catch_up"] = {"enabled": False} if catch_up is None else catch_up.as_dict()
+    lookup = getattr(worker, "hsd_lookup", None)
+    state["draft_lookup"] = {"enabled": False} if lookup is None else lookup.as_dict()
     copies = getattr(worker, "hsd_draft_copies", None)
     if copies is not None:
         state["draft_copies"] = copies

@@ -245,8 +245,11 @@ def draft_model_problems(args) -> list[str]:
 
 def hsd_flag_problems(args) -> list[str]:
     """What the ``--hsd-*`` flags read from the environment cannot honour with ``args``."""
+    from sglang_hsd.sglang_plugin.draft_lookup_setting import lookup_problems
+
     return (request_seed_problems(args) + draft_precision_problems(args) + draft_forward_problems(args)
-            + adaptive_problems(args) + catch_up_problems(args) + plan_problems())
+            + adaptive_problems(args) + catch_up_problems(args) + plan_problems()
+            + lookup_problems(args, _plan_has_exit_level()))
 
 
 def draft_forward_problems(args) -> list[str]:

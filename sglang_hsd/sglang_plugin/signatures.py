@@ -46,6 +46,8 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft_forward":
         "(self, forward_batch)",
+    "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft":
+        "(self, batch, *, with_topology=False)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.init_cuda_graphs":
         "(self)",
     "sglang.srt.speculative.standalone_worker_v2.StandaloneWorkerV2.__init__":

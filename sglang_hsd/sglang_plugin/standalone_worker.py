@@ -15,6 +15,10 @@ drafts are sampled from the draft model's q under each request's temperature / t
 (``--speculative-eagle-topk`` > 1) draw each node's children without replacement from that q
 (``tree_draft.draft_sampled_tree``); all-greedy batches draft and verify by argmax.
 
+With ``--hsd-draft-lookup N`` prompt-lookup copies form a level below the draft model
+(``draft_lookup.py``): one draft forward reads the last draft and the copies, and hands up
+several drafts where the draft model's draws match them.
+
 On CPU the draft model's own layers draft on the weight copy of ``--hsd-draft-precision``
 (``cpu/draft_copies.py``; ``auto``, the default, measures the fastest at start-up).
 
@@ -33,6 +37,8 @@ from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, S
 from sglang_hsd.sglang_plugin.config import ExitLevelConfig, PluginConfig
 from sglang_hsd.sglang_plugin.draft_catch_up import build_catch_up
 from sglang_hsd.sglang_plugin.draft_catch_up_setting import CatchUpSetting
+from sglang_hsd.sglang_plugin.draft_lookup import build_lookup
+from sglang_hsd.sglang_plugin.draft_lookup_setting import LookupSetting
 from sglang_hsd.sglang_plugin.draft_worker import HSDStandaloneDraftWorker
 from sglang_hsd.sglang_plugin.verify_step import HSDVerify, build_adaptive, build_exit_verifier
 from sglang_hsd.sglang_plugin.worker_setup import (
@@ -60,6 +66,7 @@ class HSDStandaloneWorker(HSDVerify, StandaloneWorkerV2):
                                            adaptive=self.hsd_adaptive is not None)
         draft = adopt_draft_worker(self, StandaloneDraftWorker, HSDStandaloneDraftWorker)
         draft.hsd_catch_up = self.hsd_catch_up
+        draft.hsd_lookup = self.hsd_lookup = build_lookup(LookupSetting.from_env())
         setup_sampled_trees(draft, plugin_config)
         # Only the drafter's numbers change (the verifier reads the q the copy produced).
         self.hsd_draft_copies = setup_draft_copies(self)

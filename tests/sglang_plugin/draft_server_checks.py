@@ -32,15 +32,15 @@ def staggered_outputs(url, prompts, max_new_tokens):
     return outputs
 
 
-def law_p_values(url, target, label):
+def law_p_values(url, target, label, prompt=STAT_PROMPT):
     """The PIT chi-square p-values (``server_law.confirmed_p_values``) of the server's first
-    T = 1 tokens after ``STAT_PROMPT`` under the law of the model in folder ``target``."""
+    T = 1 tokens after ``prompt`` under the law of the model in folder ``target``."""
 
     def server_p_value(count):
         with ThreadPoolExecutor(max_workers=8) as pool:
-            outs = list(pool.map(lambda _: _generate(url, STAT_PROMPT, STAT_TOKENS,
+            outs = list(pool.map(lambda _: _generate(url, prompt, STAT_TOKENS,
                                                      temperature=1.0), range(count)))
-        sequences = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
+        sequences = torch.tensor([prompt + out["output_ids"] for out in outs])
         return _pit_p_value(_target_pit(target, sequences))
 
     return confirmed_p_values(server_p_value, STAT_SAMPLES, label)

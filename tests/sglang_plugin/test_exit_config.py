@@ -82,12 +82,31 @@ def test_plan_gives_its_intermediate_exit(clean_env, tmp_path):
         ExitLevelConfig.from_env()
 
 
-@pytest.mark.parametrize("levels,buffers", [("lookup:3,target", "8"), ("lookup:3,model:d,target", "8,16")])
-def test_a_plan_with_a_lookup_level_is_refused(clean_env, tmp_path, levels, buffers):
-    # The server drafts with its own drafter: dropping the plan's lookup would run another hierarchy.
-    clean_env.setenv(PLAN_ENV, _plan(tmp_path, levels, buffers))
-    with pytest.raises(ExitLevelConfigError, match="have a lookup level, which the server does not run"):
+def test_a_plan_with_a_lookup_level_drafting_for_a_target_is_refused(clean_env, tmp_path):
+    # The server drafts with its own drafter: dropping the plan's model level would run another hierarchy.
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "lookup:3,target", "8"))
+    with pytest.raises(ExitLevelConfigError, match="runs a lookup level only below its draft model"):
         ExitLevelConfig.from_env()
+
+
+def test_a_plan_with_a_lookup_level_below_the_draft_model_sets_the_lookup(clean_env, tmp_path):
+    from types import SimpleNamespace
+
+    from sglang_hsd.sglang_plugin.draft_lookup_setting import LOOKUP_ENV, LookupSetting, lookup_problems
+
+    clean_env.setenv(PLAN_ENV, _plan(tmp_path, "lookup:3,model:d,target", "8,16"))
+    assert not ExitLevelConfig.from_env().enabled
+    assert LookupSetting.from_env() == LookupSetting(3, 8)
+    clean_env.setenv("SGLANG_HSD_DRAFT_KIND", "model")
+    args = SimpleNamespace(speculative_draft_model_path="/d", speculative_eagle_topk=1, device="cpu",
+                           speculative_num_steps=16)
+    assert lookup_problems(args, plan_exit_level=False) == []
+    args.speculative_num_steps = 8
+    (problem,) = lookup_problems(args, plan_exit_level=False)
+    assert "pass --speculative-num-steps 16" in problem
+    clean_env.setenv(LOOKUP_ENV, "2")  # the flag and the plan: one of them
+    with pytest.raises(ValueError, match="with an --hsd-plan lookup level"):
+        LookupSetting.from_env()
 
 
 @pytest.mark.parametrize("levels,buffers,says", [
