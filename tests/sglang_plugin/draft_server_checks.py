@@ -41,7 +41,7 @@ def law_p_values(url, target, label, prompt=STAT_PROMPT):
             outs = list(pool.map(lambda _: _generate(url, prompt, STAT_TOKENS,
                                                      temperature=1.0), range(count)))
         sequences = torch.tensor([prompt + out["output_ids"] for out in outs])
-        return _pit_p_value(_target_pit(target, sequences))
+        return _pit_p_value(_target_pit(target, sequences, prompt_len=len(prompt)))
 
     return confirmed_p_values(server_p_value, STAT_SAMPLES, label)
 

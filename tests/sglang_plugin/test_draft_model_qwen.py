@@ -5,8 +5,9 @@ is detected from its config: a causal LM, so a separate draft language model wit
 cache), float32 on CPU: greedy output equals plain greedy decoding of the 1.5B target token for
 token on 2 prompts x 16 tokens, and drafts were accepted; and with a round plan of three levels
 (``--hsd-plan``: the 0.5B, the 1.5B's exit after layer 24, the 1.5B) the same output, with the
-exit level's counters in ``/server_info``. Skips when the models are not in the cache. A few
-minutes on 2 cores.
+exit level's counters in ``/server_info``; and with a plan whose lookup level drafts for the 0.5B
+(``lookup:3,model:...,target``), the same output with copies accepted. Skips when the models are
+not in the cache. A few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ CACHE = Path(os.environ.get("SGLANG_HSD_CACHE", Path.home() / ".cache" / "sglang
 TARGET = CACHE / "models" / "qwen2.5-coder-1.5b"
 DRAFT = CACHE / "models" / "qwen2.5-coder-0.5b"
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
-           "Explain what a hash map is."]
+           "Explain what a hash map is.",
+           # re-typed code: the lookup level's copies are accepted
+           "Add a docstring to this function and return the whole function:\n\n"
+           "def scale(values, factor):\n    return [value * factor for value in values]\n"]
 MAX_NEW_TOKENS = 16
 
 
@@ -96,3 +100,15 @@ def test_qwen_pair_serves_a_plan_with_one_intermediate_exit(expected, tmp_path):
     # Every level worked: the exit saw the 0.5B's drafts, the target the exit's chains.
     assert levels["exit_proposed"] > 0 and levels["target_proposed"] > 0 and levels["rounds"] > 0
     print(f"\nQwen2.5-Coder 0.5B -> 1.5B exit {EXIT_LAYER} -> 1.5B greedy, per level: {levels}")
+
+
+def test_qwen_pair_serves_a_plan_with_a_lookup_level_below_the_draft_model(expected, tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"levels": f"lookup:3,model:{DRAFT},target", "buffers": "3,4"}))
+    _, state = _serve_greedy(["--hsd-plan", str(plan), "--hsd-adaptive", "off"], *expected,
+                             tmp_path / "qwen_lookup_server.log")
+    lookup = state["draft_lookup"]
+    assert (lookup["ngram"], lookup["copies"]) == (3, 3)
+    # The lookup's copies were accepted by the 0.5B's draws, with fewer forwards than its steps.
+    assert lookup["accepted"] > 0 and lookup["forwards"] < lookup["chain_forwards"], lookup
+    print(f"\nQwen2.5-Coder lookup:3 -> 0.5B -> 1.5B greedy, lookup level: {lookup}")

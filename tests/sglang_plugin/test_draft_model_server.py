@@ -219,30 +219,31 @@ def test_draft_model_runs_the_lean_forward(server, request):
         assert step["max_checked_error"] is not None and step["max_checked_error"] <= 1e-4, step
 
 
-def _target_rows(model_dir, sequences):
+def _target_rows(model_dir, sequences, prompt_len=len(STAT_PROMPT)):
     """The T = 1 next-token rows of the causal LM in ``model_dir`` at each sampled position of
-    ``sequences`` [N, P + T] (prompt then T sampled tokens): float64 [N, T, V]."""
+    ``sequences`` [N, P + T] (prompt of ``prompt_len`` = P tokens, then T sampled tokens):
+    float64 [N, T, V]."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    prompt_len = len(STAT_PROMPT)
     with torch.inference_mode():
         logits = model(sequences).logits[:, prompt_len - 1:-1].double()
     return torch.softmax(logits, -1)
 
 
-def _pit(probs, sequences, seed=0):
-    """Sequential randomized PIT of the sampled tokens of ``sequences`` under the rows ``probs``
-    [N, T, V]: u [N, T], i.i.d. U(0, 1) when the tokens follow that joint law."""
-    tokens = sequences[:, len(STAT_PROMPT):].unsqueeze(-1)
+def _pit(probs, sequences, seed=0, prompt_len=len(STAT_PROMPT)):
+    """Sequential randomized PIT of the sampled tokens of ``sequences`` (after a prompt of
+    ``prompt_len`` tokens) under the rows ``probs`` [N, T, V]: u [N, T], i.i.d. U(0, 1) when the
+    tokens follow that joint law."""
+    tokens = sequences[:, prompt_len:].unsqueeze(-1)
     below = (probs.cumsum(-1) - probs).gather(-1, tokens).squeeze(-1)
     v = torch.rand(below.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return below + v * probs.gather(-1, tokens).squeeze(-1)
 
 
-def _target_pit(model_dir, sequences, seed=0):
+def _target_pit(model_dir, sequences, seed=0, prompt_len=len(STAT_PROMPT)):
     """``_pit`` under the target's joint law at T = 1."""
-    return _pit(_target_rows(model_dir, sequences), sequences, seed)
+    return _pit(_target_rows(model_dir, sequences, prompt_len), sequences, seed, prompt_len)
 
 
 def _min_p_p_value(model_dir, sequences):

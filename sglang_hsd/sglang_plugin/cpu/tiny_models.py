@@ -108,8 +108,6 @@ def build_perturbed_copy(target: str, directory: str, noise: float = 0.02, seed:
     draft agrees on one in twenty, so drafting rounds end both with a rejection and with every
     draft accepted.
     """
-    import shutil
-
     import torch
     from transformers import LlamaForCausalLM
 
@@ -119,6 +117,35 @@ def build_perturbed_copy(target: str, directory: str, noise: float = 0.02, seed:
         for name, weight in model.named_parameters():
             if ".layers." in name and weight.dim() == 2:
                 weight.add_(noise * weight.std() * torch.randn(weight.shape, generator=generator))
+    return _save_with_tokenizer(model, target, directory)
+
+
+def build_looping_copy(target: str, directory: str, sharpness: float = 1.0) -> str:
+    """Save a copy of the model in ``target`` to ``directory`` with every attention output
+    projection zeroed and the final norm's weight times ``sharpness`` (logits times
+    ``sharpness``), with the same tokenizer; returns ``directory``.
+
+    Each position's logits then depend on its own token alone, so greedy text soon falls into a
+    short cycle (for the default tiny model, a period of 2 within about 25 tokens of any prompt):
+    text a prompt-lookup level copies, as a real model's re-typed code is. A sharpness above 1
+    keeps T = 1 samples on the cycle most of the time.
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(target)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith("self_attn.o_proj.weight"):
+                weight.zero_()
+        model.model.norm.weight.mul_(sharpness)
+    return _save_with_tokenizer(model, target, directory)
+
+
+def _save_with_tokenizer(model, target: str, directory: str) -> str:
+    """Save ``model`` to ``directory`` with the tokenizer files of the model folder ``target``."""
+    import shutil
+
     model.save_pretrained(directory)
     for name in os.listdir(target):
         if name.startswith(("tokenizer", "special_tokens")):
