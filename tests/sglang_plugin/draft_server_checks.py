@@ -32,6 +32,26 @@ def staggered_outputs(url, prompts, max_new_tokens):
     return outputs
 
 
+def assert_same_rounds(url, other_url, prompts, reference, max_new_tokens):
+    """Greedy outputs of ``prompts``, one request at a time on each of two servers: both equal to
+    ``reference`` (token lists), with the same draft budgets, accepted drafts per round (SGLang's
+    per-request histogram) and verify counts, and the same server-wide accepted drafts per draft
+    length (``/server_info`` ``hsd.adaptive``): a draft cache that differed anywhere would draft
+    differently. Returns the ``adaptive.accepted_drafts_by_length`` both servers report."""
+    first = [_generate(url, ids, max_new_tokens) for ids in prompts]
+    second = [_generate(other_url, ids, max_new_tokens) for ids in prompts]
+    for ids, expected, a, b in zip(prompts, reference, first, second):
+        assert a["output_ids"] == expected and b["output_ids"] == expected, ids
+        ma, mb = a["meta_info"], b["meta_info"]
+        assert ma["hsd_draft_budget"] == mb["hsd_draft_budget"], ids
+        assert ma["spec_correct_drafts_histogram"] == mb["spec_correct_drafts_histogram"], ids
+        assert ma["spec_verify_ct"] == mb["spec_verify_ct"], ids
+    # index a of each length's list: rounds of that length that kept a drafts
+    by_length = _hsd_state(url)["adaptive"]["accepted_drafts_by_length"]
+    assert by_length == _hsd_state(other_url)["adaptive"]["accepted_drafts_by_length"]
+    return by_length
+
+
 def law_p_values(url, target, label, prompt=STAT_PROMPT):
     """The PIT chi-square p-values (``server_law.confirmed_p_values``) of the server's first
     T = 1 tokens after ``prompt`` under the law of the model in folder ``target``."""

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sglang_plugin.draft_server_checks import assert_kv_returns, law_p_values, staggered_outputs
+from tests.sglang_plugin.draft_server_checks import (
+    assert_kv_returns, assert_same_rounds, law_p_values, staggered_outputs)
 from tests.sglang_plugin.server_law import ALPHA
 from tests.sglang_plugin.test_draft_model_server import PROMPTS, _generate, _hsd_state
 
@@ -105,16 +106,7 @@ def test_lookup_leaves_every_round_as_the_draft_models_steps_would(pairs):
             _server(pairs, "attending", "chain", forced) as chain_url:
         assert _hsd_state(lookup_url)["draft_lookup"]["ngram"] == 2
         assert not _hsd_state(chain_url)["draft_lookup"]["enabled"]
-        lookup = [_generate(lookup_url, ids, MAX_NEW_TOKENS) for ids in TEST_PROMPTS]
-        chain = [_generate(chain_url, ids, MAX_NEW_TOKENS) for ids in TEST_PROMPTS]
-        for ids, expected, a, b in zip(TEST_PROMPTS, reference, lookup, chain):
-            assert a["output_ids"] == expected and b["output_ids"] == expected, ids
-            ma, mb = a["meta_info"], b["meta_info"]
-            assert ma["hsd_draft_budget"] == mb["hsd_draft_budget"], ids
-            assert ma["spec_correct_drafts_histogram"] == mb["spec_correct_drafts_histogram"], ids
-            assert ma["spec_verify_ct"] == mb["spec_verify_ct"], ids
-        by_length = _hsd_state(lookup_url)["adaptive"]["accepted_drafts_by_length"]
-        assert by_length == _hsd_state(chain_url)["adaptive"]["accepted_drafts_by_length"]
+        assert_same_rounds(lookup_url, chain_url, TEST_PROMPTS, reference, MAX_NEW_TOKENS)
         state = _hsd_state(lookup_url)["draft_lookup"]
         assert state["proposed"] >= 10 and state["forwards"] > 0, state  # copies were read (and rejected)
     for name in ("lookup", "chain"):

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sglang_plugin.draft_server_checks import assert_kv_returns, law_p_values, staggered_outputs
+from tests.sglang_plugin.draft_server_checks import (
+    assert_kv_returns, assert_same_rounds, law_p_values, staggered_outputs)
 from tests.sglang_plugin.server_law import ALPHA
-from tests.sglang_plugin.test_draft_model_server import PROMPTS, _generate, _hsd_state
+from tests.sglang_plugin.test_draft_model_server import PROMPTS, _hsd_state
 
 pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -85,17 +86,7 @@ def test_tail_extend_leaves_the_draft_cache_the_window_extend_would_have(servers
     tail_url, window_url = servers
     start = _hsd_state(tail_url)["draft_catch_up"]
     assert start["tail_extend"] and not _hsd_state(window_url)["draft_catch_up"]["tail_extend"]
-    tail = [_generate(tail_url, ids, MAX_NEW_TOKENS) for ids in TEST_PROMPTS]
-    window = [_generate(window_url, ids, MAX_NEW_TOKENS) for ids in TEST_PROMPTS]
-    for ids, expected, a, b in zip(TEST_PROMPTS, reference, tail, window):
-        assert a["output_ids"] == expected and b["output_ids"] == expected, ids
-        ma, mb = a["meta_info"], b["meta_info"]
-        assert ma["hsd_draft_budget"] == mb["hsd_draft_budget"], ids
-        assert ma["spec_correct_drafts_histogram"] == mb["spec_correct_drafts_histogram"], ids
-        assert ma["spec_verify_ct"] == mb["spec_verify_ct"], ids
-    # The same accepted drafts in every round of every length (index a: rounds that kept a).
-    by_length = _hsd_state(tail_url)["adaptive"]["accepted_drafts_by_length"]
-    assert by_length == _hsd_state(window_url)["adaptive"]["accepted_drafts_by_length"]
+    by_length = assert_same_rounds(tail_url, window_url, TEST_PROMPTS, reference, MAX_NEW_TOKENS)
     # Both tails ran: rounds that kept every draft (the last draft's entry added, two rows)
     # and rounds that kept some but not all (a rejected draft's entry rewritten, one row).
     full = sum(counts[-1] for length, counts in by_length.items() if int(length) > 0)
