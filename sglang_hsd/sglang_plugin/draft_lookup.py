@@ -213,41 +213,48 @@ class DraftLookup:
         return out
 
     def _sub_round(self, worker, forward_batch, chain: _Chain) -> None:
-        """One forward of every request still drafting over its last draft and its copies; keeps
-        the draws up to the first that differs from its copy."""
+        """One forward of every request still drafting over its last draft and its copies, a draw
+        from every row, and the draws kept up to the first that differs from its copy."""
         active = (chain.drafted < chain.tokens.shape[1]).nonzero().squeeze(-1).tolist()
         copies = self._copies(chain, active)
-        lengths = torch.tensor([c.shape[0] for c in copies], dtype=torch.int64)
+        lengths = torch.tensor([c.shape[0] for c in copies], dtype=torch.int64)  # m per request
         device = chain.tokens.device
         rows_in = [torch.cat([chain.tokens[b, int(chain.drafted[b]) - 1:int(chain.drafted[b])].cpu(), c])
                    for b, c in zip(active, copies)]
-        first_entry = chain.committed[active] + chain.drafted[active] - 1  # [A]
+        first_entry = chain.committed[active] + chain.drafted[active] - 1  # the last draft's entry
         logits = self._forward(worker, forward_batch, torch.tensor(active, dtype=torch.int64),
                                first_entry, lengths + 1, torch.cat(rows_in).to(device))
-        draft_index = torch.cat([chain.drafted[b] + torch.arange(int(n) + 1)
-                                 for b, n in zip(active, lengths)])  # 0-based index k - 1 of each row's draft
+        # Row j of a request that has drafted t tokens gives draft t + j + 1 (0-based index t + j).
+        draft_index = torch.cat([chain.drafted[b] + torch.arange(int(n) + 1) for b, n in zip(active, lengths)])
         owner = torch.tensor(active, dtype=torch.int64).repeat_interleave(lengths + 1)
-        drawn, q = self._draw(logits, forward_batch.sampling_info, owner, chain.committed[owner] + draft_index,
-                         draft_index, chain.probs is not None)
+        drawn, q = self._draw(logits, forward_batch.sampling_info, owner,
+                              chain.committed[owner] + draft_index, draft_index, chain.probs is not None)
+        self._keep(chain, active, copies, lengths, drawn.cpu(), q)
+        self.stats.forwards += 1
+        self.stats.rows += int((lengths + 1).sum())
+        self.stats.proposed += int(lengths.sum())
+
+    def _keep(self, chain: _Chain, active: list, copies: list, lengths: torch.Tensor,
+              drawn: torch.Tensor, q: torch.Tensor | None) -> None:
+        """Append to each active request's chain its draws up to the first that differs from the
+        copy its next row read (``matched_run``). ``drawn`` int64 [sum(lengths + 1)] and ``q``
+        [same, V] (or None) hold the requests' rows one request after another."""
+        starts = (torch.cumsum(lengths + 1, 0) - (lengths + 1)).tolist()
         width = int(lengths.max())
         padded_copies = torch.full((len(active), width), -1, dtype=torch.int64)
         padded_drawn = torch.full((len(active), width + 1), -2, dtype=torch.int64)
-        starts = torch.cumsum(lengths + 1, 0) - (lengths + 1)
-        for a, (c, start, n) in enumerate(zip(copies, starts.tolist(), lengths.tolist())):
+        for a, (c, start, n) in enumerate(zip(copies, starts, lengths.tolist())):
             padded_copies[a, :n] = c
-            padded_drawn[a, :n + 1] = drawn[start:start + n + 1].cpu()
+            padded_drawn[a, :n + 1] = drawn[start:start + n + 1]
         kept = matched_run(padded_copies, padded_drawn, lengths)
         for a, b in enumerate(active):
-            t, keep, start = int(chain.drafted[b]), int(kept[a]), int(starts[a])
-            chain.tokens[b, t:t + keep] = padded_drawn[a, :keep].to(device)
-            if chain.probs is not None:
+            t, keep, start = int(chain.drafted[b]), int(kept[a]), starts[a]
+            chain.tokens[b, t:t + keep] = padded_drawn[a, :keep].to(chain.tokens.device)
+            if q is not None:
                 chain.probs[b, t:t + keep] = q[start:start + keep]
             end = int(chain.committed[b]) + 1 + t
             chain.context[b][end:end + keep] = padded_drawn[a, :keep]
             chain.drafted[b] = t + keep
-        self.stats.forwards += 1
-        self.stats.rows += int((lengths + 1).sum())
-        self.stats.proposed += int(lengths.sum())
         self.stats.accepted += int((kept - 1).sum())
 
 
