@@ -13,7 +13,10 @@ standard error over requests); the mean draft length an adaptive server chose in
 decode rounds (``row_mean_length``: the change of ``/server_info`` -> ``hsd.adaptive``'s choice
 counts across the row, each batch round counted once) and over its whole life so far
 (``mean_chosen_budget``: ``hsd.adaptive.mean_steps`` after the row, per request-round); null in
-the JSON and ``n/a`` in the table when the server does not report them.
+the JSON and ``n/a`` in the table when the server does not report them. A server with the lookup
+level (``--hsd-draft-lookup``) also records the row's copies proposed and accepted and its draft
+forwards and rows against the chain's (``draft_lookup``: the change of ``hsd.draft_lookup``),
+listed in a second table.
 
 Configurations (``CONFIGS``; every server runs ``--dtype`` with ``--hsd-cpu-linear`` =
 ``--cpu-linear``, so speculation and its reference run the same kernels; ``none-bf16`` excepted):
@@ -81,7 +84,7 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run
 from benchmarks.goodput_goals import goal_rows, markdown_goals
 from benchmarks.serving_harness import (
-    ClientSpec, ResultBook, Server, ServerSpec, fmt, mean_se_cell, measure_rows, read_server_info,
+    ClientSpec, ResultBook, Server, ServerSpec, fmt, lookup_delta, mean_se_cell, measure_rows, read_server_info,
     resolve_models, rounds_mean_length, run_client, shown_command, throughput_ratios,
     write_prompt_file)
 from sglang_hsd.sglang_plugin.cpu.cpu_server import (
@@ -241,6 +244,8 @@ def measure_row(server: Server, row: dict, target: Path, datasets: dict[str, Pat
             "row_mean_length": rounds_mean_length(before, after),
             "mean_chosen_budget": after.mean_chosen_budget,
             "draft_copy": after.draft_copy,
+            # the lookup level's forwards, rows and copies in this row (None without it)
+            "draft_lookup": lookup_delta(before, after),
             # the controller's state after the row (choices and measured ms per batch bucket and
             # length): where an adaptive row's rounds went
             "adaptive_state": after.hsd.get("adaptive"),
@@ -343,7 +348,24 @@ def markdown_table(records: list[dict], meta: dict) -> str:
         f"{meta['num_prompts']} prompts per set x {meta['output_len']} output tokens, dtype "
         f"{meta['dtype']}, CPU linear path {meta.get('cpu_linear', 'mkl')} (none-bf16 excepted). "
         f"Prompts: {', '.join(meta['prompt_sources'])}.", "", *lines, "",
-        *notes, "", markdown_goals(goal_rows(records))])
+        *notes, "", *_lookup_lines(records), markdown_goals(goal_rows(records))])
+
+
+def _lookup_lines(records: list[dict]) -> list[str]:
+    """A table of the lookup level's work per row (``draft_lookup``), or [] when no row ran one."""
+    rows = [r for r in records if r.get("draft_lookup")]
+    if not rows:
+        return []
+    lines = ["Lookup level (`--hsd-draft-lookup`) per row: copies the draft model's draws accepted, "
+             "and its forwards / rows against what the chain's draft steps would have run.", "",
+             "| config | prompts | T | concurrency | copies accepted / proposed | forwards / chain's | rows / chain's |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        d = r["draft_lookup"]
+        lines.append(f"| {r['config']} | {r['prompt_set']} | {r['temperature']:g} | {r['concurrency']} | "
+                     f"{d['accepted']} / {d['proposed']} | {d['forwards']} / {d['chain_forwards']} | "
+                     f"{d['rows']} / {d['chain_rows']} |")
+    return [*lines, ""]
 
 
 def plot(records: list[dict], meta: dict, path: Path, run) -> None:

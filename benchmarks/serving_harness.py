@@ -383,6 +383,20 @@ def rounds_mean_length(before: ServerInfo, after: ServerInfo) -> float | None:
     return total / rounds if rounds > 0 else None
 
 
+LOOKUP_COUNTERS = ("forwards", "chain_forwards", "rows", "chain_rows", "proposed", "accepted")
+
+
+def lookup_delta(before: ServerInfo, after: ServerInfo) -> dict | None:
+    """The change of the lookup level's counters (``hsd.draft_lookup``, ``--hsd-draft-lookup``)
+    between two ``/server_info`` reads: draft forwards and rows run against what the chain's
+    steps would have run, copies proposed and accepted; None for a server without the lookup."""
+    end = after.hsd.get("draft_lookup") or {}
+    if not end.get("enabled"):
+        return None
+    start = before.hsd.get("draft_lookup") or {}
+    return {key: end[key] - start.get(key, 0) for key in LOOKUP_COUNTERS}
+
+
 def read_server_info(url: str, timeout: float = 30.0) -> ServerInfo:
     """GET ``url/server_info``."""
     with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:

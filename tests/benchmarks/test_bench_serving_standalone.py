@@ -55,6 +55,15 @@ def test_table_shows_ratios_accept_lengths_budget_and_failures():
                if line.startswith("| hsd") or line.startswith("| none"))
 
 
+def test_table_lists_the_lookup_levels_work_per_row():
+    assert "Lookup level" not in markdown_table(_records(), META)  # no row ran one
+    lookup = {"forwards": 4, "chain_forwards": 7, "rows": 15, "chain_rows": 7, "proposed": 10, "accepted": 6}
+    records = _records()
+    records[3] = {**records[3], "draft_lookup": lookup}
+    table = markdown_table(records, META)
+    assert "| hsd-adaptive | humaneval | 0 | 1 | 6 / 10 | 4 / 7 | 15 / 7 |" in table
+
+
 def test_ratios_are_to_the_none_row_of_the_same_set_temperature_and_concurrency():
     rows = _records() + [{**ROW, "config": "hsd", "concurrency": 4, "output_throughput": 9.0}]
     ratios = {(r["config"], r.get("concurrency")): r["ratio_to_none"] for r in add_ratios(rows)}

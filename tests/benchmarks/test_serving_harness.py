@@ -14,7 +14,7 @@ import benchmarks.serving_harness as harness
 from benchmarks.common import start_run
 from benchmarks.serving_harness import (
     ClientError, ClientSpec, ResultBook, ServerInfo, ServerSpec, client_arguments, fmt,
-    mean_se_cell, measure_rows, prompt_file_texts, rounds_mean_length, row_key, shown_command,
+    lookup_delta, mean_se_cell, measure_rows, prompt_file_texts, rounds_mean_length, row_key, shown_command,
     throughput_ratios, write_prompt_file)
 
 
@@ -170,6 +170,18 @@ def test_row_mean_length_is_the_change_of_the_servers_choice_counts():
     assert rounds_mean_length(before, after) == (3 * 4 + 1) / 10
     assert rounds_mean_length(after, after) is None  # no decode round in between
     assert rounds_mean_length(ServerInfo(None, {}), ServerInfo(None, {})) is None  # not adaptive
+
+
+def test_lookup_delta_is_the_rows_change_of_the_lookup_counters():
+    def info(**counters):
+        return ServerInfo(None, {"draft_lookup": {"enabled": True, "ngram": 3, **counters}})
+
+    keys = ("forwards", "chain_forwards", "rows", "chain_rows", "proposed", "accepted")
+    before = info(**dict(zip(keys, (10, 20, 30, 20, 15, 5))))
+    after = info(**dict(zip(keys, (14, 27, 45, 27, 25, 11))))
+    assert lookup_delta(before, after) == dict(zip(keys, (4, 7, 15, 7, 10, 6)))
+    off = ServerInfo(None, {"draft_lookup": {"enabled": False}})
+    assert lookup_delta(off, off) is None and lookup_delta(ServerInfo(None, {}), ServerInfo(None, {})) is None
 
 
 def test_prompt_files_in_sharegpt_format(tmp_path, monkeypatch):
