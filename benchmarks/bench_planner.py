@@ -22,7 +22,8 @@ import torch
 from benchmarks.common import (RESULTS_DIR, add_standard_arguments, benchmark_parser, encoded_prompts, load_average,
                                start_run, write_results)
 from sglang_hsd.hierarchy.latency import hierarchy_latency
-from sglang_hsd.hierarchy.measure import _median_seconds, measure_acceptance, measure_costs
+from sglang_hsd.hierarchy.measure import measure_acceptance, measure_costs
+from sglang_hsd.runtime.timing import median_seconds
 from sglang_hsd.runtime.plan_file import PlannedHierarchy
 from sglang_hsd.hierarchy.planner import consecutive_alphas, plan_hierarchy
 from sglang_hsd.runtime.config import parse_levels
@@ -41,7 +42,7 @@ def _prefill_seconds(model, prompt: list[int]) -> float:
     def run():
         model.forward_layers(model.embed(torch.tensor([prompt])), 0, model.num_layers, model.new_cache(1, len(prompt)))
 
-    return _median_seconds(run, repeats=3, warmup=1)
+    return median_seconds(run, repeats=3, warmup=1)
 
 
 def parse_args(argv: list[str] | None = None):

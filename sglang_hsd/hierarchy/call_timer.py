@@ -11,9 +11,10 @@ import time
 
 import torch
 
-from sglang_hsd.hierarchy.measure import _median_seconds, draw_seconds
+from sglang_hsd.hierarchy.measure import draw_seconds
 from sglang_hsd.hierarchy.tree_costs import tree_round_extra, tree_round_seconds
 from sglang_hsd.runtime.model import CausalLM
+from sglang_hsd.runtime.timing import median_seconds
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 
 
@@ -89,7 +90,7 @@ class CallTimer:
         return draw_seconds(vocab, self.generator, self.repeats, warmup=1)
 
     def median(self, fn) -> float:
-        return _median_seconds(fn, self.repeats, warmup=1)  # after one untimed call
+        return median_seconds(fn, self.repeats, warmup=1)  # after one untimed call
 
     def tree_rounds(self, trees, vocab: int, sample_seconds: float) -> tuple[float, ...]:
         """``tree_costs.tree_round_extra`` of a round of each ``TreeShape`` in ``trees``."""

@@ -14,7 +14,6 @@ medians over repeats; see ``costs.py`` for how they compose.
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 
 from sglang_hsd.hierarchy.costs import LayerCosts
 from sglang_hsd.runtime.model import CausalLM
+from sglang_hsd.runtime.timing import median_seconds
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify.common import inverse_cdf_sample
 
@@ -130,18 +130,7 @@ def draw_seconds(vocab: int, generator: torch.Generator, repeats: int, warmup: i
     (``Engine._sample``: inverse CDF with one uniform). ``torch.multinomial`` costs about 3x as much
     over 152k tokens, so timing it would overprice every drafted token."""
     q = torch.softmax(torch.randn(1, vocab, generator=generator), -1)
-    return _median_seconds(lambda: inverse_cdf_sample(q, torch.rand(1, generator=generator)), repeats, warmup=warmup)
-
-
-def _median_seconds(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return median_seconds(lambda: inverse_cdf_sample(q, torch.rand(1, generator=generator)), repeats, warmup=warmup)
 
 
 @torch.inference_mode()
@@ -175,7 +164,7 @@ def measure_costs(
             model.forward_layers(hidden, lo, hi, cache)
             cache.truncate(base, layers=range(lo, hi))
 
-        return _median_seconds(run, repeats)
+        return median_seconds(run, repeats)
 
     prefix = {end: forward(0, end, 1) for end in list(exits) + [model.num_layers]}
     layer_s, call_s, head_s, verify_s = [], [], [], []
@@ -186,10 +175,10 @@ def measure_costs(
         layer_s.append(per_layer)
         call_s.append(max(one - per_layer, 0.0))
         hidden = torch.randn(1, n, hidden_size, generator=generator)
-        head_s.append(_median_seconds(lambda: logits_to_probs(model.exit_logits(hidden, exit_head), params), repeats))
+        head_s.append(median_seconds(lambda: logits_to_probs(model.exit_logits(hidden, exit_head), params), repeats))
         probs = torch.softmax(torch.randn(1, n + 1, vocab, generator=generator), -1)
         draft = torch.randint(0, vocab, (1, n), generator=generator)
-        verify_s.append(_median_seconds(
+        verify_s.append(median_seconds(
             lambda: verify_chain(draft, probs[:, :n], probs, generator=generator, validate=False), repeats
         ))
     sample = draw_seconds(vocab, generator, repeats)

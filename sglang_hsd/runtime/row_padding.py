@@ -19,13 +19,13 @@ ones, as any two row counts are).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
 from sglang_hsd.runtime.layers import packed_linear
+from sglang_hsd.runtime.timing import median_seconds
 
 # Few-row calls are compared against this row count (the smallest cheap one measured above).
 PAD_TARGET = 4
@@ -108,20 +108,9 @@ def measure_row_padding(packed: torch.Tensor, in_features: int, repeats: int = 7
 
     def cost(rows: int) -> float:
         x = torch.randn(rows, in_features)
-        return _median_call_seconds(lambda: packed_linear(x, packed, None), repeats)
+        return median_seconds(lambda: packed_linear(x, packed, None), repeats, warmup=1)
 
     return choose_row_padding(cost, target)
-
-
-def _median_call_seconds(call: Callable[[], object], repeats: int) -> float:
-    """Median seconds of ``repeats`` calls of ``call``, after one untimed call."""
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def decode_forward(model, context: int = 16) -> Callable[[int], None]:
@@ -149,7 +138,7 @@ def forward_row_padding(forward: Callable[[int], None], repeats: int = 3, target
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
 
-    return choose_row_padding(lambda rows: _median_call_seconds(lambda: forward(rows), repeats), target)
+    return choose_row_padding(lambda rows: median_seconds(lambda: forward(rows), repeats, warmup=1), target)
 
 
 def probe_row_padding(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[RowPadding, tuple[int, int] | None]:
