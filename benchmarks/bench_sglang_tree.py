@@ -296,6 +296,39 @@ def plot(records: list[dict], meta: dict, path: Path, run) -> None:
     plt.close(fig)
 
 
+PROMPT_FILE_SIZE = 200  # prompts written for SGLang's client, which samples --num-prompts of them
+
+
+def prompt_offset(args, setup: ModelSetup) -> tuple[int, int]:
+    """(prompts of --prompt-set skipped, how many of the PROMPT_FILE_SIZE written prompts trained
+    the EAGLE-3 head). ``auto`` skips past the last training prompt of the set, so a trained head
+    is measured on prompts it has not seen; a draft model has no training prompts here."""
+    if setup.name == "tiny":
+        return 0, 0
+    from eagle_heads.pipeline import training_prompt_names
+    from sglang_hsd.assets.prompts import load_prompts
+
+    trained = set() if args.draft_model is not None else {
+        name.split("/", 1)[1] for name in training_prompt_names(setup.head.parent)
+        if name.startswith(args.prompt_set + "/")}
+    if args.prompt_offset == "auto":
+        ids = [p.id for p in load_prompts(args.prompt_set)]
+        offset = 1 + max((i for i, pid in enumerate(ids) if pid in trained), default=-1)
+    else:
+        try:
+            offset = int(args.prompt_offset)
+        except ValueError:
+            raise SystemExit(f"--prompt-offset must be 'auto' or an integer >= 0, got {args.prompt_offset!r}")
+        if offset < 0:
+            raise SystemExit(f"--prompt-offset must be 'auto' or an integer >= 0, got {offset}")
+    served = [p.id for p in load_prompts(args.prompt_set, limit=offset + PROMPT_FILE_SIZE)][offset:]
+    seen = sum(pid in trained for pid in served)
+    if seen:
+        print(f"warning: {seen} of the {len(served)} prompts written trained the EAGLE-3 head "
+              f"(--prompt-offset {offset}); acceptance on them overstates the head's", flush=True)
+    return offset, seen
+
+
 def parse_args(argv=None):
     parser = benchmark_parser(__doc__.split("\n\n")[0], full_doc=False)
     parser.add_argument("--configs", default="stock-tree,hsd-tree,hsd-chain",
@@ -312,6 +345,10 @@ def parse_args(argv=None):
                              "same vocabulary as --model) instead of --model's EAGLE-3 head")
     parser.add_argument("--prompt-set", default="sharegpt",
                         help="prompt set of sglang_hsd.assets (sharegpt, humaneval, mtbench, ...)")
+    parser.add_argument("--prompt-offset", default="auto",
+                        help="skip this many prompts of --prompt-set; 'auto' (default): past every "
+                             "prompt of that set that trained the model's EAGLE-3 head (0 for a draft "
+                             "model or a set the head never saw)")
     parser.add_argument("--extra-server-args", default="",
                         help="more arguments for every server, e.g. '--hsd-cpu-linear "
                              "onednn-packed --hsd-draft-precision int4'")
@@ -410,6 +447,7 @@ def main(argv=None) -> int:
             setup = ModelSetup(args.model, target, draft, None, 0,
                                "random" if args.model == "tiny" else "sharegpt")
         dataset = workdir / "sharegpt_format.json"
+        offset, seen = prompt_offset(args, setup)
         config = json.loads((setup.target / "config.json").read_text())
         drafter = (f"draft model {setup.head.name}" if args.draft_model is not None else
                    f"{'random' if setup.name == 'tiny' else 'trained'} EAGLE-3 head")
@@ -419,7 +457,9 @@ def main(argv=None) -> int:
                 "config_notes": {n: c.note for n, c in configs.items()},
                 "num_prompts": args.num_prompts, "output_len": args.output_len,
                 "max_concurrency": args.max_concurrency,
-                "prompt_source": write_prompt_file(dataset, args.prompt_set, 200, fallback=True),
+                "prompt_source": write_prompt_file(dataset, args.prompt_set, PROMPT_FILE_SIZE, fallback=True,
+                                                   offset=offset),
+                "prompt_offset": offset, "prompts_in_head_training": seen,
                 "extra_server_args": args.extra_server_args,
                 "command": run.command}
         stem = args.out_dir / (args.name or f"sglang_tree_{args.model}")

@@ -112,20 +112,24 @@ def resolve_models(target: str, draft: str, workdir: Path, tiny: bool) -> tuple[
 # -- prompts -----------------------------------------------------------------------------------
 
 def write_prompt_file(path: Path, prompt_set: str, count: int, tiny: bool = False,
-                      fallback: bool = False) -> str:
-    """Write the first ``count`` prompts of ``prompt_set`` (``runtime.loading.prompt_set_texts``)
-    as ShareGPT-format JSON (a human and a gpt turn per record), the format of SGLang's client's
-    ``sharegpt`` dataset and the text source of its ``random`` one. Returns the prompts' source.
+                      fallback: bool = False, offset: int = 0) -> str:
+    """Write ``count`` prompts of ``prompt_set`` (``runtime.loading.prompt_set_texts``), after
+    skipping its first ``offset``, as ShareGPT-format JSON (a human and a gpt turn per record), the
+    format of SGLang's client's ``sharegpt`` dataset and the text source of its ``random`` one.
+    Returns the prompts' source.
 
     ``tiny``: the tiny models' built-in corpus instead (random models: any text will do, no
     download). ``fallback``: use that corpus when the prompt set cannot be loaded (offline and not
     cached), for clients that only need token ids."""
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
     texts, source = None, "tiny corpus"
     if not tiny:
         from sglang_hsd.runtime.loading import prompt_set_texts
 
         try:
-            texts, source = prompt_set_texts(prompt_set, count), prompt_set
+            texts = prompt_set_texts(prompt_set, offset + count)[offset:]
+            source = prompt_set if offset == 0 else f"{prompt_set} from prompt {offset}"
         except Exception as err:
             if not fallback:
                 raise

@@ -111,6 +111,17 @@ def prepare_features(target, tokenizer, out: Path, spec: FeatureSpec, boundaries
     return result[0], result[1]
 
 
+def training_prompt_names(heads_root: Path) -> set[str]:
+    """``"set/id"`` names of the prompts whose continuations trained the heads in ``heads_root``
+    (every ``features-train-*.pt`` there; empty when none). Evaluations on these prompts
+    overstate a head's acceptance: it has seen the target's continuations of them."""
+    names: set[str] = set()
+    for path in sorted(Path(heads_root).glob("features-train-*.pt")):
+        meta = torch.load(path, weights_only=False, mmap=True)["meta"]
+        names.update(meta.get("names", []))
+    return names
+
+
 def _stages(budget_minutes: float, snapshot_minutes) -> list[float]:
     """Increasing training budgets to stop, evaluate and snapshot at; the last is the budget."""
     if budget_minutes < 0:
