@@ -35,7 +35,7 @@ from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_par
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import verify_tree
 from sglang_hsd.verify.oracles.full_tree_draft import sample_tree
-from sglang_hsd.verify.oracles.root_coupling import node_bound
+from sglang_hsd.verify.oracles.root_coupling import node_bound, restrict
 
 
 
@@ -99,16 +99,11 @@ def smollm2_positions(args) -> list[dict]:
 
 
 def reduced(p: torch.Tensor, q: torch.Tensor, support: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """p, q [B, V] restricted to the union of their ``support`` largest tokens, plus one last
-    column lumping the rest: [B, W + 1] (W the widest union, unused columns zero)."""
-    rows = [torch.unique(torch.cat([p[b].topk(support).indices, q[b].topk(support).indices]))
-            for b in range(p.shape[0])]
-    width = max(len(r) for r in rows)
-    ps, qs = torch.zeros(p.shape[0], width + 1, dtype=torch.float64), torch.zeros(p.shape[0], width + 1, dtype=torch.float64)
-    for b, idx in enumerate(rows):
-        ps[b, : len(idx)], qs[b, : len(idx)] = p[b, idx].double(), q[b, idx].double()
-    ps[:, -1], qs[:, -1] = (1 - ps.sum(-1)).clamp_min(0), (1 - qs.sum(-1)).clamp_min(0)
-    return ps, qs
+    """p, q [B, V] on the union of their ``support`` largest tokens (``restrict``), plus one last
+    column lumping the rest: float64 [B, W + 1]."""
+    ps, qs = restrict(p, q, support)
+    lump = lambda rows: torch.cat([rows, (1 - rows.sum(-1, keepdim=True)).clamp_min(0)], -1)
+    return lump(ps), lump(qs)
 
 
 def sampled_accepted(p_row: torch.Tensor, q_row: torch.Tensor, k: int, trees: int, generator) -> dict[str, float]:

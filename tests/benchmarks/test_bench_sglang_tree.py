@@ -162,3 +162,39 @@ def test_a_draft_language_model_server_gets_the_tree_flags_and_extra_arguments(t
     assert cmd[-2:] == ["--hsd-draft-precision", "int4"]
     head = server_spec(CONFIGS["stock-tree"], (5, 4, 8), setup, parse_args([]), tmp_path).command
     assert "--hsd-draft-kind" not in head  # the EAGLE-3 head: SGLang detects it
+
+
+def _heads_with_training_prompts(tmp_path, names):
+    import torch
+
+    from benchmarks.serving_harness import ModelSetup
+
+    heads = tmp_path / "heads"
+    (heads / "eagle3").mkdir(parents=True)
+    torch.save({"meta": {"names": names}}, heads / "features-train-sharegpt-3x8.pt")
+    return ModelSetup("m", tmp_path / "target", heads / "eagle3", None, 16, "sharegpt")
+
+
+def test_prompt_offset_skips_past_the_heads_training_prompts(tmp_path, monkeypatch):
+    """auto: served prompts start after the set's last training prompt; a fixed offset that
+    overlaps is counted (and warned about); a draft model has no training prompts."""
+    import argparse
+
+    import sglang_hsd.assets.prompts as prompts
+    from benchmarks import bench_sglang_tree as bench
+
+    ids = [f"id{i}" for i in range(400)]
+    monkeypatch.setattr(prompts, "load_prompts", lambda name, limit=None, **kw: [
+        argparse.Namespace(id=i) for i in ids[:limit]])
+    setup = _heads_with_training_prompts(tmp_path, ["sharegpt/id0", "sharegpt/id3", "alpacaeval/id9", "sharegpt/id7"])
+
+    def args(offset, draft_model=None):
+        return argparse.Namespace(prompt_offset=offset, prompt_set="sharegpt", draft_model=draft_model)
+
+    assert bench.prompt_offset(args("auto"), setup) == (8, 0)
+    assert bench.prompt_offset(args("0"), setup) == (0, 3)  # id9 trained as an alpacaeval prompt
+    assert bench.prompt_offset(args("4"), setup) == (4, 1)
+    assert bench.prompt_offset(args("auto", draft_model="d"), setup) == (0, 0)
+    for bad in ("-1", "x"):
+        with pytest.raises(SystemExit, match="--prompt-offset must be"):
+            bench.prompt_offset(args(bad), setup)

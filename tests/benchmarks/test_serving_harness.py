@@ -194,6 +194,10 @@ def test_prompt_files_in_sharegpt_format(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "prompt_set_texts", lambda name, count: ["a", " ", "b", "c"][:count])
     assert write_prompt_file(path, "humaneval", 3) == "humaneval (2 prompts)"  # blank one dropped
     assert prompt_file_texts(path) == ["a", "b"]
+    assert write_prompt_file(path, "humaneval", 2, offset=2) == "humaneval from prompt 2 (2 prompts)"
+    assert prompt_file_texts(path) == ["b", "c"]
+    with pytest.raises(ValueError, match="offset must be >= 0"):
+        write_prompt_file(path, "humaneval", 2, offset=-1)
 
     def offline(name, count):
         raise OSError("offline")

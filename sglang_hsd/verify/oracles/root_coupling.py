@@ -121,6 +121,19 @@ def miss_probabilities(q: torch.Tensor, rest: torch.Tensor, k: int) -> torch.Ten
     return out
 
 
+def restrict(p: torch.Tensor, q: torch.Tensor, support: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """p, q [B, V] on the union of their ``support`` largest tokens: float64 [B, W] each, W the
+    widest union (columns past a row's union are 0)."""
+    keep = min(support, p.shape[-1])
+    rows = [torch.unique(torch.cat([p[b].topk(keep).indices, q[b].topk(keep).indices])) for b in range(p.shape[0])]
+    width = max(len(r) for r in rows)
+    ps = torch.zeros(p.shape[0], width, dtype=torch.float64)
+    qs = torch.zeros_like(ps)
+    for b, idx in enumerate(rows):
+        ps[b, : len(idx)], qs[b, : len(idx)] = p[b, idx].double(), q[b, idx].double()
+    return ps, qs
+
+
 def node_bound(p: torch.Tensor, q: torch.Tensor, k: int, support: int = 512) -> dict[str, torch.Tensor]:
     """Acceptance at one node with k children: SGLang's deterministic top-k, and an upper bound on
     every lossless rule for children drawn without replacement from q.
@@ -139,16 +152,7 @@ def node_bound(p: torch.Tensor, q: torch.Tensor, k: int, support: int = 512) -> 
         raise ValueError(f"k must be in 1..{q.shape[-1]}, got {k}")
     p, q = p.double(), q.double()
     stock = p.gather(-1, q.topk(k, -1).indices).sum(-1)
-    keep = min(support, p.shape[-1])
-    rows = []
-    for b in range(p.shape[0]):
-        idx = torch.unique(torch.cat([p[b].topk(keep).indices, q[b].topk(keep).indices]))
-        rows.append(idx)
-    width = max(len(r) for r in rows)
-    ps = torch.zeros(p.shape[0], width, dtype=torch.float64)
-    qs = torch.zeros_like(ps)
-    for b, idx in enumerate(rows):
-        ps[b, : len(idx)], qs[b, : len(idx)] = p[b, idx], q[b, idx]
+    ps, qs = restrict(p, q, support)
     p_out = (1 - ps.sum(-1)).clamp_min(0.0)
     rest = (1 - qs.sum(-1)).clamp_min(0.0)
     pi = inclusion_probabilities(qs, rest, k)

@@ -75,3 +75,11 @@ def test_nested_bound_is_tight_on_most_tiny_pairs():
         looser += by_q > optimum + 1e-6
     assert tight >= 10
     assert looser >= 1
+
+
+def test_bad_arguments_are_named():
+    p = torch.full((1, 4), 0.25, dtype=torch.float64)
+    with pytest.raises(ValueError, match="p and q must both be"):
+        node_bound(p, p[:, :3], 1)
+    with pytest.raises(ValueError, match="k must be in 1..4"):
+        node_bound(p, p, 5)
