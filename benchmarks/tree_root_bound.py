@@ -62,21 +62,31 @@ def qwen_positions(args) -> list[dict]:
 
 
 def smollm2_positions(args) -> list[dict]:
-    """Teacher-forced first-step logits of SmolLM2-135M's EAGLE-3 head on its held-out features."""
+    """Teacher-forced first-step logits of SmolLM2-135M's EAGLE-3 head: on its held-out features, its
+    training features, or features collected now on the prompts after its training prompts."""
     from eagle_heads import pipeline
-    from eagle_heads.data import FeatureSet
+    from eagle_heads.data import FeatureSet, collect_features
     from eagle_heads.eagle3_train import make_windows
     from sglang_hsd.assets import heads as heads_cache
     from sglang_hsd.runtime.eagle3 import Eagle3Head
 
     root = heads_cache.heads_dir("smollm2-135m")
-    files = sorted(Path(root).glob(f"features-{args.smollm2_features}-*.pt"))
+    kind = "train" if args.smollm2_features == "fresh" else args.smollm2_features
+    files = sorted(Path(root).glob(f"features-{kind}-*.pt"))
     if not (Path(root) / "eagle3" / "model.safetensors").exists() or not files:
-        raise SystemExit(f"no EAGLE-3 head or held-out features in {root}: run "
+        raise SystemExit(f"no EAGLE-3 head or {kind} features in {root}: run "
                          "`sglang-hsd train-heads --model smollm2-135m --no-exit --eagle3` first")
-    target, _ = pipeline.load_target("smollm2-135m")
+    target, tokenizer = pipeline.load_target("smollm2-135m")
     head = Eagle3Head.from_pretrained(str(Path(root) / "eagle3"), target)
     features = FeatureSet.load(str(files[-1]))
+    if args.smollm2_features == "fresh":  # the next prompts of the set after the training ones
+        features = collect_features(target, tokenizer, [args.smollm2_set], args.num_prompts,
+                                    list(head.capture_layers), max_new_tokens=args.new_tokens,
+                                    max_prompt_tokens=features.meta["max_prompt_tokens"],
+                                    offset=features.meta["prompts_per_set"] + features.meta["offset"], seed=args.seed)
+        trained = pipeline.training_prompt_names(Path(root))
+        if trained & set(features.meta["names"]):
+            raise SystemExit("fresh prompts overlap the head's training prompts")
     mask = features.continuation_mask()
     lengths = (features.seq_indptr[1:] - features.seq_indptr[:-1]).tolist()
     names = features.meta.get("names") or [""] * len(lengths)
@@ -93,7 +103,7 @@ def smollm2_positions(args) -> list[dict]:
             out = head.ttt_forward(ids, aux, 1)[0]
             rows_p.append(target.lm_head(target.norm(final[0, :window][keep])).float())
             rows_q.append(head.target_logits(out[0][keep]).float())
-    label = f"{args.smollm2_set} ({'held out' if args.smollm2_features == 'heldout' else 'head training prompts'})"
+    label = f"{args.smollm2_set} ({ {'heldout': 'held out', 'train': 'head training prompts', 'fresh': 'fresh'}[args.smollm2_features]})"
     return [{"pair": "smollm2-eagle3", "set": label, "target": torch.cat(rows_p),
              "draft": torch.cat(rows_q)}]
 
@@ -164,9 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", nargs="+", default=["qwen", "smollm2-eagle3"], choices=["qwen", "smollm2-eagle3"])
     parser.add_argument("--prompt-sets", nargs="+", default=["sharegpt", "humaneval"])
     parser.add_argument("--num-prompts", type=int, default=8, help="prompts per set (sequences of the features for smollm2-eagle3)")
-    parser.add_argument("--new-tokens", type=int, default=48, help="continuation length (qwen pair)")
-    parser.add_argument("--smollm2-features", choices=["heldout", "train"], default="heldout",
-                        help="the EAGLE-3 head's held-out features or its training features")
+    parser.add_argument("--new-tokens", type=int, default=48, help="continuation length (qwen pair; smollm2-eagle3 with fresh features)")
+    parser.add_argument("--smollm2-features", choices=["heldout", "train", "fresh"], default="heldout",
+                        help="the EAGLE-3 head's held-out features, its training features, or features "
+                             "collected now on the --smollm2-set prompts after its training prompts")
     parser.add_argument("--smollm2-set", default="mtbench", help="prompt set of those features' sequences")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
     parser.add_argument("--topk", type=int, nargs="+", default=[1, 2, 4])
