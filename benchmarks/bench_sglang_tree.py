@@ -311,17 +311,21 @@ def prompt_offset(args, setup: ModelSetup) -> tuple[int, int]:
     trained = set() if args.draft_model is not None else {
         name.split("/", 1)[1] for name in training_prompt_names(setup.head.parent)
         if name.startswith(args.prompt_set + "/")}
-    if args.prompt_offset == "auto":
-        ids = [p.id for p in load_prompts(args.prompt_set)]
-        offset = 1 + max((i for i, pid in enumerate(ids) if pid in trained), default=-1)
-    else:
+    if args.prompt_offset != "auto":
         try:
             offset = int(args.prompt_offset)
         except ValueError:
             raise SystemExit(f"--prompt-offset must be 'auto' or an integer >= 0, got {args.prompt_offset!r}")
         if offset < 0:
             raise SystemExit(f"--prompt-offset must be 'auto' or an integer >= 0, got {offset}")
-    served = [p.id for p in load_prompts(args.prompt_set, limit=offset + PROMPT_FILE_SIZE)][offset:]
+    try:
+        ids = [p.id for p in load_prompts(args.prompt_set)]
+    except Exception as err:  # write_prompt_file falls back to the tiny corpus (token ids only)
+        print(f"warning: prompt set {args.prompt_set} unavailable ({type(err).__name__})", flush=True)
+        return 0, 0
+    if args.prompt_offset == "auto":
+        offset = 1 + max((i for i, pid in enumerate(ids) if pid in trained), default=-1)
+    served = ids[offset: offset + PROMPT_FILE_SIZE]
     seen = sum(pid in trained for pid in served)
     if seen:
         print(f"warning: {seen} of the {len(served)} prompts written trained the EAGLE-3 head "

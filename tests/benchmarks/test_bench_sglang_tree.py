@@ -198,3 +198,9 @@ def test_prompt_offset_skips_past_the_heads_training_prompts(tmp_path, monkeypat
     for bad in ("-1", "x"):
         with pytest.raises(SystemExit, match="--prompt-offset must be"):
             bench.prompt_offset(args(bad), setup)
+
+    def offline(name, limit=None, **kw):
+        raise OSError("offline")
+
+    monkeypatch.setattr(prompts, "load_prompts", offline)  # the prompt file falls back to the tiny corpus
+    assert bench.prompt_offset(args("auto"), setup) == (0, 0)
