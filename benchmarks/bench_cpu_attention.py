@@ -21,13 +21,12 @@ one warm-up) and the ratio repeated / fused. Timings mean something only on an i
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import RESULTS_DIR, benchmark_parser, start_run, write_results
+from sglang_hsd.runtime.timing import median_seconds
 from sglang_hsd.sglang_plugin.cpu.kernel_ops import extend_attention_cpu
 
 # (name, query heads, KV heads, head dim): the two Qwen2.5-Coder models of the server benchmarks.
@@ -59,13 +58,7 @@ def fused_call(q, keys, values, scale, prefix):
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+    return 1000 * median_seconds(fn, repeats, warmup=1)
 
 
 def measure(contexts: list[int], queries: list[int], repeats: int, seed: int = 0) -> list[dict]:

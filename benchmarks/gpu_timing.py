@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from sglang_hsd.runtime.timing import median_seconds
+
 KINDS = ("chain", "tree")
 TIMED_METHODS = {"chain": ("hsd", "tokenwise"), "tree": ("hsd", "rrs", "target-only")}
 FULL_GRID = {"batch": (1, 4, 16, 64), "vocab": (32000, 128256), "nodes": (8, 16, 32, 64)}
@@ -127,14 +129,7 @@ def hot_path_call(config: TimingConfig, inputs):
 def median_us(fn, cuda: bool) -> tuple[float, int]:
     """(median microseconds per call, repetitions) after warm-up (module docstring)."""
     if not cuda:
-        for _ in range(CPU_WARMUP):
-            fn()
-        times = []
-        for _ in range(CPU_REPS):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e6)
-        return statistics.median(times), len(times)
+        return median_seconds(fn, CPU_REPS, warmup=CPU_WARMUP) * 1e6, CPU_REPS
     for _ in range(CUDA_WARMUP):
         fn()
     times: list[float] = []
