@@ -71,28 +71,31 @@ def _add_token(pmf: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def race_tables(q: torch.Tensor, rest: torch.Tensor, k: int):
+def race_tables(q: torch.Tensor, rest: torch.Tensor, k: int, with_prefix: bool = True):
     """Prefix and suffix count pmfs of the exponential race (token-major, so each step of the
     dynamic programme writes one contiguous block).
 
     Args:
         q: float64 [B, n], q of the tokens in a fixed order; rest: float64 [B], q mass of all others.
+        with_prefix: build the prefix table (the miss probabilities need only the suffix one).
     Returns:
-        (t [G], weights [G], arrived [n, B, G], prefix [n + 1, B, G, k], suffix [n + 1, B, G, k]):
+        (t [G], weights [G], arrived [n, B, G], prefix [n + 1, B, G, k] or None, suffix [n + 1, B, G, k]):
         prefix[i, ..., c] = P(c arrivals among tokens 0 .. i - 1 by t); suffix[i, ..., c] =
         P(c arrivals among tokens i .. n - 1 and the rest by t); counts >= k are dropped.
     """
     batch, n = q.shape
     t, weights = _grid(q.dtype)
     arrived = -torch.expm1(-q.T[:, :, None] * t[None, None, :])  # [n, B, G]
-    prefix = torch.zeros(n + 1, batch, t.numel(), k, dtype=q.dtype)
-    prefix[0, :, :, 0] = 1.0
-    for i in range(n):
-        prefix[i + 1] = _add_token(prefix[i], arrived[i])
-    suffix = torch.zeros_like(prefix)
+    suffix = torch.zeros(n + 1, batch, t.numel(), k, dtype=q.dtype)
     suffix[n] = _rest_pmf(rest, t, k)
     for i in range(n - 1, -1, -1):
         suffix[i] = _add_token(suffix[i + 1], arrived[i])
+    prefix = None
+    if with_prefix:
+        prefix = torch.zeros_like(suffix)
+        prefix[0, :, :, 0] = 1.0
+        for i in range(n):
+            prefix[i + 1] = _add_token(prefix[i], arrived[i])
     return t, weights, arrived, prefix, suffix
 
 
@@ -112,7 +115,7 @@ def inclusion_probabilities(q: torch.Tensor, rest: torch.Tensor, k: int) -> torc
 
 def miss_probabilities(q: torch.Tensor, rest: torch.Tensor, k: int) -> torch.Tensor:
     """[B, n + 1]: column j = P(no draw among the first j tokens), j = 0 .. n (column 0 is 1)."""
-    t, weights, _, _, suffix = race_tables(q, rest, k)
+    t, weights, _, _, suffix = race_tables(q, rest, k, with_prefix=False)
     mass = torch.cat([torch.zeros_like(q[:, :1]), q.cumsum(-1)], -1).T  # q(H_j) [n + 1, B]
     at_least_k = 1 - suffix.sum(-1)  # [n + 1, B, G]: k or more of tokens j.. and the rest by t
     density = mass[..., None] * torch.exp(-mass[..., None] * t)
