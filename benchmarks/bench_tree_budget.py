@@ -1,0 +1,184 @@
+"""Budgeted trees at the server's shapes on recorded real distributions: exact, rule against rule.
+
+``bench_tree.py`` compares full trees (every node has k children) and, as one extra table, one
+node budget at a small depth. Its full trees cannot reach SGLang's shapes: at (D, k) = (5, 4) a
+full tree has 1,364 nodes. This script computes only what the server drafts: for each context
+(a prompt plus the first 0, 16, ... tokens of a target-sampled continuation at T = 1) it records
+the target's and the drafter's logits on a rank-mapped tiny tree (``bench_tree.record_world``:
+tiny token i < V - 1 is the target's (i+1)-th most likely token at its node, token V - 1 lumps
+the rest) up to the deepest shape asked for, and for each shape (D, k, N) and temperature it
+gives the exact expected accepted draft tokens of one round (bonus token not counted) of
+
+* ``stock``: SGLang's stock tree: the drafter's top-k children per beam, k beams per level, pruned
+  to the N - 1 best path scores, verified ``target-only``;
+* each lossless level rule of the server (``sglang_hsd.tree_draft.LEVEL_RULES``) with children
+  drawn without replacement from q and traversal verification (``hsd``), through its sequential
+  twin in ``sglang_hsd/verify/oracles/expand_exact.py`` (the same law as the batched drafter);
+* the default rule with argmax-first children (``--hsd-tree-draft argmax-first``).
+
+T = 0 is left out: there the server's greedy rows draft the same top-k tree in both modes and
+every lossless verifier returns the target's argmax path, so both accept the same tokens.
+
+The tiny world keeps the target's V - 1 best tokens per node and lumps the rest into one token,
+so a drafter whose q spreads over many tokens outside them is credited with a lumped token both
+sides can match: read the ratios here as the law's, and the server benchmark
+(``bench_sglang_tree.py``) as the product's.
+
+    PYTHONPATH=. python benchmarks/bench_tree_budget.py --target qwen2.5-coder-1.5b \\
+        --drafter model:qwen2.5-coder-0.5b --prompt-sets sharegpt mtbench --num-prompts 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from benchmarks.bench_tree import TIE, continuation, load_pair, prompt_items, record_world, world_at
+from benchmarks.common import RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, start_run, write_results
+from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
+from sglang_hsd.verify.oracles.expand_exact import ORACLE_RULES, Shape, expand_round_law
+
+ARGMAX_FIRST = f"{DEFAULT_LEVEL_RULE}+argmax-first"
+
+
+def shape_list(shape: Shape) -> list[int]:
+    return [shape.depth, shape.topk, shape.num_draft_tokens]
+
+
+def parse_shape(text: str) -> Shape:
+    """``"D,k,N"`` -> ``Shape`` (the server's --speculative-num-steps, -eagle-topk, -num-draft-tokens)."""
+    try:
+        depth, topk, num = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes: expected D,k,N (three integers), got {text!r}") from None
+    if depth < 1 or topk < 1 or not 2 <= num <= 1 + topk + (depth - 1) * topk * topk:
+        raise argparse.ArgumentTypeError(f"--shapes: need D >= 1, k >= 1 and 2 <= N <= 1 + k + (D - 1) k^2, got {text!r}")
+    return Shape(depth, topk, num)
+
+
+def budget_values(world, shape: Shape, rules: list[str]) -> dict[str, float]:
+    """Exact expected accepted draft tokens of one round: ``stock``, each rule (sampled children,
+    hsd) and ``ARGMAX_FIRST``."""
+    values = {"stock": expand_round_law(world, "stock", shape).expected_accepted}
+    for rule in rules:
+        values[rule] = expand_round_law(world, rule, shape).expected_accepted
+    values[ARGMAX_FIRST] = expand_round_law(world, DEFAULT_LEVEL_RULE, shape, children="argmax-first").expected_accepted
+    return {name: float(v) for name, v in values.items()}
+
+
+def context_rows(recorded: dict, args, context: dict) -> list[dict]:
+    """One row per (shape, T) of a recorded context."""
+    depth = max(shape.depth for shape in args.shapes)
+    rows = []
+    for temperature in args.temperature:
+        world = world_at(recorded, args.world_vocab, depth, temperature)
+        for shape in args.shapes:
+            values = budget_values(world, shape, args.rules)
+            rows.append({**context, "shape": shape_list(shape), "temperature": temperature, **values})
+    return rows
+
+
+def summarize(rows: list[dict], names: list[str]) -> list[dict]:
+    """Per (shape, T): means over contexts, each rule's ratio to stock, contexts below stock."""
+    out = []
+    for key in sorted({(tuple(r["shape"]), r["temperature"]) for r in rows}, key=lambda k: (k[0], -k[1])):
+        sel = [r for r in rows if (tuple(r["shape"]), r["temperature"]) == key]
+        means = {name: statistics.mean(r[name] for r in sel) for name in ["stock", *names]}
+        out.append({"shape": list(key[0]), "temperature": key[1], "contexts": len(sel), "mean": means,
+                    "ratio_to_stock": {n: (means[n] + 1) / (means["stock"] + 1) for n in names},
+                    "below_stock": {n: sum(r[n] < r["stock"] - TIE for r in sel) for n in names}})
+    return out
+
+
+def format_tables(meta: dict, rows: list[dict], summary: list[dict]) -> str:
+    names = meta["rules"]
+    lines = [f"# Budgeted trees on recorded worlds: {meta['target']} with drafter {meta['drafter']}", "",
+             "Exact expected accepted draft tokens per round (bonus token not counted) on rank-mapped tiny worlds "
+             f"(V = {meta['world_vocab']}: the target's top {meta['world_vocab'] - 1} tokens per node + one lumped "
+             "token). ratio: (1 + rule) / (1 + stock), tokens per target pass. below: contexts where the rule "
+             "accepts less than stock.", "", f"    {meta['command']}", "",
+             "| shape | T | contexts | stock | " + " | ".join(f"{n} | ratio | below" for n in names) + " |",
+             "|---" * (4 + 3 * len(names)) + "|"]
+    for s in summary:
+        cells = [f"{s['mean'][n]:.3f} | {s['ratio_to_stock'][n]:.3f} | {s['below_stock'][n]}" for n in names]
+        lines.append(f"| ({', '.join(map(str, s['shape']))}) | {s['temperature']} | {s['contexts']} | "
+                     f"{s['mean']['stock']:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "## Per context", "", "| shape | T | set | prompt | pos | stock | " + " | ".join(names) + " |",
+              "|---" * (6 + len(names)) + "|"]
+    for r in sorted(rows, key=lambda r: (r["shape"], -r["temperature"], r["set"], r["prompt"], r["position"])):
+        lines.append(f"| ({', '.join(map(str, r['shape']))}) | {r['temperature']} | {r['set']} | {r['prompt']} | "
+                     f"{r['position']} | {r['stock']:.3f} | " + " | ".join(f"{r[n]:.3f}" for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def save_results(name: str, meta: dict, rows: list[dict], run: RunRecord) -> list[dict]:
+    summary = summarize(rows, meta["rules"])
+    write_results(RESULTS_DIR / name, {"meta": meta, "summary": summary, "rows": rows},
+                  format_tables(meta, rows, summary), run)
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--target", "--model", dest="target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--drafter", default="model:qwen2.5-coder-0.5b", help="exit:<layer> of the target, or model:<name>")
+    parser.add_argument("--shapes", type=parse_shape, nargs="+", default=[Shape(5, 4, 8), Shape(4, 2, 8)],
+                        help="D,k,N as the server's --speculative-num-steps, -eagle-topk, -num-draft-tokens")
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.7, 1.0])
+    parser.add_argument("--rules", nargs="+", default=list(LOSSLESS_LEVEL_RULES),
+                        help=f"lossless level rules, from {list(LOSSLESS_LEVEL_RULES)}")
+    parser.add_argument("--prompt-sets", nargs="+", default=["sharegpt", "mtbench"])
+    parser.add_argument("--num-prompts", type=int, default=4, help="per prompt set")
+    parser.add_argument("--positions", type=int, nargs="+", default=[0, 16],
+                        help="contexts: the prompt plus this many continuation tokens")
+    parser.add_argument("--world-vocab", type=int, default=5)
+    add_standard_arguments(parser, exit_heads=True, seed=0, name="tree_budget")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.rules) - set(LOSSLESS_LEVEL_RULES))
+    if unknown or any(rule not in ORACLE_RULES for rule in args.rules):
+        parser.error(f"--rules: unknown {unknown}; choose from {list(LOSSLESS_LEVEL_RULES)}")
+    if min(args.positions) < 0:
+        parser.error("--positions must be >= 0")
+    if any(t <= 0 for t in args.temperature):
+        parser.error("--temperature: every T must be > 0 (T = 0 is equal by construction, see the docstring)")
+    if any(shape.topk >= args.world_vocab for shape in args.shapes):
+        parser.error("--shapes: every k must be below --world-vocab")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run = start_run(__file__, argv)
+    target_loaded, target, drafter, label = load_pair(args.target, args.drafter, args.exit_heads)
+    depth = max(shape.depth for shape in args.shapes)
+    meta = {"target": args.target, "drafter": label, "shapes": [shape_list(s) for s in args.shapes],
+            "temperatures": args.temperature, "rules": [*args.rules, ARGMAX_FIRST], "world_vocab": args.world_vocab,
+            "positions": args.positions, "prompt_sets": args.prompt_sets, "continuation": "target, T = 1",
+            "command": run.command}
+    rows, summary, started = [], [], time.time()
+    for item in prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts):
+        tokens = continuation(target_loaded, item["ids"], max(args.positions), args.seed + item["prompt"])
+        target_logits, drafter_logits = target.prefill(tokens), drafter.prefill(tokens)
+        for position in sorted(args.positions, reverse=True):  # crop the caches from long to short
+            length = len(item["ids"]) + position
+            target.set_context(length, target_logits[length - 1])
+            drafter.set_context(length, drafter_logits[length - 1])
+            recorded = record_world(target, drafter, args.world_vocab, depth)
+            context = {"set": item["set"], "prompt": item["prompt"], "position": position}
+            new = context_rows(recorded, args, context)
+            rows += new
+            meta["seconds"] = round(time.time() - started)
+            for r in new:
+                print(f"{r['set']}#{r['prompt']}@{r['position']} {tuple(r['shape'])} T {r['temperature']}: "
+                      + " ".join(f"{n} {r[n]:.3f}" for n in ["stock", *meta["rules"]]), flush=True)
+            summary = save_results(args.name, meta, rows, run)
+    for s in summary:
+        print(json.dumps(s))
+
+
+if __name__ == "__main__":
+    main()

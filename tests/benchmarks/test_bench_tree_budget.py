@@ -1,0 +1,67 @@
+"""benchmarks/bench_tree_budget.py: exact budgeted rules on tiny worlds, its options and tables."""
+
+import json
+
+import pytest
+
+from benchmarks import bench_tree_budget as budget
+from sglang_hsd.verify.oracles import exact
+from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law
+
+
+def test_budget_values_are_the_oracles_laws():
+    world = exact.random_world(4, 3, seed=2, concentration=0.5)
+    shape = Shape(3, 2, 5)
+    values = budget.budget_values(world, shape, ["spine_wide", "beam"])
+    assert set(values) == {"stock", "spine_wide", "beam", budget.ARGMAX_FIRST}
+    assert values["beam"] == pytest.approx(expand_round_law(world, "beam", shape).expected_accepted, abs=1e-15)
+    assert all(0.0 <= v <= shape.depth for v in values.values())
+    # A different budget is a different law: the values must depend on N.
+    assert budget.budget_values(world, Shape(3, 2, 3), ["spine_wide"])["spine_wide"] != values["spine_wide"]
+
+
+def test_context_rows_cover_every_shape_and_temperature():
+    import torch
+
+    vocab, depth = 4, 3
+    nodes = sum(vocab**n for n in range(depth))
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(nodes, 12, generator=gen)
+    recorded = {"target": logits, "draft": logits + 0.5 * torch.randn(nodes, 12, generator=gen),
+                "tokens": torch.stack([torch.topk(row, vocab).indices for row in logits])}
+    args = budget.parse_args(["--shapes", "3,2,5", "2,3,4", "--temperature", "0.7", "1.0", "--world-vocab", "4",
+                              "--rules", "spine_wide"])
+    rows = budget.context_rows(recorded, args, {"set": "s", "prompt": 0, "position": 0})
+    assert sorted((tuple(r["shape"]), r["temperature"]) for r in rows) == sorted(
+        (s, t) for s in [(3, 2, 5), (2, 3, 4)] for t in (0.7, 1.0))
+    assert all(r["spine_wide"] > 0 and r["stock"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--shapes", "5,4"], "D,k,N"),
+    (["--shapes", "2,2,12"], "2 <= N"),
+    (["--rules", "pruned"], "--rules"),
+    (["--temperature", "0"], "T = 0"),
+    (["--shapes", "3,5,8"], "--world-vocab"),
+])
+def test_bad_options_are_refused(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        budget.parse_args(argv)
+    assert match in capsys.readouterr().err
+
+
+def test_results_files_hold_the_summary_and_the_run(tmp_path, monkeypatch):
+    from benchmarks import common
+
+    monkeypatch.setattr(budget, "RESULTS_DIR", tmp_path)
+    rows = [{"set": "mtbench", "prompt": p, "position": 0, "shape": [5, 4, 8], "temperature": 0.7, "stock": 1.0,
+             "spine_wide": 1.0 + 0.5 * p, budget.ARGMAX_FIRST: 0.9} for p in range(2)]
+    meta = {"target": "t", "drafter": "model:d", "world_vocab": 5, "rules": ["spine_wide", budget.ARGMAX_FIRST],
+            "command": "python benchmarks/bench_tree_budget.py"}
+    summary = budget.save_results("x", meta, rows, common.start_run(budget.__file__, ["--name", "x"]))
+    assert summary[0]["mean"]["spine_wide"] == pytest.approx(1.25)
+    assert summary[0]["ratio_to_stock"]["spine_wide"] == pytest.approx(2.25 / 2.0)
+    assert summary[0]["below_stock"] == {"spine_wide": 0, budget.ARGMAX_FIRST: 2}
+    text = (tmp_path / "x.md").read_text()
+    assert "| (5, 4, 8) | 0.7 | 2 | 1.000 | 1.250 | 1.125 | 0 | 0.900 | 0.950 | 2 |" in text and "\n## Run\n" in text
+    assert json.loads((tmp_path / "x.json").read_text())["summary"][0]["contexts"] == 2
