@@ -12,9 +12,12 @@ setup:
 demo: setup
 	$(VENV)/bin/sglang-hsd demo
 
-# The whole test suite (slow real-model tests skip with the command that enables them).
+# The whole test suite (slow real-model tests skip with the command that enables them), one
+# worker per core (TEST_WORKERS=0: in this process); a file's tests share a worker, so its
+# module-scoped fixtures (tiny servers) start once.
+TEST_WORKERS ?= auto
 test: setup
-	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
 	$(VENV)/bin/python -m pytest tests -m "not slow" -x $(PYTEST_ARGS)
