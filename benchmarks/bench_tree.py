@@ -262,10 +262,26 @@ def prompt_items(tokenizer, prompt_sets: list[str], num_prompts: int) -> list[di
 @torch.inference_mode()
 def continuation(target, ids: list[int], length: int, seed: int) -> list[int]:
     """ids plus ``length`` target tokens sampled at T = 1 (plain softmax, no top-k / top-p)."""
+    if length == 0:  # generate() refuses max_new_tokens=0
+        return list(ids)
     torch.manual_seed(seed)
     generated = target.hf.generate(torch.tensor([ids]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                    max_new_tokens=length, min_new_tokens=length)
     return generated[0].tolist()
+
+
+def contexts(target_loaded, target: PrefixModel, drafter: PrefixModel, items: list[dict], positions: list[int],
+             seed: int):
+    """Yield (item, position, context tokens) with both models' caches set to that context: the
+    prompt plus the first ``position`` tokens of one target continuation at T = 1 per prompt."""
+    for item in items:
+        tokens = continuation(target_loaded, item["ids"], max(positions), seed + item["prompt"])
+        target_logits, drafter_logits = target.prefill(tokens), drafter.prefill(tokens)
+        for position in sorted(positions, reverse=True):  # crop the caches from long to short
+            length = len(item["ids"]) + position
+            target.set_context(length, target_logits[length - 1])
+            drafter.set_context(length, drafter_logits[length - 1])
+            yield item, position, tokens[:length]
 
 
 def run_context(target, drafter, root_token: int, args, generator) -> dict:
@@ -429,22 +445,16 @@ def main(argv: list[str] | None = None) -> None:
             "world_vocab": args.world_vocab, "positions": args.positions, "prompt_sets": args.prompt_sets,
             "continuation": "target, T = 1", "command": run.command}
     rows, started = [], time.time()
-    for item in items:
-        tokens = continuation(target_loaded, item["ids"], max(args.positions), args.seed + item["prompt"])
-        target_logits, drafter_logits = target.prefill(tokens), drafter.prefill(tokens)
-        for position in sorted(args.positions, reverse=True):  # crop the caches from long to short
-            length = len(item["ids"]) + position
-            target.set_context(length, target_logits[length - 1])
-            drafter.set_context(length, drafter_logits[length - 1])
-            ctx_start = time.time()
-            measured, recorded = run_context(target, drafter, tokens[length - 1], args, generator)
-            if args.check and "checks" not in meta:
-                meta["checks"] = consistency_checks(target, tokens[:length], recorded, args, generator)
-                print("checks:", json.dumps(meta["checks"]), flush=True)
-            rows += context_rows(rows, item, position, measured)
-            meta["seconds"] = round(time.time() - started)
-            print(f"  context {rows[-1]['context']}: {time.time() - ctx_start:.0f} s", flush=True)
-            save_results(args.name, meta, rows, run)
+    for item, position, tokens in contexts(target_loaded, target, drafter, items, args.positions, args.seed):
+        ctx_start = time.time()
+        measured, recorded = run_context(target, drafter, tokens[-1], args, generator)
+        if args.check and "checks" not in meta:
+            meta["checks"] = consistency_checks(target, tokens, recorded, args, generator)
+            print("checks:", json.dumps(meta["checks"]), flush=True)
+        rows += context_rows(rows, item, position, measured)
+        meta["seconds"] = round(time.time() - started)
+        print(f"  context {rows[-1]['context']}: {time.time() - ctx_start:.0f} s", flush=True)
+        save_results(args.name, meta, rows, run)
     for s in summarize(rows):
         print(json.dumps(s))
 

@@ -37,7 +37,7 @@ import time
 
 import torch
 
-from benchmarks.bench_tree import TIE, continuation, load_pair, prompt_items, record_world, world_at
+from benchmarks.bench_tree import TIE, contexts, load_pair, prompt_items, record_world, world_at
 from benchmarks.common import RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, start_run, write_results
 from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
 from sglang_hsd.verify.oracles.expand_exact import ORACLE_RULES, Shape, expand_round_law
@@ -160,22 +160,16 @@ def main(argv: list[str] | None = None) -> None:
             "positions": args.positions, "prompt_sets": args.prompt_sets, "continuation": "target, T = 1",
             "command": run.command}
     rows, summary, started = [], [], time.time()
-    for item in prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts):
-        tokens = continuation(target_loaded, item["ids"], max(args.positions), args.seed + item["prompt"])
-        target_logits, drafter_logits = target.prefill(tokens), drafter.prefill(tokens)
-        for position in sorted(args.positions, reverse=True):  # crop the caches from long to short
-            length = len(item["ids"]) + position
-            target.set_context(length, target_logits[length - 1])
-            drafter.set_context(length, drafter_logits[length - 1])
-            recorded = record_world(target, drafter, args.world_vocab, depth)
-            context = {"set": item["set"], "prompt": item["prompt"], "position": position}
-            new = context_rows(recorded, args, context)
-            rows += new
-            meta["seconds"] = round(time.time() - started)
-            for r in new:
-                print(f"{r['set']}#{r['prompt']}@{r['position']} {tuple(r['shape'])} T {r['temperature']}: "
-                      + " ".join(f"{n} {r[n]:.3f}" for n in ["stock", *meta["rules"]]), flush=True)
-            summary = save_results(args.name, meta, rows, run)
+    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts)
+    for item, position, _ in contexts(target_loaded, target, drafter, items, args.positions, args.seed):
+        recorded = record_world(target, drafter, args.world_vocab, depth)
+        new = context_rows(recorded, args, {"set": item["set"], "prompt": item["prompt"], "position": position})
+        rows += new
+        meta["seconds"] = round(time.time() - started)
+        for r in new:
+            print(f"{r['set']}#{r['prompt']}@{r['position']} {tuple(r['shape'])} T {r['temperature']}: "
+                  + " ".join(f"{n} {r[n]:.3f}" for n in ["stock", *meta["rules"]]), flush=True)
+        summary = save_results(args.name, meta, rows, run)
     for s in summary:
         print(json.dumps(s))
 

@@ -184,3 +184,34 @@ def test_results_files_hold_tables_and_the_run(tmp_path, monkeypatch):
     assert "| 2 | 1.0 | 2 | 1.000 | 1.500 | +0.500 | 0 |" in text
     saved = json.loads((tmp_path / "x.json").read_text())
     assert saved["summary"][0]["contexts"] == 2 and saved["run"]["command"].endswith("--name x")
+
+
+def test_contexts_set_both_models_to_each_prefix_long_to_short():
+    """Each yielded context is the prompt plus the first ``position`` tokens of one continuation,
+    and both models' caches hold exactly it (their root logits are the context's last row)."""
+    from types import SimpleNamespace
+
+    from sglang_hsd.runtime.testing import tiny_llama
+
+    hf = tiny_llama(vocab_size=64, num_layers=2, seed=3)
+    target, drafter = drafters.PrefixModel(hf, vocab_size=64), drafters.PrefixModel(hf, exit_layer=1, vocab_size=64)
+    items = [{"set": "s", "prompt": 0, "ids": [5, 9, 2]}]
+    seen = []
+    for item, position, tokens in bench_tree.contexts(SimpleNamespace(hf=hf), target, drafter, items, [0, 4], seed=1):
+        assert len(tokens) == 3 + position and tokens[:3] == [5, 9, 2]
+        assert target.length == drafter.length == len(tokens)
+        torch.testing.assert_close(target.memo[()], target.path_logits(tokens, [()])[0], atol=1e-4, rtol=0)
+        seen.append((position, tokens))
+    assert [p for p, _ in seen] == [4, 0]
+    assert seen[1][1] == seen[0][1][:3]  # one continuation per prompt, cropped
+
+
+def test_contexts_at_position_zero_only_need_no_continuation():
+    from types import SimpleNamespace
+
+    from sglang_hsd.runtime.testing import tiny_llama
+
+    hf = tiny_llama(vocab_size=64, num_layers=2, seed=3)
+    model = drafters.PrefixModel(hf, vocab_size=64)
+    items = [{"set": "s", "prompt": 0, "ids": [5, 9, 2]}]
+    assert [t for _, _, t in bench_tree.contexts(SimpleNamespace(hf=hf), model, model, items, [0], seed=1)] == [[5, 9, 2]]
