@@ -63,7 +63,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, benchmark_parser, png_metadata, start_run, write_results
+from benchmarks.common import RESULTS_DIR, benchmark_parser, fresh_prompt_offset, png_metadata, start_run, write_results
 from benchmarks.serving_client import mean_se
 from benchmarks.serving_harness import (
     ClientSpec, ModelSetup, ResultBook, Server, ServerSpec, measure_rows, resolve_models,
@@ -308,9 +308,8 @@ def prompt_offset(args, setup: ModelSetup) -> tuple[int, int]:
     from eagle_heads.pipeline import training_prompt_names
     from sglang_hsd.assets.prompts import load_prompts
 
-    trained = set() if args.draft_model is not None else {
-        name.split("/", 1)[1] for name in training_prompt_names(setup.head.parent)
-        if name.startswith(args.prompt_set + "/")}
+    names = set() if args.draft_model is not None else training_prompt_names(setup.head.parent)
+    trained = {name.split("/", 1)[1] for name in names if name.startswith(args.prompt_set + "/")}
     if args.prompt_offset != "auto":
         try:
             offset = int(args.prompt_offset)
@@ -324,7 +323,7 @@ def prompt_offset(args, setup: ModelSetup) -> tuple[int, int]:
         print(f"warning: prompt set {args.prompt_set} unavailable ({type(err).__name__})", flush=True)
         return 0, 0
     if args.prompt_offset == "auto":
-        offset = 1 + max((i for i, pid in enumerate(ids) if pid in trained), default=-1)
+        offset = fresh_prompt_offset(args.prompt_set, names, ids)
     served = ids[offset: offset + PROMPT_FILE_SIZE]
     seen = sum(pid in trained for pid in served)
     if seen:

@@ -28,6 +28,11 @@ budget N = ``--num-draft-tokens`` (root included), of the level-synchronous defa
 
     python benchmarks/bench_tree.py --target qwen2.5-coder-1.5b --drafter model:qwen2.5-coder-0.5b
     python benchmarks/bench_tree.py --target smollm2-135m --drafter exit:16 --name tree_smollm2
+    python benchmarks/bench_tree.py --target smollm2-135m --drafter eagle3 --name tree_smollm2_eagle3
+
+``--drafter eagle3`` is the target's trained EAGLE-3 head (``drafters.Eagle3Prefix``: context
+entries read the target's features, tree nodes their parent's head output, as in the server); its
+prompts start after the last prompt of each set that trained the head.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ import numpy as np
 import torch
 
 from benchmarks.common import (RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, encoded_prompts,
-                               start_run, write_results)
-from benchmarks.drafters import PrefixModel, load_draft_model, node_logits
+                               fresh_prompt_offset, start_run, write_results)
+from benchmarks.drafters import Eagle3Prefix, PrefixModel, load_draft_model, load_eagle3_head, node_logits
 from sglang_hsd.runtime.loading import load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.verify import TreeUniforms, tree_attention_mask, verify_tree
@@ -234,11 +239,24 @@ def _batch_row(tree, b: int):
 
 
 def load_pair(target_name: str, drafter_spec: str, exit_heads: str):
-    """(target LoadedModel, target PrefixModel, drafter PrefixModel, drafter label) for ``--drafter``."""
+    """(target LoadedModel, target PrefixModel, drafter, drafter label) for ``--drafter``: the
+    drafter a ``PrefixModel`` (exit:<layer>, model:<name>) or an ``Eagle3Prefix`` (eagle3[:<dir>],
+    whose ``trained_prompts`` names the prompts that trained the head)."""
     kind, _, value = drafter_spec.partition(":")
-    if kind not in ("exit", "model") or not value:
-        raise ValueError(f"--drafter must be exit:<layer> or model:<name>, got {drafter_spec!r}")
+    if kind not in ("exit", "model", "eagle3") or (kind != "eagle3" and not value):
+        raise ValueError(f"--drafter must be exit:<layer>, model:<name> or eagle3[:<dir>], got {drafter_spec!r}")
     target = load_model(target_name)
+    if kind == "eagle3":
+        from eagle_heads.pipeline import training_prompt_names
+
+        try:
+            head, folder = load_eagle3_head(target, value)
+        except ValueError as err:
+            raise ValueError(f"--drafter {drafter_spec!r}: {err}") from None
+        vocab = target.hf.lm_head.out_features
+        drafter = Eagle3Prefix(head, target.hf, vocab)
+        drafter.trained_prompts = training_prompt_names(folder.parent)
+        return target, PrefixModel(target.hf, vocab_size=vocab), drafter, "eagle3 (server feeding)"
     if kind == "exit":
         layer = int(value)
         head = load_exit_heads_option(target, exit_heads).get(layer)
@@ -250,12 +268,15 @@ def load_pair(target_name: str, drafter_spec: str, exit_heads: str):
     return target, PrefixModel(target.hf, vocab_size=vocab), PrefixModel(drafter.hf, vocab_size=vocab), f"model:{value}"
 
 
-def prompt_items(tokenizer, prompt_sets: list[str], num_prompts: int) -> list[dict]:
-    """Encoded prompts, alternating between the sets (a run stopped early still covers each set)."""
+def prompt_items(tokenizer, prompt_sets: list[str], num_prompts: int, trained: set[str] = frozenset()) -> list[dict]:
+    """Encoded prompts, alternating between the sets (a run stopped early still covers each set).
+    ``trained``: "set/id" names of prompts a drafter was trained on; each set starts after the
+    last of them (``common.fresh_prompt_offset``), and "prompt" is the index in the set."""
     per_set = []
     for prompt_set in prompt_sets:
-        per_set.append([{"set": prompt_set, "prompt": i, "ids": ids}
-                        for i, ids in enumerate(encoded_prompts(tokenizer, prompt_set, num_prompts))])
+        offset = fresh_prompt_offset(prompt_set, trained)
+        encoded = encoded_prompts(tokenizer, prompt_set, offset + num_prompts)[offset:]
+        per_set.append([{"set": prompt_set, "prompt": offset + i, "ids": ids} for i, ids in enumerate(encoded)])
     return [item for group in itertools.zip_longest(*per_set) for item in group if item is not None]
 
 
@@ -406,7 +427,7 @@ def consistency_checks(target, context: list[int], recorded: dict, args, generat
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--target", "--model", dest="target", default="smollm2-135m")
-    parser.add_argument("--drafter", default="exit:16", help="exit:<layer> of the target, or model:<name>")
+    parser.add_argument("--drafter", default="exit:16", help="exit:<layer> of the target, model:<name> or eagle3[:<dir>]")
     parser.add_argument("--topk", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0, 0.6])
@@ -437,7 +458,8 @@ def main(argv: list[str] | None = None) -> None:
     run = start_run(__file__, argv)
     torch.set_num_threads(1)
     target_loaded, target, drafter, label = load_pair(args.target, args.drafter, args.exit_heads)
-    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts)
+    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts,
+                         getattr(drafter, "trained_prompts", frozenset()))
     generator = torch.Generator().manual_seed(args.seed)
     meta = {"target": args.target, "drafter": label, "depth": args.depth, "trees": args.trees, "coins": args.coins,
             "num_draft_tokens": args.num_draft_tokens,

@@ -26,6 +26,8 @@ sides can match: read the ratios here as the law's, and the server benchmark
 
     PYTHONPATH=. python benchmarks/bench_tree_budget.py --target qwen2.5-coder-1.5b \\
         --drafter model:qwen2.5-coder-0.5b --prompt-sets sharegpt mtbench --num-prompts 4
+    PYTHONPATH=. python benchmarks/bench_tree_budget.py --target smollm2-135m --drafter eagle3 \\
+        --prompt-sets sharegpt mtbench --num-prompts 8 --name tree_budget_smollm2_eagle3
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law
 
 ARGMAX_FIRST = f"{DEFAULT_LEVEL_RULE}+argmax-first"
+# The two trees a per-request switch chooses between (``switch_value``).
+SWITCHED = ("stock", DEFAULT_LEVEL_RULE)
 
 
 def shape_list(shape: Shape) -> list[int]:
@@ -60,14 +64,49 @@ def parse_shape(text: str) -> Shape:
     return Shape(depth, topk, num)
 
 
-def budget_values(world, shape: Shape, rules: list[str]) -> dict[str, float]:
+def budget_values(world, shape: Shape, rules: list[str]) -> dict:
     """Exact expected accepted draft tokens of one round: ``stock``, each rule (sampled children,
-    hsd) and ``ARGMAX_FIRST``."""
-    values = {"stock": expand_round_law(world, "stock", shape).expected_accepted}
+    hsd) and ``ARGMAX_FIRST``; under "accepted_law", the law of the accepted count (a list, index
+    a = 0 .. D) of the two trees a per-request switch would choose between (``SWITCHED``)."""
+    laws = {"stock": expand_round_law(world, "stock", shape)}
     for rule in rules:
-        values[rule] = expand_round_law(world, rule, shape).expected_accepted
-    values[ARGMAX_FIRST] = expand_round_law(world, DEFAULT_LEVEL_RULE, shape, children="argmax-first").expected_accepted
-    return {name: float(v) for name, v in values.items()}
+        laws[rule] = expand_round_law(world, rule, shape)
+    if DEFAULT_LEVEL_RULE not in laws:
+        laws[DEFAULT_LEVEL_RULE] = expand_round_law(world, DEFAULT_LEVEL_RULE, shape)
+    values = {name: float(law.expected_accepted) for name, law in laws.items() if name == "stock" or name in rules}
+    values[ARGMAX_FIRST] = float(expand_round_law(world, DEFAULT_LEVEL_RULE, shape, children="argmax-first")
+                                 .expected_accepted)
+    values["accepted_law"] = {name: accepted_law(laws[name].emitted, shape.depth) for name in SWITCHED}
+    return values
+
+
+def accepted_law(emitted: dict[tuple[int, ...], float], depth: int) -> list[float]:
+    """P(a drafts accepted), a = 0 .. depth, from a round's law of emitted tokens (the accepted
+    path and the token after it)."""
+    law = [0.0] * (depth + 1)
+    for tokens, prob in emitted.items():
+        law[len(tokens) - 1] += prob
+    return law
+
+
+def switch_value(rows: list[dict], threshold: int) -> float:
+    """Mean expected accepted drafts over ``rows`` (one (shape, T); several positions per prompt)
+    of a per-request switch: a prompt's first context drafts the default sampled tree; at each
+    later position the request drafts the stock tree when the round at its previous recorded
+    position accepted >= ``threshold`` drafts, the default otherwise. Exact over the rounds'
+    accepted-count laws: P(stock at i + 1) = sum over modes m of P(m at i) P_i^m(a >= threshold).
+    Optimistic in one way (a real request decides from its last round, not from the same
+    context a few tokens earlier) and pessimistic in another (positions here are further apart
+    than rounds)."""
+    default, values = DEFAULT_LEVEL_RULE, []
+    for key in sorted({(r["set"], r["prompt"]) for r in rows}):
+        stock_prob = 0.0
+        for r in sorted((r for r in rows if (r["set"], r["prompt"]) == key), key=lambda r: r["position"]):
+            values.append(stock_prob * r["stock"] + (1 - stock_prob) * r[default])
+            laws = r["accepted_law"]
+            stock_prob = (stock_prob * sum(laws["stock"][threshold:])
+                          + (1 - stock_prob) * sum(laws[default][threshold:]))
+    return statistics.mean(values)
 
 
 def context_rows(recorded: dict, args, context: dict) -> list[dict]:
@@ -88,9 +127,13 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     for key in sorted({(tuple(r["shape"]), r["temperature"]) for r in rows}, key=lambda k: (k[0], -k[1])):
         sel = [r for r in rows if (tuple(r["shape"]), r["temperature"]) == key]
         means = {name: statistics.mean(r[name] for r in sel) for name in ["stock", *names]}
+        depth = key[0][0]
+        switch = {"switch a>=D-1": switch_value(sel, depth - 1), "switch a>=D": switch_value(sel, depth)}
+        switch["best of the two per context"] = statistics.mean(max(r["stock"], r[DEFAULT_LEVEL_RULE]) for r in sel)
         out.append({"shape": list(key[0]), "temperature": key[1], "contexts": len(sel), "mean": means,
                     "ratio_to_stock": {n: (means[n] + 1) / (means["stock"] + 1) for n in names},
-                    "below_stock": {n: sum(r[n] < r["stock"] - TIE for r in sel) for n in names}})
+                    "below_stock": {n: sum(r[n] < r["stock"] - TIE for r in sel) for n in names},
+                    "switch_ratio_to_stock": {n: (v + 1) / (means["stock"] + 1) for n, v in switch.items()}})
     return out
 
 
@@ -107,6 +150,15 @@ def format_tables(meta: dict, rows: list[dict], summary: list[dict]) -> str:
         cells = [f"{s['mean'][n]:.3f} | {s['ratio_to_stock'][n]:.3f} | {s['below_stock'][n]}" for n in names]
         lines.append(f"| ({', '.join(map(str, s['shape']))}) | {s['temperature']} | {s['contexts']} | "
                      f"{s['mean']['stock']:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", f"## A per-request switch between the stock tree and {DEFAULT_LEVEL_RULE}", "",
+              "ratio to stock of `switch_value` (the stock tree after a round that accepted >= a drafts, D the "
+              "shape's depth) and of the "
+              "better of the two trees in each context (the ceiling of any per-context choice).", "",
+              "| shape | T | " + " | ".join(summary[0]["switch_ratio_to_stock"]) + " |" if summary else "",
+              "|---" * (2 + (len(summary[0]["switch_ratio_to_stock"]) if summary else 0)) + "|"]
+    for s in summary:
+        lines.append(f"| ({', '.join(map(str, s['shape']))}) | {s['temperature']} | "
+                     + " | ".join(f"{v:.3f}" for v in s["switch_ratio_to_stock"].values()) + " |")
     lines += ["", "## Per context", "", "| shape | T | set | prompt | pos | stock | " + " | ".join(names) + " |",
               "|---" * (6 + len(names)) + "|"]
     for r in sorted(rows, key=lambda r: (r["shape"], -r["temperature"], r["set"], r["prompt"], r["position"])):
@@ -125,7 +177,9 @@ def save_results(name: str, meta: dict, rows: list[dict], run: RunRecord) -> lis
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--target", "--model", dest="target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--drafter", default="model:qwen2.5-coder-0.5b", help="exit:<layer> of the target, or model:<name>")
+    parser.add_argument("--drafter", default="model:qwen2.5-coder-0.5b",
+                        help="exit:<layer> of the target, model:<name>, or eagle3[:<dir>] (the target's trained "
+                             "EAGLE-3 head, fed as the server feeds it; prompts start after its training prompts)")
     parser.add_argument("--shapes", type=parse_shape, nargs="+", default=[Shape(5, 4, 8), Shape(4, 2, 8)],
                         help="D,k,N as the server's --speculative-num-steps, -eagle-topk, -num-draft-tokens")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.7, 1.0])
@@ -157,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
             "positions": args.positions, "prompt_sets": args.prompt_sets, "continuation": "target, T = 1",
             "command": run.command}
     rows, summary, started = [], [], time.time()
-    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts)
+    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts,
+                         getattr(drafter, "trained_prompts", frozenset()))
     for item, position, _ in contexts(target_loaded, target, drafter, items, args.positions, args.seed):
         recorded = record_world(target, drafter, args.world_vocab, depth)
         new = context_rows(recorded, args, {"set": item["set"], "prompt": item["prompt"], "position": position})

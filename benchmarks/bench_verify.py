@@ -36,7 +36,7 @@ from benchmarks.bench_report import (coupling_bound_per_length, format_verify_su
                                      plot_verify, summarize_draft_values)
 from benchmarks.common import (RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, start_run,
                                write_results)
-from benchmarks.drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter, load_draft_model
+from benchmarks.drafters import CachedLM, Eagle3Drafter, ExitDrafter, ModelDrafter, load_draft_model, load_eagle3_head
 from sglang_hsd.assets.chat import encode_prompts
 from sglang_hsd.runtime.loading import load_exit_heads_option, load_model
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
@@ -58,13 +58,10 @@ def build_drafter(spec: str, target, exit_heads: dict):
         drafter = ExitDrafter(target.hf, layer, head)
         return drafter, drafter.lm, label, {}
     if kind == "eagle3":
-        from sglang_hsd.assets.heads import heads_dir
-        from sglang_hsd.runtime.eagle3 import Eagle3Head
-
-        folder = Path(arg) if arg else heads_dir(target.path.name) / "eagle3"
-        if not (folder / "model.safetensors").is_file():
-            raise ValueError(f"--drafters {spec!r}: no EAGLE-3 head in {folder} (run sglang-hsd train-heads --eagle3)")
-        head = Eagle3Head.from_pretrained(str(folder), target.model)
+        try:
+            head, folder = load_eagle3_head(target, arg)
+        except ValueError as err:
+            raise ValueError(f"--drafters {spec!r}: {err}") from None
         scorer = CachedLM(target.hf, hidden_layers=tuple(head.capture_layers), keep_logits=True)
         return Eagle3Drafter(head, scorer), scorer, "eagle3", {"eagle3": _provenance(folder, "training.json")}
     if kind == "model" and arg:

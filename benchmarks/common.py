@@ -223,6 +223,21 @@ def encoded_prompts(tokenizer, prompt_set: str, limit: int | None) -> list[list[
     return encode_prompts(tokenizer, prompt_set_texts(prompt_set, limit))
 
 
+def fresh_prompt_offset(prompt_set: str, trained: set[str], ids: list[str] | None = None) -> int:
+    """Index of the first prompt of ``prompt_set`` after the last one named in ``trained`` ("set/id"
+    names of the prompts a drafter was trained on): measuring from there, the drafter has seen
+    none of them. 0 when none of the set trained it. ``ids``: the set's prompt ids in file order
+    (loaded with ``load_prompts`` when None)."""
+    trained_ids = {name.split("/", 1)[1] for name in trained if name.startswith(prompt_set + "/")}
+    if not trained_ids:
+        return 0
+    if ids is None:
+        from sglang_hsd.assets.prompts import load_prompts
+
+        ids = [prompt.id for prompt in load_prompts(prompt_set)]
+    return 1 + max((i for i, pid in enumerate(ids) if pid in trained_ids), default=-1)
+
+
 def benchmark_parser(doc: str, full_doc: bool = True) -> argparse.ArgumentParser:
     """An argument parser whose ``--help`` shows the script's docstring (or its first line)."""
     if full_doc:

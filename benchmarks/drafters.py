@@ -5,7 +5,8 @@ the longest common prefix and runs only the rest (a draft's tokens are dropped o
 same way); ``forward_scratch`` runs extra tokens (a draft tree, with its attention mask) on top of
 the cached sequence without keeping them. ``exit_logits`` turns an early exit's hidden state into
 logits. ``PrefixModel`` (``bench_tree``) holds one context and returns, memoised, the logits after
-any token path from it (``node_logits``: one tree-masked forward for all new paths). One row, no
+any token path from it (``node_logits``: one tree-masked forward for all new paths);
+``Eagle3Prefix`` does the same for an EAGLE-3 head fed as the server feeds it. One row, no
 batch: the benchmarks walk prompts one round at a time, and the per-token Python here is off any
 serving path.
 
@@ -25,6 +26,8 @@ sampled from):
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -227,7 +230,96 @@ class PrefixModel:
         return torch.stack(rows)
 
 
-def node_logits(model: PrefixModel, paths: list[tuple[int, ...]]) -> torch.Tensor:
+def load_eagle3_head(target, folder: str = ""):
+    """The EAGLE-3 head of ``target`` (a ``LoadedModel``): ``folder`` or, when empty, the trained
+    head of ``sglang-hsd train-heads --eagle3`` in the heads cache. Returns (head, folder)."""
+    from sglang_hsd.assets.heads import heads_dir
+
+    path = Path(folder) if folder else heads_dir(target.path.name) / "eagle3"
+    if not (path / "model.safetensors").is_file():
+        raise ValueError(f"no EAGLE-3 head in {path} (run sglang-hsd train-heads --model {target.path.name} "
+                         "--no-exit --eagle3)")
+    return Eagle3Head.from_pretrained(str(path), target.model), path
+
+
+def head_entries(head: Eagle3Head, cache, ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
+    """Append one row's head entries reading ``ids`` [T] with fed hidden [T, D] to ``cache`` (at
+    rotary position = slot); returns the head's outputs [T, D]."""
+    if int(cache.lengths[0, 0]) + len(ids) > EAGLE_MAX_ENTRIES:
+        raise ValueError(f"context too long for the EAGLE-3 bench cache ({EAGLE_MAX_ENTRIES} entries)")
+    return head.forward_cached(torch.tensor([ids]), hidden.unsqueeze(0), cache, torch.tensor([len(ids)]))[0]
+
+
+class Eagle3Prefix:
+    """An EAGLE-3 head as ``bench_tree``'s drafter: the ``PrefixModel`` interface (``prefill``,
+    ``set_context``, ``memo``, ``tree_logits``), fed as SGLang's EAGLE-3 worker feeds it.
+
+    Head entry e reads token x_{e+1} and a hidden state for position e; its output gives the
+    logits of x_{e+2}. A context of n tokens is a verified prefix whose last token (the root: the
+    last round's bonus token) the target has not run: entries 0 .. n - 2 read the target's fused
+    aux hidden states (its ``capture_layers``), entry n - 2's output is the root's q, and a tree
+    node at depth d reads its token with its parent's output (the root's: entry n - 2's) as entry
+    n - 2 + d, attending to the context's entries and its ancestors' (SGLang's draft loop feeds
+    each beam its parent's hidden output: ``sglang_plugin/tree_draft.py``). The runtime's drafter
+    and ``Eagle3Drafter`` here also run the target over the root first (one more target-fed
+    entry); the server does not, and this class measures the server's trees.
+    """
+
+    def __init__(self, head: Eagle3Head, target_hf, vocab_size: int):
+        self.head, self.vocab_size = head, vocab_size
+        self.lm = CachedLM(target_hf, hidden_layers=tuple(head.capture_layers), with_logits=False)
+        self.cache = head.new_cache(1, EAGLE_MAX_ENTRIES)
+        self.out = torch.zeros(0, head.fc.out_features)  # [n - 1, D]: entry outputs of the context
+        self.length = 0
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.head.target_logits(out)[:, : self.vocab_size].float()
+
+    @torch.inference_mode()
+    def prefill(self, context: list[int]) -> torch.Tensor:
+        """Run the context's entries. Returns float [len(context), V]: row i = the head's logits of
+        the token after ``context[: i + 1]`` (row 0, which no entry gives, is zeros)."""
+        n = len(context)
+        if n < 2:
+            raise ValueError("the EAGLE-3 drafter needs a context of at least 2 tokens")
+        _, hidden = self.lm.feed(context, 0)  # [n, H, D]
+        self.cache.truncate(torch.tensor([0]))
+        self.out = head_entries(self.head, self.cache, context[1:], self.head.fuse(hidden[: n - 1].flatten(1)))
+        self.length = n
+        logits = self._logits(self.out)
+        return torch.cat([logits.new_zeros(1, logits.shape[1]), logits])
+
+    def set_context(self, length: int, root_logits: torch.Tensor) -> None:
+        """Make the first ``length`` prefilled tokens the context; root_logits float [V] follow it."""
+        if not 2 <= length <= self.out.shape[0] + 1:
+            raise ValueError(f"length must be in [2, {self.out.shape[0] + 1}] (the prefilled context), got {length}")
+        self.cache.truncate(torch.tensor([length - 1]))
+        self.length = length
+        self.memo = {(): root_logits}
+
+    @torch.inference_mode()
+    def tree_logits(self, tokens: list[int], parents: list[int], depths: list[int]) -> torch.Tensor:
+        """The head's logits after each of M tree nodes (``PrefixModel.tree_logits``' arguments:
+        parents index this list, -1 = a child of the root; depths >= 1). One entry per node, in
+        depth-first order, so the cache holds exactly the node's ancestors when it runs. [M, V]."""
+        base = self.length - 1  # the context's entries
+        children: dict[int, list[int]] = {}
+        for i, parent in enumerate(parents):
+            children.setdefault(parent, []).append(i)
+        outs: list[torch.Tensor | None] = [None] * len(tokens)
+        stack = list(reversed(children.get(-1, [])))
+        while stack:
+            node = stack.pop()
+            self.cache.truncate(torch.tensor([base + depths[node] - 1]))
+            fed = self.out[base - 1] if parents[node] < 0 else outs[parents[node]]
+            outs[node] = head_entries(self.head, self.cache, [tokens[node]], fed.unsqueeze(0))[0]
+            stack.extend(reversed(children.get(node, [])))
+        self.cache.truncate(torch.tensor([base]))
+        return self._logits(torch.stack(outs))
+
+
+def node_logits(model: "PrefixModel | Eagle3Prefix", paths: list[tuple[int, ...]]) -> torch.Tensor:
     """Logits after each token path from the root (() = the root itself). float [M, V].
 
     Paths not seen before in this context go through one tree forward (their ancestors included
@@ -321,11 +413,7 @@ class Eagle3Drafter:
 
     def _run(self, ids: list[int], hidden: torch.Tensor) -> torch.Tensor:
         """Append entries reading ``ids`` [T] with fed hidden [T, D]; returns outputs [T, D]."""
-        if self._entries() + len(ids) > EAGLE_MAX_ENTRIES:
-            raise ValueError(f"context too long for the EAGLE-3 bench cache ({EAGLE_MAX_ENTRIES} entries)")
-        out = self.head.forward_cached(torch.tensor([ids]), hidden.unsqueeze(0), self.cache,
-                                       torch.tensor([len(ids)]))
-        return out[0]
+        return head_entries(self.head, self.cache, ids, hidden)
 
     @torch.inference_mode()
     def propose(self, context, num_draft, params: SamplingParams, generator):

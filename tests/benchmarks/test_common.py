@@ -61,3 +61,11 @@ def test_standard_arguments_only_add_what_is_asked():
     args = parser.parse_args([])
     assert vars(args) == {"name": "tree", "exit_heads": "auto", "seed": 0}
     assert parser.description == "Doc line."
+
+
+def test_fresh_prompt_offset_starts_after_the_last_trained_prompt_of_the_set():
+    ids = ["a", "b", "c", "d", "e"]
+    trained = {"sharegpt/b", "sharegpt/d", "mtbench/e"}  # another set's name does not count
+    assert common.fresh_prompt_offset("sharegpt", trained, ids) == 4
+    assert common.fresh_prompt_offset("sharegpt", {"sharegpt/zz"}, ids) == 0  # not in the set's file
+    assert common.fresh_prompt_offset("alpacaeval", trained) == 0  # nothing to skip: the set is not loaded

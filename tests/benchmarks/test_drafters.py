@@ -4,7 +4,8 @@
 Regimes: a cache that is cropped and re-extended (the draft of one round dropped when the next
 round's context diverges), with and without stored logits; an exit drafter's q against the logit
 lens on a full forward; the EAGLE-3 drafter's q against the head's training-time forward, which
-defines the feeding (target features for committed positions, the head's own output beyond).
+defines the feeding (target features for committed positions, the head's own output beyond);
+``Eagle3Prefix``'s tree nodes against the same forward with the server's feeding.
 """
 
 import torch
@@ -79,3 +80,38 @@ def test_eagle3_drafter_matches_training_time_forward(tmp_path):
         # The scorer shares the drafter's cache: its logits still equal a full forward.
         logits, _ = target.feed(seq, n - 1)
         torch.testing.assert_close(logits, _full(hf, seq)[0][n - 1 :], atol=ATOL, rtol=0)
+
+
+def test_eagle3_prefix_feeds_tree_nodes_as_the_server(tmp_path):
+    """``Eagle3Prefix`` (bench_tree's EAGLE-3 drafter): the root's logits are entry n - 2's and a
+    node at depth d is the head's step d at entry n - 2 of the training-time forward (context
+    entries target-fed, then each node fed its parent's output), for trees asked in pieces, after
+    cropping the context, with memoised nodes reused."""
+    from benchmarks.drafters import Eagle3Prefix, node_logits
+    from eagle_heads.eagle3 import build_random_eagle3_head
+    from sglang_hsd.runtime.eagle3 import Eagle3Head
+    from sglang_hsd.runtime.model import CausalLM
+
+    def reference(context, path):
+        n, seq = len(context), context + list(path)
+        _, aux = _full(hf, context, tuple(head.capture_layers))
+        with torch.no_grad():
+            outs = head.ttt_forward(torch.tensor([seq[1:]]), aux[: n - 1].flatten(1)[None], steps=len(path) + 1)
+        return head.target_logits(outs[len(path)][0, n - 2 : n - 1])[0]
+
+    hf = tiny_llama(vocab_size=64, num_layers=6, hidden_size=32, seed=7)
+    build_random_eagle3_head(str(tmp_path), hf.config, draft_vocab_size=48, seed=8)
+    head = Eagle3Head.from_pretrained(str(tmp_path), CausalLM.from_hf(hf))
+    drafter = Eagle3Prefix(head, hf, vocab_size=64)
+    full = [3, 1, 4, 1, 5, 9, 2, 6, 5]
+    logits = drafter.prefill(full)
+    trees = [[(7,), (7, 2), (11,), (7, 2, 9)], [(7, 2, 9, 1), (11, 3), (5,)]]  # the second reuses the first's nodes
+    for length in (len(full), 6):  # the whole prefill, then a crop
+        context = full[:length]
+        torch.testing.assert_close(logits[length - 1], reference(context, ()), atol=ATOL, rtol=0)
+        drafter.set_context(length, logits[length - 1])
+        for paths in trees:
+            got = node_logits(drafter, paths)
+            want = torch.stack([reference(context, path) for path in paths])
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+        assert int(drafter.cache.lengths[0, 0]) == length - 1  # the context's entries only
