@@ -16,6 +16,11 @@ gives the exact expected accepted draft tokens of one round (bonus token not cou
   twin in ``sglang_hsd/verify/oracles/expand_exact.py`` (the same law as the batched drafter);
 * the default rule with argmax-first children (``--hsd-tree-draft argmax-first``).
 
+``--real-trees M`` measures the same trees on the real distributions instead (no tiny world, no
+lumped token): the stock tree exactly and M trees per rule drawn by the server's own drafter
+(``benchmarks/real_trees.py``). Use it when the drafter is weak (most of q outside the target's
+best tokens), where the recorded-world law credits the lumped token to the sampled tree.
+
 T = 0 is left out: there the server's greedy rows draft the same top-k tree in both modes and
 every lossless verifier returns the target's argmax path, so both accept the same tokens.
 
@@ -41,7 +46,9 @@ import torch
 
 from benchmarks.bench_tree import TIE, contexts, load_pair, prompt_items, record_world, world_at
 from benchmarks.common import RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, start_run, write_results
-from sglang_hsd.tree_draft import DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES
+from benchmarks import real_trees
+from sglang_hsd.sampling import SamplingParams
+from sglang_hsd.tree_draft import DEFAULT_CHILD_SAMPLER, DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES, DraftPlan, TreeShape
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law
 
 ARGMAX_FIRST = f"{DEFAULT_LEVEL_RULE}+argmax-first"
@@ -121,6 +128,32 @@ def context_rows(recorded: dict, args, context: dict) -> list[dict]:
     return rows
 
 
+def real_context_rows(target, drafter, args, context: dict, generator: torch.Generator) -> list[dict]:
+    """One row per (shape, T) of a context on the real distributions (``--real-trees M``): the stock
+    tree's exact value and law, each rule's mean accepted drafts over M sampled trees (and its SE,
+    "<rule>_se"), the default rule's empirical law of the accepted count."""
+    rows = []
+    for temperature in args.temperature:
+        params = SamplingParams(temperature=temperature)
+        for shape in args.shapes:
+            tree_shape = TreeShape(shape.depth, shape.topk, shape.num_draft_tokens)
+            stock_law = real_trees.stock_accepted_law(target, real_trees.stock_tree(drafter, tree_shape), params,
+                                                      shape.depth)
+            row = {**context, "shape": shape_list(shape), "temperature": temperature,
+                   "stock": sum(a * p for a, p in enumerate(stock_law)), "real_trees": args.real_trees}
+            for name, rule, sampler in [*((r, r, DEFAULT_CHILD_SAMPLER) for r in args.rules),
+                                        (ARGMAX_FIRST, DEFAULT_LEVEL_RULE, "argmax_first_cdf")]:
+                plan = DraftPlan.build(tree_shape, rule, sampler=sampler)
+                trees = real_trees.draft_trees(drafter, plan, args.real_trees, params, generator)
+                counts = real_trees.accepted(target, trees, params, sampler, generator).double()
+                row[name], row[f"{name}_se"] = float(counts.mean()), float(counts.std() / len(counts) ** 0.5)
+                if name == DEFAULT_LEVEL_RULE:
+                    default_law = torch.bincount(counts.long(), minlength=shape.depth + 1) / len(counts)
+            row["accepted_law"] = {"stock": stock_law, DEFAULT_LEVEL_RULE: default_law.tolist()}
+            rows.append(row)
+    return rows
+
+
 def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     """Per (shape, T): means over contexts, each rule's ratio to stock, contexts below stock."""
     out = []
@@ -139,10 +172,18 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
 
 def format_tables(meta: dict, rows: list[dict], summary: list[dict]) -> str:
     names = meta["rules"]
-    lines = [f"# Budgeted trees on recorded worlds: {meta['target']} with drafter {meta['drafter']}", "",
-             "Exact expected accepted draft tokens per round (bonus token not counted) on rank-mapped tiny worlds "
-             f"(V = {meta['world_vocab']}: the target's top {meta['world_vocab'] - 1} tokens per node + one lumped "
-             "token). ratio: (1 + rule) / (1 + stock), tokens per target pass. below: contexts where the rule "
+    if meta.get("real_trees"):
+        title = "on the real distributions"
+        what = (f"Expected accepted draft tokens per round (bonus token not counted) on the full vocabularies: the stock "
+                f"tree exact, the rules' means over {meta['real_trees']} sampled trees per context "
+                "(`benchmarks/real_trees.py`; below and the per-context best carry that Monte Carlo noise)")
+    else:
+        title = "on recorded worlds"
+        what = ("Exact expected accepted draft tokens per round (bonus token not counted) on rank-mapped tiny worlds "
+                f"(V = {meta['world_vocab']}: the target's top {meta['world_vocab'] - 1} tokens per node + one lumped "
+                "token)")
+    lines = [f"# Budgeted trees {title}: {meta['target']} with drafter {meta['drafter']}", "",
+             what + ". ratio: (1 + rule) / (1 + stock), tokens per target pass. below: contexts where the rule "
              "accepts less than stock.", "", f"    {meta['command']}", "",
              "| shape | T | contexts | stock | " + " | ".join(f"{n} | ratio | below" for n in names) + " |",
              "|---" * (4 + 3 * len(names)) + "|"]
@@ -190,13 +231,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--positions", type=int, nargs="+", default=[0, 16],
                         help="contexts: the prompt plus this many continuation tokens")
     parser.add_argument("--world-vocab", type=int, default=5)
+    parser.add_argument("--real-trees", type=int, default=0,
+                        help="M > 0: instead of the exact law on recorded tiny worlds, draft M trees per context "
+                             "and rule on the real distributions (benchmarks/real_trees.py; stock stays exact)")
     add_standard_arguments(parser, exit_heads=True, seed=0, name="tree_budget")
     args = parser.parse_args(argv)
     if min(args.positions) < 0:
         parser.error("--positions must be >= 0")
+    if args.real_trees < 0 or args.real_trees == 1:
+        parser.error(f"--real-trees must be 0 (the recorded-world law) or >= 2 (an SE needs two), got {args.real_trees}")
     if any(t <= 0 for t in args.temperature):
         parser.error("--temperature: every T must be > 0 (T = 0 is equal by construction, see the docstring)")
-    if any(shape.topk >= args.world_vocab for shape in args.shapes):
+    if not args.real_trees and any(shape.topk >= args.world_vocab for shape in args.shapes):
         parser.error("--shapes: every k must be below --world-vocab")
     return args
 
@@ -209,13 +255,17 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"target": args.target, "drafter": label, "shapes": [shape_list(s) for s in args.shapes],
             "temperatures": args.temperature, "rules": [*args.rules, ARGMAX_FIRST], "world_vocab": args.world_vocab,
             "positions": args.positions, "prompt_sets": args.prompt_sets, "continuation": "target, T = 1",
-            "command": run.command}
+            "real_trees": args.real_trees, "command": run.command}
     rows, summary, started = [], [], time.time()
     items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts,
                          getattr(drafter, "trained_prompts", frozenset()))
+    generator = torch.Generator().manual_seed(args.seed)
     for item, position, _ in contexts(target_loaded, target, drafter, items, args.positions, args.seed):
-        recorded = record_world(target, drafter, args.world_vocab, depth)
-        new = context_rows(recorded, args, {"set": item["set"], "prompt": item["prompt"], "position": position})
+        context = {"set": item["set"], "prompt": item["prompt"], "position": position}
+        if args.real_trees:
+            new = real_context_rows(target, drafter, args, context, generator)
+        else:
+            new = context_rows(record_world(target, drafter, args.world_vocab, depth), args, context)
         rows += new
         meta["seconds"] = round(time.time() - started)
         for r in new:
