@@ -281,22 +281,25 @@ def prompt_items(tokenizer, prompt_sets: list[str], num_prompts: int, trained: s
 
 
 @torch.inference_mode()
-def continuation(target, ids: list[int], length: int, seed: int) -> list[int]:
-    """ids plus ``length`` target tokens sampled at T = 1 (plain softmax, no top-k / top-p)."""
+def continuation(target, ids: list[int], length: int, seed: int, temperature: float = 1.0) -> list[int]:
+    """ids plus ``length`` target tokens sampled at ``temperature`` (no top-k / top-p)."""
     if length == 0:  # generate() refuses max_new_tokens=0
         return list(ids)
+    if not temperature > 0:
+        raise ValueError(f"continuation temperature must be > 0, got {temperature}")
     torch.manual_seed(seed)
-    generated = target.hf.generate(torch.tensor([ids]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+    generated = target.hf.generate(torch.tensor([ids]), do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
                                    max_new_tokens=length, min_new_tokens=length)
     return generated[0].tolist()
 
 
 def contexts(target_loaded, target: PrefixModel, drafter: PrefixModel, items: list[dict], positions: list[int],
-             seed: int):
+             seed: int, temperature: float = 1.0):
     """Yield (item, position, context tokens) with both models' caches set to that context: the
-    prompt plus the first ``position`` tokens of one target continuation at T = 1 per prompt."""
+    prompt plus the first ``position`` tokens of one target continuation at ``temperature`` per
+    prompt."""
     for item in items:
-        tokens = continuation(target_loaded, item["ids"], max(positions), seed + item["prompt"])
+        tokens = continuation(target_loaded, item["ids"], max(positions), seed + item["prompt"], temperature)
         target_logits, drafter_logits = target.prefill(tokens), drafter.prefill(tokens)
         for position in sorted(positions, reverse=True):  # crop the caches from long to short
             length = len(item["ids"]) + position

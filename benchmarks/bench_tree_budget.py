@@ -3,7 +3,8 @@
 ``bench_tree.py`` compares full trees (every node has k children) and, as one extra table, one
 node budget at a small depth. Its full trees cannot reach SGLang's shapes: at (D, k) = (5, 4) a
 full tree has 1,364 nodes. This script computes only what the server drafts: for each context
-(a prompt plus the first 0, 16, ... tokens of a target-sampled continuation at T = 1) it records
+(a prompt plus the first 0, 16, ... tokens of a target-sampled continuation, at T = 1 unless
+``--continuation-temperature`` says otherwise) it records
 the target's and the drafter's logits on a rank-mapped tiny tree (``bench_tree.record_world``:
 tiny token i < V - 1 is the target's (i+1)-th most likely token at its node, token V - 1 lumps
 the rest) up to the deepest shape asked for, and for each shape (D, k, N) and temperature it
@@ -230,6 +231,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-prompts", type=int, default=4, help="per prompt set")
     parser.add_argument("--positions", type=int, nargs="+", default=[0, 16],
                         help="contexts: the prompt plus this many continuation tokens")
+    parser.add_argument("--continuation-temperature", type=float, default=1.0,
+                        help="the target samples each prompt's continuation (the contexts) at this temperature")
     parser.add_argument("--world-vocab", type=int, default=5)
     parser.add_argument("--real-trees", type=int, default=0,
                         help="M > 0: instead of the exact law on recorded tiny worlds, draft M trees per context "
@@ -238,6 +241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.positions) < 0:
         parser.error("--positions must be >= 0")
+    if not args.continuation_temperature > 0:
+        parser.error(f"--continuation-temperature must be > 0, got {args.continuation_temperature}")
     if args.real_trees < 0 or args.real_trees == 1:
         parser.error(f"--real-trees must be 0 (the recorded-world law) or >= 2 (an SE needs two), got {args.real_trees}")
     if any(t <= 0 for t in args.temperature):
@@ -254,13 +259,14 @@ def main(argv: list[str] | None = None) -> None:
     depth = max(shape.depth for shape in args.shapes)
     meta = {"target": args.target, "drafter": label, "shapes": [shape_list(s) for s in args.shapes],
             "temperatures": args.temperature, "rules": [*args.rules, ARGMAX_FIRST], "world_vocab": args.world_vocab,
-            "positions": args.positions, "prompt_sets": args.prompt_sets, "continuation": "target, T = 1",
+            "positions": args.positions, "prompt_sets": args.prompt_sets, "continuation": f"target, T = {args.continuation_temperature}",
             "real_trees": args.real_trees, "command": run.command}
     rows, summary, started = [], [], time.time()
     items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts,
                          getattr(drafter, "trained_prompts", frozenset()))
     generator = torch.Generator().manual_seed(args.seed)
-    for item, position, _ in contexts(target_loaded, target, drafter, items, args.positions, args.seed):
+    for item, position, _ in contexts(target_loaded, target, drafter, items, args.positions, args.seed,
+                                      args.continuation_temperature):
         context = {"set": item["set"], "prompt": item["prompt"], "position": position}
         if args.real_trees:
             new = real_context_rows(target, drafter, args, context, generator)

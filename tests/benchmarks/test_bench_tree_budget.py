@@ -26,6 +26,11 @@ def test_budget_values_are_the_oracles_laws():
     assert budget.budget_values(world, Shape(3, 2, 3), ["spine_wide"])["spine_wide"] != values["spine_wide"]
 
 
+def test_real_trees_lift_the_world_vocab_limit():
+    args = budget.parse_args(["--shapes", "3,5,8", "--real-trees", "16", "--continuation-temperature", "0.7"])
+    assert args.real_trees == 16 and args.continuation_temperature == 0.7
+
+
 def test_context_rows_cover_every_shape_and_temperature():
     import torch
 
@@ -49,6 +54,8 @@ def test_context_rows_cover_every_shape_and_temperature():
     (["--rules", "pruned"], "--rules"),
     (["--temperature", "0"], "T = 0"),
     (["--shapes", "3,5,8"], "--world-vocab"),
+    (["--continuation-temperature", "0"], "--continuation-temperature"),
+    (["--real-trees", "1"], "--real-trees"),
 ])
 def test_bad_options_are_refused(argv, match, capsys):
     with pytest.raises(SystemExit):
