@@ -48,13 +48,15 @@ import torch
 from benchmarks.bench_tree import TIE, contexts, load_pair, prompt_items, record_world, world_at
 from benchmarks.common import RESULTS_DIR, RunRecord, add_standard_arguments, benchmark_parser, start_run, write_results
 from benchmarks import real_trees
-from sglang_hsd.sampling import SamplingParams
+from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.tree_draft import DEFAULT_CHILD_SAMPLER, DEFAULT_LEVEL_RULE, LOSSLESS_LEVEL_RULES, DraftPlan, TreeShape
 from sglang_hsd.verify.oracles.expand_exact import Shape, expand_round_law
 
 ARGMAX_FIRST = f"{DEFAULT_LEVEL_RULE}+argmax-first"
-# The two trees a per-request switch chooses between (``switch_value``).
+# The two trees a per-request switch chooses between (``switch_value``, ``confidence_value``).
 SWITCHED = ("stock", DEFAULT_LEVEL_RULE)
+# Root-confidence switches reported: the stock tree where the drafter's root q has max >= tau.
+CONFIDENCE_THRESHOLDS = (0.4, 0.6, 0.8)
 
 
 def shape_list(shape: Shape) -> list[int]:
@@ -155,6 +157,19 @@ def real_context_rows(target, drafter, args, context: dict, generator: torch.Gen
     return rows
 
 
+def confidence_value(rows: list[dict], threshold: float) -> float:
+    """Mean expected accepted drafts of a switch on the drafter's confidence at the root: the stock
+    tree where the root's q (at the request's temperature) has max >= ``threshold``
+    ("root_q_max"), the default elsewhere. The root's q is a function of the committed prefix
+    alone, drawn before any draft, so either choice keeps each round lossless."""
+    return statistics.mean(r["stock"] if r["root_q_max"] >= threshold else r[DEFAULT_LEVEL_RULE] for r in rows)
+
+
+def root_q_max(drafter, temperature: float) -> float:
+    """max of the drafter's q at the context's root under temperature T."""
+    return float(logits_to_probs(drafter.memo[()][None].float(), SamplingParams(temperature=temperature)).max())
+
+
 def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     """Per (shape, T): means over contexts, each rule's ratio to stock, contexts below stock."""
     out = []
@@ -163,6 +178,8 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
         means = {name: statistics.mean(r[name] for r in sel) for name in ["stock", *names]}
         depth = key[0][0]
         switch = {"switch a>=D-1": switch_value(sel, depth - 1), "switch a>=D": switch_value(sel, depth)}
+        if all("root_q_max" in r for r in sel):
+            switch.update({f"root q max>={t}": confidence_value(sel, t) for t in CONFIDENCE_THRESHOLDS})
         switch["best of the two per context"] = statistics.mean(max(r["stock"], r[DEFAULT_LEVEL_RULE]) for r in sel)
         out.append({"shape": list(key[0]), "temperature": key[1], "contexts": len(sel), "mean": means,
                     "ratio_to_stock": {n: (means[n] + 1) / (means["stock"] + 1) for n in names},
@@ -194,8 +211,8 @@ def format_tables(meta: dict, rows: list[dict], summary: list[dict]) -> str:
                      f"{s['mean']['stock']:.3f} | " + " | ".join(cells) + " |")
     lines += ["", f"## A per-request switch between the stock tree and {DEFAULT_LEVEL_RULE}", "",
               "ratio to stock of `switch_value` (the stock tree after a round that accepted >= a drafts, D the "
-              "shape's depth) and of the "
-              "better of the two trees in each context (the ceiling of any per-context choice).", "",
+              "shape's depth), of `confidence_value` (the stock tree where the drafter's root q has max >= tau) "
+              "and of the better of the two trees in each context (the ceiling of any per-context choice).", "",
               "| shape | T | " + " | ".join(summary[0]["switch_ratio_to_stock"]) + " |" if summary else "",
               "|---" * (2 + (len(summary[0]["switch_ratio_to_stock"]) if summary else 0)) + "|"]
     for s in summary:
@@ -272,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
             new = real_context_rows(target, drafter, args, context, generator)
         else:
             new = context_rows(record_world(target, drafter, args.world_vocab, depth), args, context)
+        for r in new:
+            r["root_q_max"] = root_q_max(drafter, r["temperature"])
         rows += new
         meta["seconds"] = round(time.time() - started)
         for r in new:

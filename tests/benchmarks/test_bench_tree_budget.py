@@ -99,3 +99,13 @@ def test_switch_value_follows_the_mode_chain_over_positions():
     # -> 0.68 * 2.0 + 0.32 * 1.0 = 1.68
     assert budget.switch_value(rows, 2) == pytest.approx((1.2 + 1.62 + 1.68) / 3, abs=1e-12)
     assert budget.switch_value(rows, 3) == pytest.approx((1.2 + 1.5 + 1.0) / 3, abs=1e-12)  # never switches
+
+
+def test_confidence_value_takes_the_stock_tree_where_the_root_is_confident():
+    rows = [{"stock": 3.0, "spine_wide": 2.0, "root_q_max": 0.9}, {"stock": 0.5, "spine_wide": 1.5, "root_q_max": 0.3}]
+    assert budget.confidence_value(rows, 0.6) == pytest.approx((3.0 + 1.5) / 2)
+    assert budget.confidence_value(rows, 0.95) == pytest.approx((2.0 + 1.5) / 2)
+    full = [{**r, "set": "s", "prompt": i, "position": 0, "shape": [3, 2, 5], "temperature": 0.7,
+             "accepted_law": {"stock": [0, 0, 0, 1], "spine_wide": [0, 0, 1, 0]}} for i, r in enumerate(rows)]
+    switch = budget.summarize(full, ["spine_wide"])[0]["switch_ratio_to_stock"]
+    assert switch["root q max>=0.6"] == pytest.approx((4.5 / 2 + 1) / (3.5 / 2 + 1))
