@@ -79,10 +79,8 @@ def budget_values(world, shape: Shape, rules: list[str]) -> dict:
     hsd) and ``ARGMAX_FIRST``; under "accepted_law", the law of the accepted count (a list, index
     a = 0 .. D) of the two trees a per-request switch would choose between (``SWITCHED``)."""
     laws = {"stock": expand_round_law(world, "stock", shape)}
-    for rule in rules:
+    for rule in dict.fromkeys([*rules, DEFAULT_LEVEL_RULE]):
         laws[rule] = expand_round_law(world, rule, shape)
-    if DEFAULT_LEVEL_RULE not in laws:
-        laws[DEFAULT_LEVEL_RULE] = expand_round_law(world, DEFAULT_LEVEL_RULE, shape)
     values = {name: float(law.expected_accepted) for name, law in laws.items() if name == "stock" or name in rules}
     values[ARGMAX_FIRST] = float(expand_round_law(world, DEFAULT_LEVEL_RULE, shape, children="argmax-first")
                                  .expected_accepted)
@@ -243,7 +241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="D,k,N as the server's --speculative-num-steps, -eagle-topk, -num-draft-tokens")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.7, 1.0])
     parser.add_argument("--rules", nargs="+", default=list(LOSSLESS_LEVEL_RULES), choices=list(LOSSLESS_LEVEL_RULES),
-                        help="lossless level rules")
+                        help=f"lossless level rules ({DEFAULT_LEVEL_RULE}, the default the switch study compares "
+                             "with the stock tree, is always measured)")
     parser.add_argument("--prompt-sets", nargs="+", default=["sharegpt", "mtbench"])
     parser.add_argument("--num-prompts", type=int, default=4, help="per prompt set")
     parser.add_argument("--positions", type=int, nargs="+", default=[0, 16],
@@ -258,6 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.positions) < 0:
         parser.error("--positions must be >= 0")
+    args.rules = list(dict.fromkeys([*args.rules, DEFAULT_LEVEL_RULE]))
     if not args.continuation_temperature > 0:
         parser.error(f"--continuation-temperature must be > 0, got {args.continuation_temperature}")
     if args.real_trees < 0 or args.real_trees == 1:

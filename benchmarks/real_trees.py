@@ -27,12 +27,8 @@ import torch
 from benchmarks.bench_tree import tree_paths
 from benchmarks.drafters import node_logits
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
-from sglang_hsd.tree_draft import DraftPlan, KeyedNoise, LevelDrafter, LevelTree, TreeShape
+from sglang_hsd.tree_draft import CHILD_SAMPLERS, DraftPlan, KeyedNoise, LevelDrafter, LevelTree, TreeShape
 from sglang_hsd.verify import verify_tree
-
-# The child sampler of a sampled tree -> the drafting mode its verifier must be told.
-DRAFT_MODES = {"inverse_cdf": "without-replacement", "argmax_first_cdf": "argmax-first"}
-
 
 def pool_path(tree_state, row: int, slot: int) -> tuple[int, ...]:
     """Token path (root excluded) to pool slot ``slot`` of batch row ``row`` of a ``LevelState``."""
@@ -74,7 +70,7 @@ def accepted(target, tree: LevelTree, params: SamplingParams, sampler: str, gene
     """Accepted drafts of each sampled tree under ``hsd``: int64 [M]."""
     res = verify_tree(tree.candidates, tree.retrive_next_token, tree.retrive_next_sibling, tree.draft_probs,
                       target_rows(target, tree, params), method="hsd", generator=generator, validate=False,
-                      draft_mode=DRAFT_MODES[sampler], num_kept=tree.num_kept)
+                      draft_mode=CHILD_SAMPLERS[sampler].draft_mode, num_kept=tree.num_kept)
     return res.num_accepted
 
 

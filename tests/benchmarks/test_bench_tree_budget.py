@@ -31,6 +31,13 @@ def test_real_trees_lift_the_world_vocab_limit():
     assert args.real_trees == 16 and args.continuation_temperature == 0.7
 
 
+def test_the_default_rule_is_always_measured():
+    assert budget.parse_args(["--rules", "beam"]).rules == ["beam", "spine_wide"]
+    world = exact.random_world(4, 3, seed=4, concentration=0.5)
+    values = budget.budget_values(world, Shape(3, 2, 5), ["beam"])
+    assert set(values["accepted_law"]) == set(budget.SWITCHED)  # the default's law without its column
+
+
 def test_context_rows_cover_every_shape_and_temperature():
     import torch
 
