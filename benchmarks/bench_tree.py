@@ -240,8 +240,8 @@ def _batch_row(tree, b: int):
 
 def load_pair(target_name: str, drafter_spec: str, exit_heads: str):
     """(target LoadedModel, target PrefixModel, drafter, drafter label) for ``--drafter``: the
-    drafter a ``PrefixModel`` (exit:<layer>, model:<name>) or an ``Eagle3Prefix`` (eagle3[:<dir>],
-    whose ``trained_prompts`` names the prompts that trained the head)."""
+    drafter a ``PrefixModel`` (exit:<layer>, model:<name>) or an ``Eagle3Prefix`` (eagle3[:<dir>]);
+    its ``trained_prompts`` names the prompts that trained it."""
     kind, _, value = drafter_spec.partition(":")
     if kind not in ("exit", "model", "eagle3") or (kind != "eagle3" and not value):
         raise ValueError(f"--drafter must be exit:<layer>, model:<name> or eagle3[:<dir>], got {drafter_spec!r}")
@@ -254,8 +254,7 @@ def load_pair(target_name: str, drafter_spec: str, exit_heads: str):
         except ValueError as err:
             raise ValueError(f"--drafter {drafter_spec!r}: {err}") from None
         vocab = target.hf.lm_head.out_features
-        drafter = Eagle3Prefix(head, target.hf, vocab)
-        drafter.trained_prompts = training_prompt_names(folder.parent)
+        drafter = Eagle3Prefix(head, target.hf, vocab, training_prompt_names(folder.parent))
         return target, PrefixModel(target.hf, vocab_size=vocab), drafter, "eagle3 (server feeding)"
     if kind == "exit":
         layer = int(value)
@@ -461,8 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     run = start_run(__file__, argv)
     torch.set_num_threads(1)
     target_loaded, target, drafter, label = load_pair(args.target, args.drafter, args.exit_heads)
-    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts,
-                         getattr(drafter, "trained_prompts", frozenset()))
+    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts, drafter.trained_prompts)
     generator = torch.Generator().manual_seed(args.seed)
     meta = {"target": args.target, "drafter": label, "depth": args.depth, "trees": args.trees, "coins": args.coins,
             "num_draft_tokens": args.num_draft_tokens,

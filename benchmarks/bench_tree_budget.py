@@ -276,11 +276,11 @@ def main(argv: list[str] | None = None) -> None:
     depth = max(shape.depth for shape in args.shapes)
     meta = {"target": args.target, "drafter": label, "shapes": [shape_list(s) for s in args.shapes],
             "temperatures": args.temperature, "rules": [*args.rules, ARGMAX_FIRST], "world_vocab": args.world_vocab,
-            "positions": args.positions, "prompt_sets": args.prompt_sets, "continuation": f"target, T = {args.continuation_temperature}",
+            "positions": args.positions, "prompt_sets": args.prompt_sets,
+            "continuation": f"target, T = {args.continuation_temperature}",
             "real_trees": args.real_trees, "command": run.command}
     rows, summary, started = [], [], time.time()
-    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts,
-                         getattr(drafter, "trained_prompts", frozenset()))
+    items = prompt_items(target_loaded.tokenizer, args.prompt_sets, args.num_prompts, drafter.trained_prompts)
     generator = torch.Generator().manual_seed(args.seed)
     for item, position, _ in contexts(target_loaded, target, drafter, items, args.positions, args.seed,
                                       args.continuation_temperature):

@@ -170,6 +170,9 @@ class PrefixModel:
     ``CachedLM``; tree nodes run on top of it with the tree attention mask (``bench_tree``).
     """
 
+    # "set/id" names of the prompts the drafter was trained on (none for a model or an exit here).
+    trained_prompts: frozenset[str] = frozenset()
+
     def __init__(self, hf, exit_layer: int | None = None, head=None, vocab_size: int | None = None):
         self.exit_layer, self.head = exit_layer, head
         self.vocab_size = vocab_size
@@ -265,8 +268,9 @@ class Eagle3Prefix:
     entry); the server does not, and this class measures the server's trees.
     """
 
-    def __init__(self, head: Eagle3Head, target_hf, vocab_size: int):
+    def __init__(self, head: Eagle3Head, target_hf, vocab_size: int, trained_prompts: frozenset[str] = frozenset()):
         self.head, self.vocab_size = head, vocab_size
+        self.trained_prompts = frozenset(trained_prompts)  # "set/id" names of the head's training prompts
         self.lm = CachedLM(target_hf, hidden_layers=tuple(head.capture_layers), with_logits=False)
         self.cache = head.new_cache(1, EAGLE_MAX_ENTRIES)
         self.out = torch.zeros(0, head.fc.out_features)  # [n - 1, D]: entry outputs of the context

@@ -115,3 +115,15 @@ def test_eagle3_prefix_feeds_tree_nodes_as_the_server(tmp_path):
             want = torch.stack([reference(context, path) for path in paths])
             torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
         assert int(drafter.cache.lengths[0, 0]) == length - 1  # the context's entries only
+
+
+def test_load_eagle3_head_names_the_missing_folder(tmp_path):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from benchmarks.drafters import load_eagle3_head
+
+    target = SimpleNamespace(path=tmp_path / "some-model", model=None)
+    with pytest.raises(ValueError, match="no EAGLE-3 head in .*empty.*train-heads --model some-model"):
+        load_eagle3_head(target, str(tmp_path / "empty"))

@@ -62,8 +62,8 @@ def test_a_mismatched_drafting_mode_is_caught():
     world = exact.random_world(4, 4, seed=5, concentration=0.6)
     target, drafter = WorldModel(world.p), WorldModel(world.q)
     params, gen = SamplingParams(temperature=1.0), torch.Generator().manual_seed(2)
-    trees = real_trees.draft_trees(drafter, DraftPlan.build(TreeShape(3, 2, 5), "spine_wide", sampler="argmax_first_cdf"),
-                                   3000, params, gen)
+    plan = DraftPlan.build(TreeShape(3, 2, 5), "spine_wide", sampler="argmax_first_cdf")
+    trees = real_trees.draft_trees(drafter, plan, 3000, params, gen)
     counts = real_trees.accepted(target, trees, params, "inverse_cdf", gen).double()
     want = expand_round_law(world, "spine_wide", Shape(3, 2, 5), children="argmax-first").expected_accepted
     se = float(counts.std()) / math.sqrt(len(counts))
