@@ -100,17 +100,26 @@ def target_rows(logits: torch.Tensor, internal: list[int], num_nodes: int, tempe
     return rows.unsqueeze(0)
 
 
-def stock_expected_accepted(tree, target: torch.Tensor) -> float:
-    """Exact expected accepted draft tokens of ``target-only`` on a fixed tree (distinct siblings).
+def target_reach(tree, target: torch.Tensor) -> list[float]:
+    """P(``target-only`` accepts node n) for every node of row 0 of a fixed tree (distinct
+    siblings): the product of the target's probabilities along n's path (the root: 1; filler
+    columns with no parent, as a ``LevelTree`` leaves when q's support runs out: 0).
 
-    tree: batch-1 ``DraftTree``; target: float [1, N, V]. A child x of an accepted node n is
-    accepted with probability p_n(x), so the expectation is the sum of the nodes' path probabilities.
+    tree: batch-1 tree with ``parents`` and ``candidates``; target: float [1, N, V].
     """
     parents, tokens = tree.parents[0].tolist(), tree.candidates[0].tolist()
-    reach = [1.0] * len(parents)
-    for node in range(1, len(parents)):
-        reach[node] = reach[parents[node]] * float(target[0, parents[node], tokens[node]])
-    return sum(reach[1:])
+    reach = [1.0] + [0.0] * (len(parents) - 1)
+    for node in range(1, len(parents)):  # parents come before their children
+        if parents[node] >= 0:
+            reach[node] = reach[parents[node]] * float(target[0, parents[node], tokens[node]])
+    return reach
+
+
+def stock_expected_accepted(tree, target: torch.Tensor) -> float:
+    """Exact expected accepted draft tokens of ``target-only`` on a fixed tree: a child x of an
+    accepted node n is accepted with probability p_n(x), so the expectation is the sum of the
+    nodes' path probabilities (``target_reach``)."""
+    return sum(target_reach(tree, target)[1:])
 
 
 def lump_small_tokens(candidates: torch.Tensor, draft: torch.Tensor, target: torch.Tensor, keep_prob: float):

@@ -6,7 +6,7 @@ the sampled tree then draws and the target accepts as if it were one token, so t
 sampled children (SmolLM2's EAGLE-3 head: ``benchmarks/README.md``). Here every tree is the
 server's own, on the full vocabulary:
 
-* ``sampled_trees``: ``tree_draft.LevelDrafter`` (the drafter the server and the runtime run)
+* ``draft_trees``: ``tree_draft.LevelDrafter`` (the drafter the server and the runtime run)
   drafts M trees of one context with keyed noise; each draft forward's q rows are the drafter's
   logits at the beams' paths (``drafters.node_logits`` on a ``PrefixModel`` or ``Eagle3Prefix``)
   under the request's sampling parameters;
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.bench_tree import tree_paths
+from benchmarks.bench_tree import target_reach, tree_paths
 from benchmarks.drafters import node_logits
 from sglang_hsd.sampling import SamplingParams, logits_to_probs
 from sglang_hsd.tree_draft import CHILD_SAMPLERS, DraftPlan, KeyedNoise, LevelDrafter, LevelTree, TreeShape
 from sglang_hsd.verify import verify_tree
+
 
 def pool_path(tree_state, row: int, slot: int) -> tuple[int, ...]:
     """Token path (root excluded) to pool slot ``slot`` of batch row ``row`` of a ``LevelState``."""
@@ -82,20 +83,16 @@ def stock_tree(drafter, shape: TreeShape) -> LevelTree:
 
 def stock_accepted_law(target, tree: LevelTree, params: SamplingParams, depth: int) -> list[float]:
     """Exact P(a drafts accepted), a = 0 .. ``depth`` (the shape's D), of ``target-only`` on a
-    one-row stock tree."""
-    rows = target_rows(target, tree, params)[0]
-    parents, tokens = tree.parents[0].tolist(), tree.candidates[0].tolist()
-    depths = tree.depths[0].tolist()
-    reach = [1.0] * len(parents)
-    children_mass = [0.0] * len(parents)
+    one-row stock tree: node n ends the accepted path with probability reach(n) times the target
+    mass its children miss (``bench_tree.target_reach``)."""
+    rows = target_rows(target, tree, params)
+    reach = target_reach(tree, rows)
+    parents, tokens, depths = tree.parents[0].tolist(), tree.candidates[0].tolist(), tree.depths[0].tolist()
+    missed = [1.0] * len(parents)
     for node in range(1, len(parents)):
-        if parents[node] < 0:  # filler after q's support ran out
-            continue
-        prob = float(rows[parents[node], tokens[node]])
-        reach[node] = reach[parents[node]] * prob
-        children_mass[parents[node]] += prob
+        if parents[node] >= 0:  # filler (q's support ran out) has no parent and reach 0
+            missed[parents[node]] -= float(rows[0, parents[node], tokens[node]])
     law = [0.0] * (depth + 1)
-    for node in range(len(parents)):
-        if node == 0 or parents[node] >= 0:
-            law[depths[node]] += reach[node] * (1.0 - children_mass[node])
+    for node, (r, d) in enumerate(zip(reach, depths)):
+        law[d] += r * missed[node]
     return law
