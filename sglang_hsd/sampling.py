@@ -1,21 +1,27 @@
 """Logits -> probabilities with temperature, top-k, top-p and min-p, the same way at every level.
 
 Lossless speculative decoding reproduces the distribution the *target* would sample from, which is
-the target's logits after the request's sampling parameters. The drafter's q and every
-intermediate level's p must be transformed with the same parameters: a drafter sampled at T = 1
-verified against a target at T = 0.7 is still lossless (q only affects speed), but an intermediate
-level that forgot top-p would pass a wrong q upward and silently bias the output. Every level in
-this project calls ``logits_to_probs`` with one ``SamplingParams``.
+the target's logits after the request's sampling parameters, exactly as the server without
+speculation applies them. The drafter's q and every intermediate level's p go through the same
+transform: a drafter sampled at T = 1 verified against a target at T = 0.7 is still lossless (q
+only affects speed), but a level whose filters differ from the target's passes a wrong q upward
+and silently biases the output. Every level in this project calls ``logits_to_probs`` (or, on rows
+already through temperature and softmax, ``filter_probs``) with one set of parameters.
 
-Order of operations (as SGLang's speculative verify and vLLM): temperature, then top-k, then
-top-p on the renormalised top-k set, then softmax, then min-p: tokens whose probability is below
-``min_p`` times the row's largest probability are dropped and the row is renormalised. Because
-the largest token survives top-k and top-p and renormalising scales every entry alike, that
-min-p set is the one SGLang's non-speculative sampler keeps (``top_k_top_p_min_p_sampling_from_
-probs_torch``, which compares the same ratio on the unrenormalised probabilities).
-Temperature 0 means greedy: the row becomes one-hot on the argmax.
+Semantics: those of SGLang's non-speculative sampler (``top_k_top_p_min_p_sampling_from_probs_
+torch``, the CPU server's; FlashInfer's joint top-k / top-p filter on GPU keeps the same set).
+Temperature, then softmax of the whole row, then one sort of that row, and a token is kept when
 
-Host synchronisation: which masks a batch needs is a per-batch decision. ``logits_to_probs``
+* its rank in the sorted row is below top_k (ties broken by the sort, not kept together),
+* the mass of the tokens sorted before it in the ORIGINAL row is at most top_p, and
+* its probability is not below min_p times the row's largest probability;
+
+the kept tokens are renormalised. Top-p is NOT applied to the row renormalised after top-k, which
+is what SGLang's speculative verify (``top_k_renorm_prob`` then ``top_p_renorm_prob``) and vLLM do:
+with top_k 40 and top_p 0.95 the two laws differ (total variation 0.017 on 60-token rows, up to 0.2
+on random ones). Temperature 0 means greedy: the row becomes one-hot on the argmax.
+
+Host synchronisation: which filters a batch needs is a per-batch decision. ``logits_to_probs``
 reads it from the parameters (a few ``bool(tensor)`` syncs) unless the caller passes
 ``SamplingFilters`` it already knows as Python bools (SGLang's ``need_*_sampling`` flags, a
 captured CUDA graph): then it never reads a tensor back to the host.
@@ -132,7 +138,7 @@ class SamplingFilters:
 
 def logits_to_probs(logits: torch.Tensor, params: BatchSamplingParams | SamplingParams,
                     filters: SamplingFilters | None = None) -> torch.Tensor:
-    """Apply temperature, top-k and top-p, then softmax, then min-p.
+    """Temperature, softmax, then the non-speculative sampler's filters (``filter_probs``).
 
     Args:
         logits: float [B, V] or [B, T, V]; all T positions of row b use request b's parameters.
@@ -142,35 +148,95 @@ def logits_to_probs(logits: torch.Tensor, params: BatchSamplingParams | Sampling
     Returns:
         float32 probabilities with the shape of ``logits``.
     """
-    if isinstance(params, SamplingParams):
-        params = BatchSamplingParams.from_params([params] * logits.shape[0], logits.device)
-    if params.temperature.shape[0] != logits.shape[0]:
-        raise ValueError(
-            f"params has {params.temperature.shape[0]} rows but logits has batch size {logits.shape[0]}"
-        )
+    params = _batch_params(params, logits)
     if filters is None:
         filters = SamplingFilters.of(params, logits.shape[-1])
-    squeeze = logits.dim() == 2
-    x = logits.float().unsqueeze(1) if squeeze else logits.float()
+    x = logits.float()
     if filters.all_greedy:
-        # Every row one-hot on its argmax: the masks and softmax below would be discarded (top-k /
-        # top-p / min-p keep the maximum, so the argmax is the same).
-        probs = _one_hot_argmax(x)
-        return probs.squeeze(1) if squeeze else probs
-    temperature = torch.where(params.temperature > 0, params.temperature, 1.0).view(-1, 1, 1)
-    x = x / temperature
-    # Sorting a 50k-150k vocabulary is the expensive part: skip the masks no row asks for.
-    if filters.top_k:
-        x = _mask_top_k(x, params.top_k)
-    if filters.top_p:
-        x = _mask_top_p(x, params.top_p)
-    probs = torch.softmax(x, dim=-1)
-    if filters.min_p:
-        probs = apply_min_p(probs, params.min_p)
+        # Every row one-hot on its argmax: the filters and softmax would be discarded (they keep
+        # the maximum, so the argmax is the same).
+        return _one_hot_argmax(x)
+    temperature = torch.where(params.temperature > 0, params.temperature, 1.0).float()
+    probs = torch.softmax(x / _per_row(temperature, x), dim=-1)
+    probs = filter_probs(probs, params, filters)
     if filters.any_greedy:
-        greedy = (params.temperature == 0).view(-1, 1, 1)
+        greedy = _per_row(params.temperature == 0, x)
         probs = torch.where(greedy, _one_hot_argmax(x), probs)
-    return probs.squeeze(1) if squeeze else probs
+    return probs
+
+
+def filter_probs(probs: torch.Tensor, params: BatchSamplingParams | SamplingParams,
+                 filters: SamplingFilters | None = None) -> torch.Tensor:
+    """Top-k, top-p and min-p of the requests on rows already through temperature and softmax,
+    with the semantics of SGLang's non-speculative sampler (module docstring): one sort of the
+    original row; a token is kept when its rank is below top_k, the mass of the tokens sorted
+    before it in the ORIGINAL row is at most top_p, and it is not below min_p times the row's
+    largest probability; the kept tokens are renormalised. Temperature and greedy rows are not
+    this function's business (``logits_to_probs`` handles them).
+
+    Args:
+        probs: float [B, V] or [B, T, V], each row a distribution; row b's T rows use request
+            b's parameters.
+        params: one ``SamplingParams`` for every row, or ``BatchSamplingParams`` with [B] fields.
+        filters: the steps the batch needs; None reads them from ``params`` (host syncs).
+    Returns:
+        probabilities with the shape and dtype of ``probs``; rows of requests no filter applies
+        to are returned unchanged (bit for bit).
+    """
+    params = _batch_params(params, probs)
+    if filters is None:
+        filters = SamplingFilters.of(params, probs.shape[-1])
+    if not (filters.top_k or filters.top_p or filters.min_p):
+        return probs
+    vocab = probs.shape[-1]
+    kept = probs
+    # Sorting a 50k-150k vocabulary is the expensive part: only for top-k / top-p, once for both.
+    if filters.top_k or filters.top_p:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        drop = torch.zeros_like(sorted_probs, dtype=torch.bool)
+        if filters.top_k:
+            rank = torch.arange(vocab, device=probs.device)
+            drop |= rank >= _per_row(_top_k_or_vocab(params.top_k, vocab), probs)
+        if filters.top_p:
+            # Mass before each token in the ORIGINAL row (not renormalised after top-k), as
+            # SGLang's sampler computes it; rows with top_p = 1 keep everything (rounding can
+            # push the tail's mass before above 1).
+            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            top_p = _per_row(params.top_p.to(probs.dtype), probs)
+            drop |= (mass_before > top_p) & (top_p < 1)
+        kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    if filters.min_p:
+        # The largest probability always survives top-k and top-p, so the threshold is the
+        # original row's maximum times min_p, as in SGLang's sampler.
+        kept = _drop_below_min_p(kept, probs.amax(dim=-1, keepdim=True), params.min_p)
+    # Renormalise only the rows some filter applies to, so the others keep their exact values.
+    return torch.where(_per_row(_filtered_rows(params, vocab), probs), kept / kept.sum(-1, keepdim=True), probs)
+
+
+def _batch_params(params: BatchSamplingParams | SamplingParams, rows: torch.Tensor) -> BatchSamplingParams:
+    if isinstance(params, SamplingParams):
+        return BatchSamplingParams.from_params([params] * rows.shape[0], rows.device)
+    if params.temperature.shape[0] != rows.shape[0]:
+        raise ValueError(
+            f"params has {params.temperature.shape[0]} rows but the input has batch size {rows.shape[0]}"
+        )
+    return params
+
+
+def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, 1] or [B, 1, 1], broadcasting against ``like`` [B, V] or [B, T, V]."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
+
+
+def _top_k_or_vocab(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int64 [B]: each row's top_k, with the vocabulary size for rows without one (<= 0 or > V)."""
+    top_k = top_k.long()
+    return torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
+
+
+def _filtered_rows(params: BatchSamplingParams, vocab: int) -> torch.Tensor:
+    """bool [B]: rows whose request asks for top-k, top-p or min-p."""
+    return (_top_k_or_vocab(params.top_k, vocab) < vocab) | (params.top_p < 1) | (params.min_p > 0)
 
 
 def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -185,35 +251,18 @@ def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """
     if min_p.shape[0] != probs.shape[0]:
         raise ValueError(f"min_p has {min_p.shape[0]} rows but probs has batch size {probs.shape[0]}")
-    per_row = min_p.to(probs.dtype).view(-1, *([1] * (probs.dim() - 1)))
-    threshold = probs.amax(dim=-1, keepdim=True) * per_row
-    kept = probs.masked_fill(probs < threshold, 0.0)
+    kept = _drop_below_min_p(probs, probs.amax(dim=-1, keepdim=True), min_p)
     # Renormalise only the rows min-p applies to, so rows without it keep their exact values.
-    return torch.where(per_row > 0, kept / kept.sum(-1, keepdim=True), probs)
+    return torch.where(_per_row(min_p > 0, probs), kept / kept.sum(-1, keepdim=True), probs)
+
+
+def _drop_below_min_p(probs: torch.Tensor, row_max: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """``probs`` [B, (T,) V] with the entries below ``min_p`` [B] times ``row_max`` [B, (T,) 1]
+    zeroed (not renormalised)."""
+    return probs.masked_fill(probs < row_max * _per_row(min_p.to(probs.dtype), probs), 0.0)
 
 
 def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
-    """float32 one-hot rows on the argmax of ``x`` [..., V] (the first index among ties); built
-    with a scatter, not ``one_hot``, which checks the indices on the host."""
-    return torch.zeros(x.shape, dtype=torch.float32, device=x.device).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
-
-
-def _mask_top_k(x: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    vocab = x.shape[-1]
-    k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).view(-1, 1, 1)
-    sorted_desc = torch.sort(x, dim=-1, descending=True).values
-    kth = sorted_desc.gather(-1, (k - 1).expand(*x.shape[:-1], 1))
-    return x.masked_fill(x < kth, float("-inf"))
-
-
-def _mask_top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    sorted_x, order = torch.sort(x, dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_x, dim=-1)
-    # Mass strictly before each token: a token is kept while that mass is < top_p, so the most
-    # likely token is always kept and the kept set is the smallest reaching top_p. Rows with
-    # top_p = 1 keep everything (rounding can push the tail's mass before to 1).
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    per_row = top_p.view(-1, 1, 1)
-    drop_sorted = (mass_before >= per_row) & (per_row < 1)
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return x.masked_fill(drop, float("-inf"))
+    """One-hot rows (``x``'s float dtype) on the argmax of ``x`` [..., V] (the first index among
+    ties); built with a scatter, not ``one_hot``, which checks the indices on the host."""
+    return torch.zeros(x.shape, dtype=x.dtype, device=x.device).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)

@@ -1,5 +1,8 @@
-"""Temperature / top-k / top-p / min-p in one place, identical for every level."""
+"""Temperature / top-k / top-p / min-p in one place, identical for every level, with the
+semantics of SGLang's non-speculative sampler (top-p on the ORIGINAL row, not the one renormalised
+after top-k). ``tests/sglang_plugin/test_sampling_law.py`` compares with SGLang's own function."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -8,6 +11,7 @@ from sglang_hsd.sampling import (
     SamplingFilters,
     SamplingParams,
     apply_min_p,
+    filter_probs,
     logits_to_probs,
 )
 
@@ -45,12 +49,47 @@ def test_top_k_keeps_k_tokens_and_renormalises():
     assert torch.allclose(probs[0, :2], torch.softmax(logits[0, :2], -1))
 
 
-def test_top_p_keeps_smallest_set_reaching_p():
-    probs_in = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    probs = logits_to_probs(probs_in.log(), SamplingParams(top_p=0.8))
-    assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
-    probs = logits_to_probs(probs_in.log(), SamplingParams(top_p=0.81))
+def test_top_p_keeps_tokens_whose_mass_before_is_at_most_p():
+    probs_in = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64)
+    probs = filter_probs(probs_in, SamplingParams(top_p=0.79))
+    torch.testing.assert_close(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]], dtype=torch.float64))
+    probs = filter_probs(probs_in, SamplingParams(top_p=0.81))
     assert (probs[0, :3] > 0).all() and probs[0, 3] == 0
+
+
+def test_top_p_reads_the_original_row_not_the_one_renormalised_after_top_k():
+    # top_k 2 keeps [0.4, 0.3]; top-p 0.5 on the ORIGINAL row keeps both (mass before 0.3 is 0.4),
+    # while top-p on the renormalised [4/7, 3/7] would drop the second (mass before 4/7 > 0.5).
+    probs_in = torch.tensor([[0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)
+    probs = filter_probs(probs_in, SamplingParams(top_k=2, top_p=0.5))
+    torch.testing.assert_close(probs, torch.tensor([[4.0, 3.0, 0.0, 0.0]], dtype=torch.float64) / 7)
+
+
+def _sequential_law(probs: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """The non-speculative sampler's law of one row, written out token by token (float64)."""
+    order = sorted(range(len(probs)), key=lambda v: -probs[v])
+    kept, before = np.zeros_like(probs), 0.0
+    for rank, v in enumerate(order):
+        if (top_k <= 0 or rank < top_k) and (top_p >= 1 or before <= top_p) \
+                and probs[v] >= min_p * probs[order[0]]:
+            kept[v] = probs[v]
+        before += probs[v]
+    return kept / kept.sum()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_filter_probs_is_the_sequential_law_for_every_parameter_class(seed):
+    gen = torch.Generator().manual_seed(seed)
+    classes = [(0, 1.0, 0.0), (5, 1.0, 0.0), (0, 0.7, 0.0), (0, 1.0, 0.1), (8, 0.6, 0.0),
+               (20, 0.8, 0.05), (3, 0.95, 0.3), (1, 0.5, 0.0), (40, 0.95, 0.0)]
+    probs = torch.softmax(torch.randn(len(classes), 60, generator=gen, dtype=torch.float64) * 2.5, -1)
+    params = BatchSamplingParams(torch.ones(len(classes)), torch.tensor([c[0] for c in classes]),
+                                 torch.tensor([c[1] for c in classes], dtype=torch.float64),
+                                 torch.tensor([c[2] for c in classes], dtype=torch.float64))
+    got = filter_probs(probs, params)
+    for row, (top_k, top_p, min_p) in enumerate(classes):
+        expected = _sequential_law(probs[row].numpy(), top_k, top_p, min_p)
+        np.testing.assert_allclose(got[row].numpy(), expected, rtol=0, atol=1e-15)
 
 
 def test_per_row_parameters_apply_to_their_row_only():

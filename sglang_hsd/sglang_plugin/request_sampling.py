@@ -11,10 +11,13 @@ so it reads nothing back to the host:
   that ``tree_draft.RootQHook`` records);
 * the exit level's p (``exit_level.probs_like_sglang_verify``).
 
-The target rows HSD verifies against are SGLang's: ``eagle_sample`` applies temperature, top-k
-and top-p but not min-p, which its non-speculative sampler applies. ``target_probs_with_min_p``
-adds the missing step (``sampling.apply_min_p``) when the batch needs it, so a request with
-``min_p`` is served the law the same server gives it without speculation.
+* the target rows HSD verifies against (``filter_target_rows``). SGLang's ``eagle_sample``
+  builds them as softmax(logits / T), then ``top_k_renorm_prob``, then ``top_p_renorm_prob`` on
+  the row renormalised after top-k, and no min-p: another law than its non-speculative sampler's
+  whenever a request combines top-k with top-p or asks for min-p. Inside an HSD verify call the
+  verify hooks let SGLang's two renormalisations pass the rows through
+  (``verify_hook.make_deferred_renorm``) and ``filter_target_rows`` applies
+  ``sampling.filter_probs`` to softmax(logits / T): the non-speculative law.
 
 Imports no SGLang module: tests drive it with stand-ins for ``SamplingBatchInfo``.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hsd.sampling import BatchSamplingParams, SamplingFilters, apply_min_p, logits_to_probs
+from sglang_hsd.sampling import BatchSamplingParams, SamplingFilters, filter_probs, logits_to_probs
 from sglang_hsd.tree_draft.children import greedy_draft_q
 
 
@@ -84,15 +87,15 @@ def greedy_rows(sampling_info) -> torch.Tensor:
     return sampling_info.top_ks.view(-1) <= 1
 
 
-def target_probs_with_min_p(target_probs: torch.Tensor, sampling_info) -> torch.Tensor:
-    """SGLang's verify rows with the requests' min-p applied (unchanged when no request has one).
+def filter_target_rows(target_probs: torch.Tensor, sampling_info) -> torch.Tensor:
+    """The target's verify rows under the requests' top-k, top-p and min-p (``sampling.
+    filter_probs``: the non-speculative sampler's law); no host sync.
 
     Args:
-        target_probs: float [bs, N, V], ``eagle_sample``'s rows (temperature, top-k, top-p).
+        target_probs: float [bs, N, V], softmax(logits / T) of each request's N verify rows
+            (``eagle_sample``'s rows with its renormalisations deferred).
         sampling_info: the batch's ``SamplingBatchInfo``.
     Returns:
-        float [bs, N, V].
+        float [bs, N, V]; unchanged when no request has a filter.
     """
-    if not sampling_info.need_min_p_sampling:
-        return target_probs
-    return apply_min_p(target_probs, sampling_info.min_ps.view(-1))
+    return filter_probs(target_probs, batch_params(sampling_info), batch_filters(sampling_info))

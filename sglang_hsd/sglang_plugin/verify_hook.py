@@ -7,8 +7,15 @@ SGLang 0.5.23 verifies EAGLE drafts in ``eagle_utils.eagle_sample``. With reject
 ``install_verify_hooks`` replaces that name with ``hsd_chain_sampling`` (same signature, same
 in-place outputs) which calls ``sglang_hsd.verify.verify_chain`` when the running algorithm is HSD
 and SGLang's kernel otherwise, so a server started with ``--speculative-algorithm EAGLE3`` is
-untouched. SGLang's target rows lack min-p, which its non-speculative sampler applies; both HSD
-hooks add it (``VerifyHookState.target_rows``) before verifying.
+untouched.
+
+Target rows: ``eagle_sample`` builds them as softmax(logits / T), then ``top_k_renorm_prob``,
+then ``top_p_renorm_prob`` (on the row renormalised after top-k), without min-p: not the law of
+its non-speculative sampler when a request combines top-k with top-p or asks for min-p. Inside an
+HSD verify call (``VerifyHookState.verify_call``) the hooks make those two module-level names pass
+the rows through (``make_deferred_renorm``), and both HSD samplers build their rows with
+``VerifyHookState.target_rows``: ``sampling.filter_probs``, the one transform every level uses,
+with the non-speculative sampler's semantics. Outside HSD verify calls SGLang's functions run.
 
 State: the hooks receive only tensors and flags from SGLang, so ``HSDWorker`` builds a
 ``VerifyHookState`` (its configuration, read once when the worker was built) and installs the
@@ -41,7 +48,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
-from sglang_hsd.sglang_plugin.request_sampling import target_probs_with_min_p
+from sglang_hsd.sglang_plugin.request_sampling import filter_target_rows
 from sglang_hsd.tree_draft import CHILD_SAMPLERS
 from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
 from sglang_hsd.verify.chain.types import ChainVerifyResult
@@ -68,7 +75,7 @@ class VerifyHookState:
             (another algorithm is running); for tests and logs.
         tree: the round's sampled tree (``tree_draft.DraftTree``) during a verify call.
         sampling_info: the verified batch's ``SamplingBatchInfo`` during a verify call (its
-            min-p reaches the target rows, ``target_rows``); None outside one.
+            top-k, top-p and min-p shape the target rows, ``target_rows``); None outside one.
     """
 
     config: PluginConfig
@@ -96,27 +103,52 @@ class VerifyHookState:
             self.sampling_info = None
 
     def target_rows(self, target_probs: torch.Tensor) -> torch.Tensor:
-        """SGLang's target rows (float [bs, N, V]: temperature, top-k, top-p) with the batch's
-        min-p applied (``request_sampling.target_probs_with_min_p``), the law the non-speculative
-        sampler draws from. Refuses outside a verify call, where min-p is unknown."""
+        """The law the non-speculative sampler draws from: ``target_probs`` (float [bs, N, V],
+        softmax(logits / T), SGLang's renormalisations deferred) under the batch's top-k, top-p
+        and min-p (``request_sampling.filter_target_rows``). Refuses outside a verify call, where
+        the parameters are unknown."""
         if self.sampling_info is None:
             raise RuntimeError("HSD verify outside a worker verify call: the batch's sampling "
-                               "parameters (min_p) are unknown, so the target rows cannot honour them")
-        return target_probs_with_min_p(target_probs, self.sampling_info)
+                               "parameters (top_k, top_p, min_p) are unknown, so the target rows "
+                               "cannot honour them")
+        return filter_target_rows(target_probs, self.sampling_info)
+
+    @property
+    def defers_renorm(self) -> bool:
+        """True inside an HSD verify call: SGLang's top-k / top-p renormalisations pass the rows
+        through and ``target_rows`` filters them (module docstring)."""
+        return self.sampling_info is not None and hsd_is_active()
 
 
 def install_verify_hooks(state: VerifyHookState) -> None:
-    """Replace ``eagle_utils.chain_speculative_sampling_triton`` and ``_verify_uses_greedy`` with
-    hooks bound to ``state``. Replaces earlier hooks rather than stacking on them (each wraps
+    """Replace ``eagle_utils.chain_speculative_sampling_triton``, ``_verify_uses_greedy``,
+    ``tree_speculative_sampling_target_only``, ``top_k_renorm_prob`` and ``top_p_renorm_prob``
+    with hooks bound to ``state``. Replaces earlier hooks rather than stacking on them (each wraps
     SGLang's original), so the last worker built in a process owns them."""
     from sglang.srt.speculative import eagle_utils
 
+    for name in ("top_k_renorm_prob", "top_p_renorm_prob"):
+        setattr(eagle_utils, name, make_deferred_renorm(_sglang_original(getattr(eagle_utils, name)), state))
     eagle_utils.chain_speculative_sampling_triton = make_hsd_chain_sampling(
         _sglang_original(eagle_utils.chain_speculative_sampling_triton), state)
     eagle_utils._verify_uses_greedy = make_verify_uses_greedy(
         _sglang_original(eagle_utils._verify_uses_greedy), state)
     eagle_utils.tree_speculative_sampling_target_only = make_hsd_tree_sampling(
         _sglang_original(eagle_utils.tree_speculative_sampling_target_only), state)
+
+
+def make_deferred_renorm(original, state: VerifyHookState):
+    """``eagle_utils.top_k_renorm_prob`` / ``top_p_renorm_prob`` that return the rows unchanged
+    inside an HSD verify call (``state.defers_renorm``; ``target_rows`` applies the joint filter
+    instead) and call SGLang's ``original(probs, thresholds)`` everywhere else."""
+
+    def deferred_renorm(probs, thresholds):
+        if state.defers_renorm:
+            return probs
+        return original(probs, thresholds)
+
+    deferred_renorm.__sglang_hsd_original__ = original
+    return deferred_renorm
 
 
 def _sglang_original(fn):

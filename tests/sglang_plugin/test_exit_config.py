@@ -22,7 +22,7 @@ from sglang_hsd.sglang_plugin.config import (
     ExitLevelConfig,
     ExitLevelConfigError,
 )
-from sglang_hsd.sampling import BatchSamplingParams, logits_to_probs
+from sglang_hsd.sampling import BatchSamplingParams, filter_probs
 
 
 @pytest.fixture(autouse=True)
@@ -190,17 +190,23 @@ def test_cli_flags_reach_the_environment(clean_env):
         parser.parse_args(["--model-path", "x", "--hsd-exit-layer", "eight"])
 
 
-def test_cpu_renorm_matches_the_runtime_sampling_transform():
+def test_cpu_renorm_shims_filter_like_flashinfers_kernels():
+    """The CPU stand-ins for SGLang's renorm kernels (used outside HSD verify calls): each alone
+    keeps the set ``sampling.filter_probs`` keeps; composed as ``eagle_sample`` composes them,
+    top-p reads the row renormalised after top-k, which is not the non-speculative law."""
     torch.manual_seed(0)
-    logits = torch.randn(6, 50, dtype=torch.float64)
+    logits = torch.randn(6, 50, dtype=torch.float64) * 3
     top_k = torch.tensor([1, 5, 50, 0, 7, 3])
     top_p = torch.tensor([1.0, 0.9, 0.5, 0.3, 1.0, 0.99], dtype=torch.float64)
     probs = torch.softmax(logits, -1)
-    ours = cpu_sampling.top_p_renorm_prob(cpu_sampling.top_k_renorm_prob(probs, top_k), top_p)
-    params = BatchSamplingParams(torch.ones(6), top_k, top_p, torch.zeros(6))
-    expected = logits_to_probs(logits, params).double()
-    torch.testing.assert_close(ours, expected, rtol=1e-6, atol=1e-9)
-    assert torch.equal((ours[0] > 0).nonzero(), logits[0].argmax().view(1, 1))
+    none = torch.zeros(6)
+    for alone, params in ((cpu_sampling.top_k_renorm_prob(probs, top_k), BatchSamplingParams(none, top_k, none + 1, none)),
+                          (cpu_sampling.top_p_renorm_prob(probs, top_p), BatchSamplingParams(none, none.long(), top_p, none))):
+        torch.testing.assert_close(alone, filter_probs(probs, params), rtol=0, atol=1e-12)
+    composed = cpu_sampling.top_p_renorm_prob(cpu_sampling.top_k_renorm_prob(probs, top_k), top_p)
+    joint = filter_probs(probs, BatchSamplingParams(none, top_k, top_p, none))
+    assert torch.equal((composed[0] > 0).nonzero(), logits[0].argmax().view(1, 1))
+    assert (composed - joint).abs().sum(-1).max() > 0.05  # row 1: top_k 5, top_p 0.9
 
 
 def _plan_with(tmp_path, **knobs):
