@@ -76,6 +76,14 @@ def _children(q_row: np.ndarray, taken: tuple[int, ...], drafting: str, shape: t
     return [(token, prob, shape[len(taken)]) for token, prob in _sibling_draws(q_row, taken, drafting)]
 
 
+def _remaining_children(q_row: np.ndarray, taken: tuple[int, ...], drafting: str, shape: tuple) -> list:
+    """``_children`` of the next child, or [] when the node has all its children: its shape is
+    full, or the siblings drawn without replacement took q's whole support (the drafter marks
+    further children invalid, a stopping rule on what was drafted: a request's top-k or top-p
+    can leave q fewer tokens than the tree's k)."""
+    return [] if len(taken) == len(shape) else _children(q_row, taken, drafting, shape)
+
+
 def _proposal(ms: np.ndarray, token: int, first: bool, drafting: str) -> np.ndarray:
     """The row a child was drafted from: one-hot for the first child of an argmax-first tree, Ms otherwise."""
     if first and drafting in ARGMAX_FIRST:
@@ -113,12 +121,13 @@ class _Traversal:
     def _siblings(self, ctx, shape, is_root, q_row, state, taken):
         """Outcomes from the point where ``taken`` children were drafted and all rejected."""
         weight, mb, ms = state
-        if len(taken) == len(shape):  # the node is now a leaf of the current tree
+        children = _remaining_children(q_row, taken, self.drafting, shape)
+        if not children:  # the node is now a leaf of the current tree
             if is_root:
                 return _leaf(1.0, mb if mb.sum() > 0 else self.world.p(ctx)), 0.0
             return _leaf(weight, mb), 1.0 - weight
         outcomes, rejected = {}, 0.0
-        for token, draw_prob, child_shape in _children(q_row, taken, self.drafting, shape):
+        for token, draw_prob, child_shape in children:
             proposal = _proposal(ms, token, not taken, self.drafting)
             child_w = min(1.0, weight * mb[token] / proposal[token]) if proposal[token] > 0 else 0.0
             sub, sub_rejected = self.subtree(ctx + (token,), child_w, child_shape, False)
@@ -165,11 +174,12 @@ def _top_down(world, ctx, shape, drafting, child_accept, start, memo=None) -> Ou
         return _leaf(1.0, p)
 
     def siblings(state, taken) -> Outcomes:
-        if len(taken) == len(shape):
+        children = _remaining_children(q, taken, drafting, shape)
+        if not children:
             mb = state[0]
             return _leaf(1.0, mb / mb.sum() if mb.sum() > 0 else p)
         out: Outcomes = {}
-        for token, draw_prob, child_shape in _children(q, taken, drafting, shape):
+        for token, draw_prob, child_shape in children:
             accept, rejected_state = child_accept(state, token)
             if accept > 0:
                 sub = _top_down(world, ctx + (token,), child_shape, drafting, child_accept, start, memo)
