@@ -86,10 +86,14 @@ def install_request_seeds() -> None:
 
 
 def server_seed() -> int:
-    """The server's ``--random-seed`` (SGLang's runtime context; set in every scheduler process)."""
+    """The server's ``--random-seed`` (SGLang's runtime context), or 0 where the scheduler's
+    context holds none (a server started without ``--random-seed``, as ``sglang-hsd serve``
+    starts it). 0 is safe: a request without a seed of its own hashes the seed with its request
+    id, a fresh random id per request that every tensor-parallel rank shares."""
     from sglang.srt.runtime_context import get_server_args
 
-    return int(get_server_args().random_seed)
+    seed = get_server_args().random_seed
+    return 0 if seed is None else int(seed)
 
 
 def seeded_from_schedule_batch(original, read_server_seed):

@@ -92,3 +92,16 @@ def test_seeded_min_p_sampling_has_the_unseeded_law(plugin_loaded):
     counts = torch.bincount(tokens.view(-1), minlength=vocab)
     assert int(counts[law == 0].sum()) == 0
     assert chi_square_p_value(counts, law) > P_VALUE_FLOOR
+
+
+@pytest.mark.parametrize("random_seed, expected", [(None, 0), (42, 42)])
+def test_server_seed_without_random_seed_is_zero_not_a_crash(plugin_loaded, monkeypatch, random_seed, expected):
+    """A server started without ``--random-seed`` (as ``sglang-hsd serve`` starts it) has no seed
+    in the scheduler's context; ``int(None)`` there killed the scheduler at the first request."""
+    from sglang.srt import runtime_context
+
+    monkeypatch.setattr(runtime_context, "get_server_args",
+                        lambda: types.SimpleNamespace(random_seed=random_seed))
+    assert request_seeds.server_seed() == expected
+    seeds = request_seeds.batch_stream_seeds(_fake_batch().reqs, request_seeds.server_seed(), "cpu")
+    assert seeds[1] == 99 and 0 <= seeds[0] < 2**62
