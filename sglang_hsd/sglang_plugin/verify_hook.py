@@ -17,6 +17,11 @@ the rows through (``make_deferred_renorm``), and both HSD samplers build their r
 ``VerifyHookState.target_rows``: ``sampling.filter_probs``, the one transform every level uses,
 with the non-speculative sampler's semantics. Outside HSD verify calls SGLang's functions run.
 
+Penalties: inside an HSD verify call ``eagle_worker_common.eagle_sample`` (the name SGLang's
+``run_eagle_verify`` calls) penalises each verify row with the committed output plus its own
+path's drafts and runs SGLang's ``eagle_sample`` without its relaxed per-request penalties
+(``make_exact_penalties``, ``request_penalties.py``).
+
 State: the hooks receive only tensors and flags from SGLang, so ``HSDWorker`` builds a
 ``VerifyHookState`` (its configuration, read once when the worker was built) and installs the
 hooks bound to it. Each ``HSDWorker.verify`` call leaves the batch's ``SamplingBatchInfo`` there
@@ -40,6 +45,7 @@ rank 0's tokens by construction. (TP cannot be run on this CPU-only machine.)
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 from dataclasses import dataclass
@@ -48,6 +54,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME, PluginConfig
+from sglang_hsd.sglang_plugin.request_penalties import (
+    batch_penalties,
+    has_penalties,
+    penalise_verify_logits,
+)
 from sglang_hsd.sglang_plugin.request_sampling import filter_target_rows
 from sglang_hsd.tree_draft import CHILD_SAMPLERS
 from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
@@ -122,11 +133,13 @@ class VerifyHookState:
 
 def install_verify_hooks(state: VerifyHookState) -> None:
     """Replace ``eagle_utils.chain_speculative_sampling_triton``, ``_verify_uses_greedy``,
-    ``tree_speculative_sampling_target_only``, ``top_k_renorm_prob`` and ``top_p_renorm_prob``
-    with hooks bound to ``state``. Replaces earlier hooks rather than stacking on them (each wraps
+    ``tree_speculative_sampling_target_only``, ``top_k_renorm_prob``, ``top_p_renorm_prob`` and
+    ``eagle_worker_common.eagle_sample`` with hooks bound to ``state``. Replaces earlier hooks rather than stacking on them (each wraps
     SGLang's original), so the last worker built in a process owns them."""
-    from sglang.srt.speculative import eagle_utils
+    from sglang.srt.speculative import eagle_utils, eagle_worker_common
 
+    eagle_worker_common.eagle_sample = make_exact_penalties(
+        _sglang_original(eagle_worker_common.eagle_sample), state)
     for name in ("top_k_renorm_prob", "top_p_renorm_prob"):
         setattr(eagle_utils, name, make_deferred_renorm(_sglang_original(getattr(eagle_utils, name)), state))
     eagle_utils.chain_speculative_sampling_triton = make_hsd_chain_sampling(
@@ -149,6 +162,34 @@ def make_deferred_renorm(original, state: VerifyHookState):
 
     deferred_renorm.__sglang_hsd_original__ = original
     return deferred_renorm
+
+
+def make_exact_penalties(original, state: VerifyHookState):
+    """Replacement for ``eagle_worker_common.eagle_sample``: inside an HSD verify call of a batch
+    with penalties, the verify logits are penalised row by row along each row's path
+    (``request_penalties``) and SGLang's ``original`` runs on a copy of the batch without its
+    accumulated penalties; everything else goes to ``original`` unchanged."""
+
+    @functools.wraps(original)
+    def eagle_sample_with_exact_penalties(verify_input, batch, logits_output, *args, **kwargs):
+        info = batch.sampling_info
+        if batch.forward_mode.is_idle() or not (state.defers_renorm and has_penalties(info)):
+            return original(verify_input, batch, logits_output, *args, **kwargs)
+        logits = logits_output.next_token_logits
+        candidates = verify_input.draft_token.reshape(len(batch.seq_lens), -1)
+        tree = state.tree  # a sampled tree's drafted links (SGLang's may attach filler nodes)
+        links = ((tree.retrive_next_token, tree.retrive_next_sibling) if tree is not None else
+                 (verify_input.retrieve_next_token, verify_input.retrieve_next_sibling))
+        penalise_verify_logits(logits, candidates, *links,
+                               batch_penalties(batch.reqs, logits.shape[-1], logits.device, logits.dtype))
+        unpenalised = copy.copy(info)
+        unpenalised.acc_additive_penalties = unpenalised.acc_scaling_penalties = None
+        plain_batch = copy.copy(batch)
+        plain_batch.sampling_info = unpenalised
+        return original(verify_input, plain_batch, logits_output, *args, **kwargs)
+
+    eagle_sample_with_exact_penalties.__sglang_hsd_original__ = original
+    return eagle_sample_with_exact_penalties
 
 
 def _sglang_original(fn):
