@@ -28,6 +28,11 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
 * T = 1 with ``min_p``: on all three servers the law is the one SGLang's non-speculative sampler
   draws from (``server_law.sglang_sampler_law``): no token below the min-p threshold, PIT
   chi-square under the filtered rows; the same test rejects the target's law without min-p.
+* T = 0.7 with top_k 20 and top_p 0.8 (Qwen2.5-Instruct's defaults) on the chain and the tree:
+  the law of SGLang's non-speculative sampler (top-p on the original row); the renormalised law
+  SGLang's speculative verify gives is rejected on the same samples;
+* greedy with frequency, presence and repetition penalties on all three servers: plain greedy
+  decoding penalised step by step.
 
 Each server takes ~1 minute to start on 2 cores.
 """
@@ -41,6 +46,7 @@ import torch
 
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
 from tests.sglang_plugin.http_client import get_json, post_json
+from sglang_hsd.sglang_plugin.cpu import cpu_sampling
 from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values, sglang_sampler_law
 
 pytest.importorskip("sglang")
@@ -55,6 +61,7 @@ PIT_BINS = 10
 TREE = (2, 6)  # k, N of the tree server (depth 3)
 TREE_CYCLE = "3,0,1,2,3,2"  # the tree server's depths (budgets 1:2:3, 2:2:5, 3:2:6), round by round
 EXIT_LAYER = 2  # of the target's 4
+QWEN_DEFAULTS = (0.7, 20, 0.8)  # temperature, top_k, top_p of Qwen2.5-Instruct's generation config
 MIN_P = 0.05  # removes about a third of the target's mass at each of the first sampled positions
 # A token whose target probability is this fraction below the min-p threshold is outside the
 # support; float32 server logits differ from the float64 reference far less than that.
@@ -219,16 +226,16 @@ def test_draft_model_runs_the_lean_forward(server, request):
         assert step["max_checked_error"] is not None and step["max_checked_error"] <= 1e-4, step
 
 
-def _target_rows(model_dir, sequences, prompt_len=len(STAT_PROMPT)):
-    """The T = 1 next-token rows of the causal LM in ``model_dir`` at each sampled position of
-    ``sequences`` [N, P + T] (prompt of ``prompt_len`` = P tokens, then T sampled tokens):
-    float64 [N, T, V]."""
+def _target_rows(model_dir, sequences, prompt_len=len(STAT_PROMPT), temperature=1.0):
+    """The next-token rows at ``temperature`` of the causal LM in ``model_dir`` at each sampled
+    position of ``sequences`` [N, P + T] (prompt of ``prompt_len`` = P tokens, then T sampled
+    tokens): float64 [N, T, V]."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     with torch.inference_mode():
         logits = model(sequences).logits[:, prompt_len - 1:-1].double()
-    return torch.softmax(logits, -1)
+    return torch.softmax(logits / temperature, -1)
 
 
 def _pit(probs, sequences, seed=0, prompt_len=len(STAT_PROMPT)):
@@ -335,6 +342,87 @@ def test_draft_model_min_p_law_is_the_non_speculative_one(pair, server, request)
     print(f"target's law without min_p, {STAT_SAMPLES} samples: {outside} tokens below, p={p_wrong:.3g}")
     assert p_server[-1] > ALPHA, p_server
     assert p_wrong < ALPHA
+
+
+def _support_p_value(law, sequences):
+    """p-value of "the sampled tokens of ``sequences`` follow the rows ``law`` [N, T, V]": 0 when
+    a token has probability 0 there, else the PIT chi-square. Also returns that token count."""
+    tokens = sequences[:, len(STAT_PROMPT):].unsqueeze(-1)
+    outside = int((law.gather(-1, tokens) <= 0).sum())
+    return (0.0 if outside else _pit_p_value(_pit(law, sequences))), outside
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("server", ["k3_url", "tree_url"])
+def test_draft_model_top_k_with_top_p_law_is_the_non_speculative_one(pair, server, request):
+    """T = 0.7 with top_k 20 and top_p 0.8 (Qwen2.5-Instruct's defaults): the tokens follow the
+    law of SGLang's non-speculative sampler (top-p on the original row); the law SGLang's
+    speculative verify used to give (top-p on the row renormalised after top-k) is rejected on
+    the same samples (it drops tokens the server emits)."""
+    url = request.getfixturevalue(server)
+    temperature, top_k, top_p = QWEN_DEFAULTS
+    samples = {}
+
+    def server_p_value(count):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outs = list(pool.map(lambda _: _generate(url, STAT_PROMPT, STAT_TOKENS, temperature=temperature,
+                                                     top_k=top_k, top_p=top_p), range(count)))
+        sequences = samples["last"] = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
+        rows = _target_rows(pair[1], sequences, temperature=temperature)
+        flat = rows.reshape(-1, rows.shape[-1])
+        law = sglang_sampler_law(flat, torch.full((flat.shape[0],), top_k), torch.full_like(flat[:, 0], top_p),
+                                 torch.zeros_like(flat[:, 0])).view(rows.shape)
+        p_value, outside = _support_p_value(law, sequences)
+        print(f"\n{server} T={temperature} top_k={top_k} top_p={top_p}, {count} samples: {outside} "
+              f"tokens outside the law's support, PIT chi-square p={p_value:.3g}")
+        return p_value
+
+    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} top-k + top-p law test")
+    sequences = samples["last"]
+    rows = _target_rows(pair[1], sequences, temperature=temperature)
+    rows = rows.reshape(-1, rows.shape[-1])
+    renormalised = cpu_sampling.top_p_renorm_prob(
+        cpu_sampling.top_k_renorm_prob(rows, torch.full((rows.shape[0],), top_k)), torch.full_like(rows[:, 0], top_p))
+    p_wrong, outside = _support_p_value(renormalised.view(sequences.shape[0], STAT_TOKENS, -1), sequences)
+    print(f"renormalised law on the same samples: {outside} tokens outside, p={p_wrong:.3g}")
+    assert p_server[-1] > ALPHA, p_server
+    assert p_wrong < ALPHA
+
+
+def _penalised_greedy(model_dir, prompt, steps, frequency=0.0, presence=0.0, repetition=1.0):
+    """Plain greedy decoding with penalties on the output so far, token by token (float64)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    out = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            logits = model(torch.tensor([prompt + out])).logits[0, -1].double()
+            for token in set(out):
+                logits[token] -= frequency * out.count(token) + presence
+                logits[token] = logits[token] * repetition if logits[token] < 0 else logits[token] / repetition
+            out.append(int(logits.argmax()))
+    return out
+
+
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+def test_draft_model_penalised_greedy_equals_plain_decoding(pair, server, request):
+    """Greedy requests with frequency, presence and repetition penalties on a chain, a tree and
+    the exit level: the output equals plain greedy decoding with each step penalised by the
+    output so far. (On this tiny pair few greedy drafts survive the penalties, so SGLang's
+    relaxed penalties give the same text here; ``tests/test_penalties.py`` is where per-path
+    penalties are told apart from them.)"""
+    url = request.getfixturevalue(server)
+    model_dir = pair[1]
+    cases = [dict(frequency_penalty=1.0), dict(presence_penalty=1.5), dict(repetition_penalty=1.3),
+             dict(frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.1)]
+    jobs = [(ids, case) for ids in PROMPTS[:2] for case in cases]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outputs = list(pool.map(lambda job: _generate(url, job[0], **job[1]), jobs))
+    for (ids, case), out in zip(jobs, outputs):
+        expected = _penalised_greedy(model_dir, ids, MAX_NEW_TOKENS, case.get("frequency_penalty", 0.0),
+                                     case.get("presence_penalty", 0.0), case.get("repetition_penalty", 1.0))
+        assert out["output_ids"] == expected, (ids, case)
 
 
 @pytest.mark.parametrize("server", ["k3_url", "tree_url"])
