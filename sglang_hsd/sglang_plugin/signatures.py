@@ -81,6 +81,10 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "(probs, num_samples=1, *, sampling_seed=None, positions=None, draft_step=0)",
     "sglang.srt.speculative.spec_utils._select_top_k_tokens_later":
         "(i, topk_p, topk_index, hidden_states, scores, topk)",
+    "sglang.srt.sampling.penaltylib.repetition_penalty.apply_scaling_penalties":
+        "(logits, scaling_penalties)",
+    "sglang.srt.sampling.sampling_batch_info.apply_scaling_penalties":
+        "(logits, scaling_penalties)",
     "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
     "._add_speculative": "(self, state)",
