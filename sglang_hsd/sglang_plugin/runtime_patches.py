@@ -19,7 +19,9 @@
 * SGLang's output streamer returns ``meta_info["hsd_draft_budget"]`` (each decode round's draft
   length under ``--hsd-adaptive``) once per request (``adaptive_spec.py``);
 * with ``--hsd-request-seeds on``, a stream seed for every request of an HSD batch, and SGLang's
-  torch sampler taking min-p with a seed (``request_seeds.py``).
+  torch sampler taking min-p with a seed (``request_seeds.py``);
+* an HSD server's requests have their token ids checked against the vocabulary before they are
+  scheduled (``request_validation.py``: an id outside it killed the scheduler).
 
 Every replaced SGLang function keeps its original as ``__sglang_hsd_original__`` (the signature
 checks read it). The verify hooks are not installed here but by each ``HSDWorker``
@@ -32,6 +34,7 @@ from sglang_hsd.sglang_plugin.adaptive_spec import install_request_level_key
 from sglang_hsd.sglang_plugin.cli_flags import extend_cli
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME
 from sglang_hsd.sglang_plugin.request_seeds import install_request_seeds
+from sglang_hsd.sglang_plugin.request_validation import install_request_validation
 
 
 def install_patches() -> None:
@@ -65,6 +68,7 @@ def install_patches() -> None:
     extend_cli(ServerArgs)
     extend_internal_state()
     install_request_seeds()
+    install_request_validation()
     install_request_level_key()
 
 

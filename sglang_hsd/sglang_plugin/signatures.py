@@ -86,6 +86,9 @@ EXPECTED_SIGNATURES: dict[str, str] = {
     "sglang.srt.sampling.sampling_batch_info.apply_scaling_penalties":
         "(logits, scaling_penalties)",
     "sglang.srt.server_args.ServerArgs.add_cli_args": "(parser)",
+    # Requests' token ids checked (request_validation.py).
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request":
+        "(self, obj, input_ids)",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
     "._add_speculative": "(self, state)",
     "sglang.srt.speculative.eagle_worker_common.run_eagle_verify":

@@ -425,6 +425,19 @@ def test_draft_model_penalised_greedy_equals_plain_decoding(pair, server, reques
         assert out["output_ids"] == expected, (ids, case)
 
 
+def test_token_ids_outside_the_vocabulary_are_refused_and_the_server_lives(k3_url, reference):
+    """``input_ids`` with an id outside the vocabulary (or negative) get HTTP 400 naming the id;
+    it used to kill the scheduler in the target's embedding. A normal request is served after."""
+    import requests
+
+    for ids in ([1, 2, 10_000_000], [1, -3]):
+        response = requests.post(k3_url + "/generate", json={
+            "input_ids": ids, "sampling_params": {"max_new_tokens": 4}}, timeout=60)
+        assert response.status_code == 400, response.text
+        assert "not a token id of this model" in response.text
+    assert _generate(k3_url, PROMPTS[0])["output_ids"] == reference[0]
+
+
 @pytest.mark.parametrize("server", ["k3_url", "tree_url"])
 def test_draft_model_load_with_aborts_returns_kv(pair, server, request):
     from benchmarks.bench_sglang_load import make_jobs, run_job, wait_idle
