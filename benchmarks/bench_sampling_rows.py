@@ -4,10 +4,11 @@ At the Qwen2.5 vocabulary (151,936) and N verify rows per request, for batches o
 
 * ``renorm (SGLang)``: SGLang's speculative rows, top-k then top-p on the renormalised row (the CPU
   stand-ins of its kernels, what the server ran before);
-* ``filter_probs``: HSD's rows with the non-speculative sampler's semantics (one sort);
+* ``filter_probs``: HSD's rows with the non-speculative sampler's semantics (one ``torch.topk`` of
+  the largest top_k, SGLang's ``max_top_k``, as its non-speculative sampler does);
 * ``penalties``: the per-path penalty bookkeeping of a round (``RequestPenalties.build`` from each
-  request's committed output of ``--output-len`` tokens, the path counts through the tree's
-  ancestors and ``penalise_rows``);
+  request's committed output of ``--output-len`` tokens and ``penalise_rows``: the ids a penalty
+  touches, gathered, penalised with their counts along each row's path, scattered back);
 * ``lm_head``: the float32 LM head of Qwen2.5-Coder-1.5B (1536 x 151,936) on the same B x N rows,
   one part of every verify forward, as the yardstick (the whole target forward costs several
   times more).
@@ -24,7 +25,7 @@ import sys
 import torch
 
 from benchmarks.common import RESULTS_DIR, add_standard_arguments, benchmark_parser, start_run, write_results
-from sglang_hsd.penalties import RequestPenalties, path_token_counts, penalise_rows
+from sglang_hsd.penalties import RequestPenalties, penalise_rows
 from sglang_hsd.runtime.timing import median_seconds
 from sglang_hsd.sampling import BatchSamplingParams, SamplingFilters, filter_probs
 from sglang_hsd.sglang_plugin.cpu import cpu_sampling
@@ -40,8 +41,10 @@ def _round_costs(batch: int, rows: int, output_len: int, repeats: int) -> dict:
     top_k, top_p = torch.full((batch * rows,), 20), torch.full((batch * rows,), 0.8)
     params = BatchSamplingParams(torch.full((batch,), 0.7), torch.full((batch,), 20), torch.full((batch,), 0.8),
                                  torch.zeros(batch))
-    filters = SamplingFilters(top_k=True, top_p=True, min_p=False, all_greedy=False, any_greedy=False)
+    filters = SamplingFilters(top_k=True, top_p=True, min_p=False, all_greedy=False, any_greedy=False,
+                              max_top_k=20)  # SGLang's bound when every request has a top_k
     outputs = [torch.randint(VOCAB, (output_len,), generator=gen).tolist() for _ in range(batch)]
+    scratch = logits.clone()  # the server penalises its verify logits in place
     tokens = torch.randint(VOCAB, (batch, rows), generator=gen)
     links = torch.tensor([[*range(1, rows), -1]] * batch)
     weight = torch.randn(VOCAB, HIDDEN, generator=gen) * 0.02
@@ -55,8 +58,7 @@ def _round_costs(batch: int, rows: int, output_len: int, repeats: int) -> dict:
         state = RequestPenalties.build(outputs, VOCAB, frequency=[0.0] * batch, presence=[0.0] * batch,
                                        repetition=[1.05] * batch, min_new_tokens=[0] * batch,
                                        stop_tokens=[set()] * batch)
-        counts, depth = path_token_counts(tokens, links, torch.full_like(links, -1), VOCAB)
-        return penalise_rows(logits, state, counts, depth)
+        return penalise_rows(scratch, state, tokens, links, torch.full_like(links, -1), inplace=True)
 
     timed = {"renorm_sglang": renorm, "filter_probs": lambda: filter_probs(probs, params, filters),
              "penalties": penalties, "lm_head": lambda: torch.nn.functional.linear(hidden, weight)}

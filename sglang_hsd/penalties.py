@@ -14,12 +14,15 @@ token of each round): ``eagle_utils.eagle_sample`` calls it "a relaxed version o
 it changes greedy text (``frequency_penalty`` 1.0 on a code prompt). ``penalise_rows`` gives each
 row its own path, so the verified law is the non-speculative one.
 
-Vectorised over requests, rows and vocabulary: the path counts are one scatter-add of the draft
-tokens through the tree's ancestor mask ([B, N, V] floats; only for batches with a penalty).
+Vectorised over requests and rows, and sparse over the vocabulary: a penalty only touches tokens
+already seen or drafted (and the stop tokens), so ``penalise_rows`` gathers those ids from the rows,
+penalises them with their counts (the committed output's, plus the tree's ancestor mask times
+the drafts) and scatters them back; its cost grows with the output length, not with V.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -30,15 +33,18 @@ from sglang_hsd.verify.tree.mask import tree_attention_mask
 
 @dataclass
 class RequestPenalties:
-    """The penalties of a batch of requests and the output each has committed.
+    """The penalties of a batch of requests and the output each has committed, sparse: a penalty
+    touches only tokens already seen (and the stop tokens), so rows are penalised on those ids
+    only, never on the whole vocabulary.
 
-    Fields (B requests, vocabulary V):
+    Fields (B requests; M0 distinct output tokens and S stop tokens at most per request; -1 pads):
         frequency: float [B], subtracted once per occurrence (0: off).
         presence: float [B], subtracted once for every token seen (0: off).
         repetition: float [B] > 0, scaling of seen tokens' logits (1: off).
         min_new_tokens: int64 [B], stop tokens forbidden while the output is shorter (0: off).
-        stop_tokens: bool [B, V], the tokens ``min_new_tokens`` forbids.
-        output_counts: float [B, V], occurrences of each token in the committed output.
+        seen_ids: int64 [B, M0], the distinct tokens of the committed output.
+        seen_counts: float [B, M0], how often each occurs there.
+        stop_ids: int64 [B, S], the tokens ``min_new_tokens`` forbids.
         output_len: int64 [B], committed output tokens.
     """
 
@@ -46,8 +52,9 @@ class RequestPenalties:
     presence: torch.Tensor
     repetition: torch.Tensor
     min_new_tokens: torch.Tensor
-    stop_tokens: torch.Tensor
-    output_counts: torch.Tensor
+    seen_ids: torch.Tensor
+    seen_counts: torch.Tensor
+    stop_ids: torch.Tensor
     output_len: torch.Tensor
 
     @classmethod
@@ -64,61 +71,85 @@ class RequestPenalties:
         ids = [token for tokens in (*outputs, *stop_tokens) for token in tokens]
         if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
             raise ValueError(f"output / stop token ids must be in [0, {vocab_size}), got {min(ids)}..{max(ids)}")
-        counts = torch.zeros(len(outputs), vocab_size, dtype=dtype)
-        stops = torch.zeros(len(outputs), vocab_size, dtype=torch.bool)
-        for b, (tokens, stop) in enumerate(zip(outputs, stop_tokens)):
-            counts[b].index_add_(0, torch.tensor(tokens, dtype=torch.int64), torch.ones(len(tokens), dtype=dtype))
-            stops[b, list(stop)] = True
-        return cls(torch.tensor(frequency, dtype=dtype, device=device),
-                   torch.tensor(presence, dtype=dtype, device=device),
-                   torch.tensor(repetition, dtype=dtype, device=device),
-                   torch.tensor(min_new_tokens, dtype=torch.int64, device=device),
-                   stops.to(device), counts.to(device),
+        seen = [Counter(tokens) for tokens in outputs]
+        seen_ids = _padded([list(counter) for counter in seen], torch.int64, -1)
+        seen_counts = _padded([list(counter.values()) for counter in seen], dtype, 0)
+        floats = lambda values: torch.tensor(values, dtype=dtype, device=device)  # noqa: E731
+        return cls(floats(frequency), floats(presence), floats(repetition),
+                   torch.tensor(min_new_tokens, dtype=torch.int64, device=device), seen_ids.to(device),
+                   seen_counts.to(device), _padded([sorted(stop) for stop in stop_tokens], torch.int64, -1).to(device),
                    torch.tensor([len(t) for t in outputs], dtype=torch.int64, device=device))
 
 
-def path_token_counts(tokens: torch.Tensor, next_token: torch.Tensor, next_sibling: torch.Tensor,
-                      vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Occurrences of each token on the path from the root to every node of a draft tree.
+def _padded(rows: list[list], dtype: torch.dtype, pad) -> torch.Tensor:
+    """[len(rows), max(1, longest)] tensor of ``rows`` right-padded with ``pad``."""
+    out = torch.full((len(rows), max([1, *map(len, rows)])), pad, dtype=dtype)
+    for b, row in enumerate(rows):
+        out[b, :len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def tree_paths(next_token: torch.Tensor, next_sibling: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which drafted nodes lie on the path from the root to each node of a draft tree.
 
     Args:
-        tokens: int64 [B, N], node tokens (column 0 the root, which is committed output already).
         next_token / next_sibling: int [B, N], SGLang's first-child / next-sibling links (-1 none;
             a chain is the tree whose node n's first child is n + 1).
-        vocab_size: V.
     Returns:
-        counts float32 [B, N, V] (the root's token not counted) and depth int64 [B, N] (drafted
-        tokens on the path: 0 for the root). Nodes no link reaches get empty paths.
+        on_path bool [B, N, N - 1] (``on_path[b, j, i]``: drafted node i + 1 is node j or one of
+        its ancestors; the root, committed already, is not a drafted node) and depth int64 [B, N]
+        (drafted tokens on the path: 0 for the root). Nodes no link reaches get empty paths.
     """
     parents = parents_from_links(next_token.long(), next_sibling.long())
-    on_path = tree_attention_mask(parents)[..., 1:]  # [B, N, N - 1]: drafted ancestors-or-self
-    batch, num_nodes = tokens.shape
-    drafted = tokens[:, 1:].long().unsqueeze(1).expand(batch, num_nodes, num_nodes - 1)
-    counts = torch.zeros(batch, num_nodes, vocab_size, device=tokens.device)
-    counts.scatter_add_(2, drafted, on_path.float())
-    return counts, on_path.sum(-1)
+    on_path = tree_attention_mask(parents)[..., 1:]
+    return on_path, on_path.sum(-1)
 
 
-def penalise_rows(logits: torch.Tensor, penalties: RequestPenalties, path_counts: torch.Tensor,
-                  depth: torch.Tensor) -> torch.Tensor:
+def penalise_rows(logits: torch.Tensor, penalties: RequestPenalties, tokens: torch.Tensor,
+                  next_token: torch.Tensor, next_sibling: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
     """Each row's logits penalised with its own output so far: the committed output plus its path.
+
+    Works on the ids a penalty can touch (the committed output's, the drafts', the stop tokens),
+    [B, N, M] with M = M0 + N - 1 + S, gathered from the rows and scattered back.
 
     Args:
         logits: float [B, N, V], the target's raw logits of the round's N rows per request.
         penalties: the batch's ``RequestPenalties``.
-        path_counts / depth: ``path_token_counts`` of the round's tree.
+        tokens: int [B, N], the round's node tokens (column 0 the root).
+        next_token / next_sibling: int [B, N], the tree's links (``tree_paths``).
+        inplace: write into ``logits`` (the server's verify logits) instead of a copy (a copy of
+            [B, N, V] is most of the cost at batch 16).
     Returns:
         float [B, N, V] with the dtype of ``logits``: additive penalties (frequency, presence,
         min_new_tokens) first, then the repetition scaling, as SGLang's non-speculative sampler.
     """
-    counts = penalties.output_counts.unsqueeze(1) + path_counts  # [B, N, V]
+    batch, width, _ = logits.shape
+    on_path, depth = tree_paths(next_token, next_sibling)
+    drafted = tokens[:, 1:].long()
+    ids = torch.cat([penalties.seen_ids, drafted, penalties.stop_ids], 1)  # [B, M]
+    # Pads take the root's id; every entry's values are computed from its id alone, so an id
+    # listed twice is written twice with the same value.
+    ids = torch.where(ids >= 0, ids, tokens[:, :1].long())
+    matches = lambda listed: listed.unsqueeze(1) == ids.unsqueeze(2)  # noqa: E731  [B, M, len]
+    committed = (matches(penalties.seen_ids) * penalties.seen_counts.unsqueeze(1)).sum(-1)  # [B, M]
+    path = torch.bmm(on_path.to(logits.dtype), matches(drafted).transpose(1, 2).to(logits.dtype))
+    counts = committed.unsqueeze(1).to(logits.dtype) + path  # [B, N, M]
+    is_stop = matches(penalties.stop_ids).any(-1)  # [B, M]
+    index = ids.unsqueeze(1).expand(batch, width, ids.shape[1])
+    values = _penalised(logits.gather(2, index), counts, penalties, depth, is_stop)
+    return logits.scatter_(2, index, values) if inplace else logits.scatter(2, index, values)
+
+
+def _penalised(values: torch.Tensor, counts: torch.Tensor, penalties: RequestPenalties,
+               depth: torch.Tensor, is_stop: torch.Tensor) -> torch.Tensor:
+    """The penalised logits ``values`` [B, N, M] of tokens seen ``counts`` [B, N, M] times."""
     seen = counts > 0
-    per_row = lambda values: values.view(-1, 1, 1).to(logits.dtype)  # noqa: E731
+    per_row = lambda field: field.view(-1, 1, 1).to(values.dtype)  # noqa: E731
     # One additive term added to the logits, summed in SGLang's order (frequency, min_new_tokens,
     # presence), so the rows round as the non-speculative sampler's do.
     additive = -(per_row(penalties.frequency) * counts)
     too_short = (penalties.output_len.unsqueeze(1) + depth) < penalties.min_new_tokens.unsqueeze(1)
-    additive = additive.masked_fill(too_short.unsqueeze(-1) & penalties.stop_tokens.unsqueeze(1), float("-inf"))
-    out = logits + (additive - per_row(penalties.presence) * seen)
+    additive = additive.masked_fill(too_short.unsqueeze(-1) & is_stop.unsqueeze(1), float("-inf"))
+    out = values + (additive - per_row(penalties.presence) * seen)
     scale = torch.where(seen, per_row(penalties.repetition), 1.0)
     return torch.where(out < 0, out * scale, out / scale)

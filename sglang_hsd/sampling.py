@@ -115,6 +115,9 @@ class SamplingFilters:
         min_p: some row has min_p > 0.
         all_greedy: every row has temperature 0.
         any_greedy: some row has temperature 0.
+        max_top_k: None, or a bound on every row's top_k (SGLang's ``SamplingBatchInfo.
+            max_top_k``): below V, the filters sort only that many leading entries
+            (``torch.topk``, as SGLang's sampler does), not the whole row.
     """
 
     top_k: bool
@@ -122,6 +125,7 @@ class SamplingFilters:
     min_p: bool
     all_greedy: bool
     any_greedy: bool
+    max_top_k: int | None = None
 
     @classmethod
     def of(cls, params: BatchSamplingParams, vocab_size: int) -> "SamplingFilters":
@@ -192,10 +196,15 @@ def filter_probs(probs: torch.Tensor, params: BatchSamplingParams | SamplingPara
     kept = probs
     # Sorting a 50k-150k vocabulary is the expensive part: only for top-k / top-p, once for both.
     if filters.top_k or filters.top_p:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        if filters.max_top_k is not None and filters.max_top_k < vocab:
+            # Every entry past max_top_k is dropped by top-k, and the mass before each of the
+            # first max_top_k entries is the same in the whole sorted row.
+            sorted_probs, order = torch.topk(probs, k=filters.max_top_k, dim=-1, sorted=True)
+        else:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         drop = torch.zeros_like(sorted_probs, dtype=torch.bool)
         if filters.top_k:
-            rank = torch.arange(vocab, device=probs.device)
+            rank = torch.arange(sorted_probs.shape[-1], device=probs.device)
             drop |= rank >= _per_row(_top_k_or_vocab(params.top_k, vocab), probs)
         if filters.top_p:
             # Mass before each token in the ORIGINAL row (not renormalised after top-k), as

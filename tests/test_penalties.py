@@ -2,8 +2,8 @@
 committed output plus the drafted tokens on its own path, as plain decoding penalises that
 position.
 
-* unit: path counts and depths of a hand-built tree; ``penalise_rows`` against a token-by-token
-  reference; bad input named;
+* unit: paths and depths of a hand-built tree; ``penalise_rows`` on chains and on that tree against
+  a token-by-token reference; bad input named;
 * exact enumeration: chains (hsd, tokenwise) and sampled trees (hsd, target-only) verified
   against rows ``penalise_rows`` builds for each round emit the law of plain decoding with the
   penalties (frequency, presence, repetition, min_new_tokens, with top-k + top-p), first 3
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hsd.penalties import RequestPenalties, penalise_rows, path_token_counts
+from sglang_hsd.penalties import RequestPenalties, penalise_rows, tree_paths
 from sglang_hsd.sampling import BatchSamplingParams, filter_probs
 from sglang_hsd.verify.oracles import exact, tree_exact
 
@@ -65,19 +65,31 @@ def _sequential_penalised(logits: np.ndarray, output: tuple, case) -> np.ndarray
 # ---------------------------------------------------------------------------------------------
 
 
-def test_path_counts_follow_each_nodes_own_path():
-    # root(0) -> {1, 2}; 1 -> {3}; 3 -> {4}; node tokens: root 5, then 1, 2, 1, 3
-    tokens = torch.tensor([[5, 1, 2, 1, 3]])
+def test_tree_paths_follow_each_nodes_own_path():
+    # root(0) -> {1, 2}; 1 -> {3}; 3 -> {4}
     next_token = torch.tensor([[1, 3, -1, 4, -1]])
     next_sibling = torch.tensor([[-1, 2, -1, -1, -1]])
-    counts, depth = path_token_counts(tokens, next_token, next_sibling, vocab_size=6)
+    on_path, depth = tree_paths(next_token, next_sibling)
     assert depth.tolist() == [[0, 1, 1, 2, 3]]
-    expected = {0: {}, 1: {1: 1}, 2: {2: 1}, 3: {1: 2}, 4: {1: 2, 3: 1}}
-    for node, tokens_seen in expected.items():
-        row = torch.zeros(6)
-        for token, count in tokens_seen.items():
-            row[token] = count
-        assert torch.equal(counts[0, node], row), node
+    drafted_on_path = [[i + 1 for i in range(4) if on_path[0, j, i]] for j in range(5)]
+    assert drafted_on_path == [[], [1], [2], [1, 3], [1, 3, 4]]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_penalise_rows_on_a_tree_is_plain_decodings_penalty_at_every_node(name):
+    case = CASES[name]
+    tokens = torch.tensor([[2, 1, 2, 1, 3], [0, 3, 3, 0, 0]])  # the hand tree above, twice
+    next_token = torch.tensor([[1, 3, -1, 4, -1]] * 2)
+    next_sibling = torch.tensor([[-1, 2, -1, -1, -1]] * 2)
+    committed = [(1, 1, 2), (0,)]
+    logits = torch.randn(2, 5, VOCAB, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2
+    got = penalise_rows(logits, _penalties(committed, case), tokens, next_token, next_sibling)
+    paths = [[], [1], [2], [1, 3], [1, 3, 4]]
+    for b in range(2):
+        for j, path in enumerate(paths):
+            output = committed[b] + tuple(int(tokens[b, i]) for i in path)
+            expected = _sequential_penalised(logits[b, j].numpy(), output, case)
+            np.testing.assert_allclose(got[b, j].numpy(), expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -88,8 +100,7 @@ def test_penalise_rows_is_plain_decodings_penalty_at_every_row(name):
     chains = torch.tensor([[3, 1, 2, 1], [2, 0, 0, 3]])  # root then 3 drafts
     next_token = torch.tensor([[1, 2, 3, -1]] * 2)
     logits = torch.randn(2, 4, VOCAB, generator=gen, dtype=torch.float64) * 2
-    counts, depth = path_token_counts(chains, next_token, torch.full((2, 4), -1), VOCAB)
-    got = penalise_rows(logits, _penalties(committed, case), counts, depth)
+    got = penalise_rows(logits, _penalties(committed, case), chains, next_token, torch.full((2, 4), -1))
     for b in range(2):
         for j in range(4):
             output = committed[b] + tuple(chains[b, 1:j + 1].tolist())
@@ -148,15 +159,12 @@ def _served_world(case, max_len, committed: tuple, relaxed: bool):
     output and the drafted path (``relaxed``: the committed output alone, SGLang's rows)."""
 
     def p(ctx):
-        path = ctx[len(committed):]
+        path = () if relaxed else ctx[len(committed):]  # relaxed: the committed output alone
         tokens = torch.tensor([[0, *path]])
         links = torch.tensor([[*range(1, len(path) + 1), -1]])
-        counts, depth = path_token_counts(tokens, links, torch.full_like(links, -1), VOCAB)
-        if relaxed:
-            counts, depth = torch.zeros_like(counts), torch.zeros_like(depth)
-        logits = torch.from_numpy(_raw_logits(ctx, 1))[None, None].expand(1, len(path) + 1, VOCAB)
-        row = penalise_rows(logits, _penalties([committed], case, "cpu"), counts, depth)[0, -1]
-        return _filtered(row.numpy(), case)
+        logits = torch.from_numpy(_raw_logits(ctx, 1))[None, None].expand(1, len(path) + 1, VOCAB).contiguous()
+        row = penalise_rows(logits, _penalties([committed], case, "cpu"), tokens, links, torch.full_like(links, -1))
+        return _filtered(row[0, -1].numpy(), case)
 
     return LazyWorld(max_len, p, _draft)
 

@@ -196,3 +196,15 @@ def test_all_greedy_flag_returns_one_hot_rows(no_host_sync):
     filters = SamplingFilters(top_k=False, top_p=False, min_p=False, all_greedy=True, any_greedy=True)
     probs = logits_to_probs(logits, params, filters)
     assert torch.equal(probs, torch.zeros(3, 2, 9).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0))
+
+
+def test_a_top_k_bound_sorts_only_the_leading_entries_with_the_same_rows():
+    """``SamplingFilters.max_top_k`` (SGLang's bound on every row's top_k): ``torch.topk`` of that
+    many entries instead of a sort of the whole row, the same kept tokens and probabilities."""
+    probs = torch.softmax(torch.randn(4, 3, 500, generator=torch.Generator().manual_seed(6)) * 2, -1)
+    params = BatchSamplingParams(torch.ones(4), torch.tensor([20, 40, 1, 7]), torch.tensor([0.8, 0.95, 1.0, 0.5]),
+                                 torch.tensor([0.0, 0.05, 0.0, 0.0]))
+    full = filter_probs(probs, params, SamplingFilters(True, True, True, False, False))
+    bounded = filter_probs(probs, params, SamplingFilters(True, True, True, False, False, max_top_k=40))
+    assert torch.equal(bounded, full)
+    assert ((full > 0).sum(-1) <= params.top_k.view(-1, 1)).all()

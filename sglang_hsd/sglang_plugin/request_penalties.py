@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hsd.penalties import RequestPenalties, path_token_counts, penalise_rows
+from sglang_hsd.penalties import RequestPenalties, penalise_rows
 
 
 def stop_token_ids(req) -> set[int]:
@@ -64,9 +64,7 @@ def penalise_verify_logits(logits: torch.Tensor, candidates: torch.Tensor, next_
         penalties: the requests' ``batch_penalties``.
     """
     batch, width = candidates.shape
-    counts, depth = path_token_counts(candidates, next_token, next_sibling, logits.shape[-1])
-    rows = logits.view(batch, width, -1)
-    rows.copy_(penalise_rows(rows, penalties, counts.to(logits.dtype), depth))
+    penalise_rows(logits.view(batch, width, -1), penalties, candidates, next_token, next_sibling, inplace=True)
 
 
 def has_penalties(sampling_info) -> bool:

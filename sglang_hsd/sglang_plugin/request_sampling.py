@@ -55,7 +55,8 @@ def batch_filters(sampling_info) -> SamplingFilters:
     return SamplingFilters(top_k=bool(sampling_info.need_top_k_sampling),
                            top_p=bool(sampling_info.need_top_p_sampling),
                            min_p=bool(sampling_info.need_min_p_sampling),
-                           all_greedy=False, any_greedy=False)
+                           all_greedy=False, any_greedy=False,
+                           max_top_k=getattr(sampling_info, "max_top_k", None))
 
 
 def sampling_probs(logits: torch.Tensor, sampling_info, repeats: int = 1,

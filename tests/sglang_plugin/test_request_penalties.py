@@ -179,10 +179,11 @@ def test_batches_without_penalties_and_other_algorithms_are_sglangs(plugin_loade
 def test_batch_penalties_read_sglangs_requests():
     reqs = _reqs()
     penalties = batch_penalties(reqs, VOCAB, "cpu")
-    assert penalties.output_counts[0, 3] == 2 and penalties.output_len.tolist() == [3, 2, 4, 4, 1]
+    assert dict(zip(penalties.seen_ids[0].tolist(), penalties.seen_counts[0].tolist())) == {3: 2, 5: 1, -1: 0}
+    assert penalties.output_len.tolist() == [3, 2, 4, 4, 1]
     assert stop_token_ids(reqs[3]) == {EOS, 13}
-    assert penalties.stop_tokens[3].nonzero().view(-1).tolist() == [EOS, 13]
-    assert not penalties.stop_tokens[0].any()  # no min_new_tokens: nothing forbidden
+    assert penalties.stop_ids[3].tolist() == [EOS, 13]
+    assert (penalties.stop_ids[0] == -1).all()  # no min_new_tokens: nothing forbidden
     reqs[0].output_ids.append(VOCAB)
     with pytest.raises(ValueError, match="token ids"):
         batch_penalties(reqs, VOCAB, "cpu")
