@@ -196,7 +196,7 @@ def filter_probs(probs: torch.Tensor, params: BatchSamplingParams | SamplingPara
     kept = probs
     # Sorting a 50k-150k vocabulary is the expensive part: only for top-k / top-p, once for both.
     if filters.top_k or filters.top_p:
-        if filters.max_top_k is not None and filters.max_top_k < vocab:
+        if filters.top_k and filters.max_top_k is not None and filters.max_top_k < vocab:
             # Every entry past max_top_k is dropped by top-k, and the mass before each of the
             # first max_top_k entries is the same in the whole sorted row.
             sorted_probs, order = torch.topk(probs, k=filters.max_top_k, dim=-1, sorted=True)

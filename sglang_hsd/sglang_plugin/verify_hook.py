@@ -134,8 +134,9 @@ class VerifyHookState:
 def install_verify_hooks(state: VerifyHookState) -> None:
     """Replace ``eagle_utils.chain_speculative_sampling_triton``, ``_verify_uses_greedy``,
     ``tree_speculative_sampling_target_only``, ``top_k_renorm_prob``, ``top_p_renorm_prob`` and
-    ``eagle_worker_common.eagle_sample`` with hooks bound to ``state``. Replaces earlier hooks rather than stacking on them (each wraps
-    SGLang's original), so the last worker built in a process owns them."""
+    ``eagle_worker_common.eagle_sample`` with hooks bound to ``state``. Replaces earlier hooks
+    rather than stacking on them (each wraps SGLang's original), so the last worker built in a
+    process owns them."""
     from sglang.srt.speculative import eagle_utils, eagle_worker_common
 
     eagle_worker_common.eagle_sample = make_exact_penalties(
