@@ -23,7 +23,8 @@ so rounds end both ways:
   target's, one request at a time and with requests arriving while others run (ragged sub-rounds
   of several requests); at T = 1 the law of the first generated tokens after a cycling prompt is
   the target's (PIT chi-square) with copies accepted while it ran; the KV pools of both models
-  return to their start after a mixed load.
+  return to their start after a mixed load; greedy requests with penalties give plain penalised
+  greedy decoding's text while rounds accept several copies (SGLang's relaxed penalties fail it).
 
 ``test_draft_model_qwen.py`` serves the lookup on the real Qwen pair, where attention matters and
 copies are accepted: greedy output equal to the target's.
@@ -139,6 +140,28 @@ def test_lookup_sampled_law_is_the_targets(pairs, looping_url):
     assert p_server[-1] > ALPHA, p_server
     accepted = _hsd_state(looping_url)["draft_lookup"]["accepted"] - before
     assert accepted >= 100, accepted  # copies accepted by T = 1 draws (one per request or more)
+
+
+def test_lookup_penalised_greedy_equals_plain_decoding(pairs, looping_url):
+    """Greedy requests with penalties on the looping pair, whose rounds accept several copies:
+    each verify row is penalised with the output so far including the drafts before it on its
+    path, so the text is plain penalised greedy decoding's. SGLang's relaxed penalties (one
+    state per request and round, counting the last token of each round) break the cycle later and
+    give other text here."""
+    from tests.sglang_plugin.test_draft_model_server import _penalised_greedy
+
+    target = pairs[1]["looping"][0]
+    cases = [dict(frequency_penalty=0.5), dict(repetition_penalty=1.5), dict(presence_penalty=2.0)]
+    accepted = []
+    for case in cases:
+        for ids in (CYCLING, REPEATING[0]):
+            out = _generate(looping_url, ids, MAX_NEW_TOKENS, **case)
+            expected = _penalised_greedy(target, ids, MAX_NEW_TOKENS, case.get("frequency_penalty", 0.0),
+                                         case.get("presence_penalty", 0.0), case.get("repetition_penalty", 1.0))
+            assert out["output_ids"] == expected, (case, ids)
+            accepted.append(out["meta_info"]["spec_accept_length"])
+    print(f"\npenalised greedy accept lengths {accepted}")
+    assert max(accepted) > 2.0, accepted  # rounds accepted drafts, so rows sat at several depths
 
 
 def test_lookup_returns_kv(looping_url):
