@@ -20,6 +20,7 @@ import torch
 from sglang_hsd.penalties import RequestPenalties, penalise_rows, tree_paths
 from sglang_hsd.sampling import BatchSamplingParams, filter_probs
 from sglang_hsd.verify.oracles import exact, tree_exact
+from tests.penalty_reference import penalised_logits
 
 VOCAB = 4
 PREFIX_LEN = 3
@@ -47,17 +48,10 @@ def _penalties(outputs, case, device="cpu") -> RequestPenalties:
 
 
 def _sequential_penalised(logits: np.ndarray, output: tuple, case) -> np.ndarray:
-    """Plain decoding's penalised logits after ``output``, written token by token."""
+    """Plain decoding's penalised logits after ``output`` (``tests/penalty_reference.py``)."""
     frequency, presence, repetition, min_new, _, _ = case
-    out = np.array(logits, dtype=np.float64)
-    for token in set(output):
-        count = output.count(token)
-        out[token] -= frequency * count + presence
-    if len(output) < min_new:
-        out[STOP] = -np.inf
-    for token in set(output):
-        out[token] = out[token] * repetition if out[token] < 0 else out[token] / repetition
-    return out
+    return penalised_logits(logits, output, frequency=frequency, presence=presence, repetition=repetition,
+                            min_new_tokens=min_new, stop_tokens=[STOP])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def test_lookup_penalised_greedy_equals_plain_decoding(pairs, looping_url):
     path, so the text is plain penalised greedy decoding's. SGLang's relaxed penalties (one
     state per request and round, counting the last token of each round) break the cycle later and
     give other text here."""
-    from tests.sglang_plugin.test_draft_model_server import _penalised_greedy
+    from tests.sglang_plugin.test_draft_model_server import _penalised_greedy, request_penalties
 
     target = pairs[1]["looping"][0]
     cases = [dict(frequency_penalty=0.5), dict(repetition_penalty=1.5), dict(presence_penalty=2.0)]
@@ -156,8 +156,7 @@ def test_lookup_penalised_greedy_equals_plain_decoding(pairs, looping_url):
     for case in cases:
         for ids in (CYCLING, REPEATING[0]):
             out = _generate(looping_url, ids, MAX_NEW_TOKENS, **case)
-            expected = _penalised_greedy(target, ids, MAX_NEW_TOKENS, case.get("frequency_penalty", 0.0),
-                                         case.get("presence_penalty", 0.0), case.get("repetition_penalty", 1.0))
+            expected = _penalised_greedy(target, ids, MAX_NEW_TOKENS, **request_penalties(case))
             assert out["output_ids"] == expected, (case, ids)
             accepted.append(out["meta_info"]["spec_accept_length"])
     print(f"\npenalised greedy accept lengths {accepted}")

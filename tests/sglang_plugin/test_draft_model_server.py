@@ -45,6 +45,7 @@ import pytest
 import torch
 
 from sglang_hsd.verify.oracles.stats import chi_square_p_value
+from tests.penalty_reference import penalised_logits
 from tests.sglang_plugin.http_client import get_json, post_json
 from sglang_hsd.sglang_plugin.cpu import cpu_sampling
 from tests.sglang_plugin.server_law import ALPHA, confirmed_p_values, sglang_sampler_law
@@ -389,20 +390,24 @@ def test_draft_model_top_k_with_top_p_law_is_the_non_speculative_one(pair, serve
     assert p_wrong < ALPHA
 
 
-def _penalised_greedy(model_dir, prompt, steps, frequency=0.0, presence=0.0, repetition=1.0):
-    """Plain greedy decoding with penalties on the output so far, token by token (float64)."""
+def _penalised_greedy(model_dir, prompt, steps, **penalties):
+    """Plain greedy decoding with penalties on the output so far (``tests/penalty_reference.py``;
+    ``penalties``: its keyword arguments)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     out = []
-    with torch.inference_mode():
+    with torch.no_grad():
         for _ in range(steps):
-            logits = model(torch.tensor([prompt + out])).logits[0, -1].double()
-            for token in set(out):
-                logits[token] -= frequency * out.count(token) + presence
-                logits[token] = logits[token] * repetition if logits[token] < 0 else logits[token] / repetition
-            out.append(int(logits.argmax()))
+            logits = model(torch.tensor([prompt + out])).logits[0, -1].double().numpy()
+            out.append(int(penalised_logits(logits, out, **penalties).argmax()))
     return out
+
+
+def request_penalties(sampling: dict) -> dict:
+    """``penalised_logits``' keyword arguments from a request's sampling parameters."""
+    names = {"frequency_penalty": "frequency", "presence_penalty": "presence", "repetition_penalty": "repetition"}
+    return {names[key]: value for key, value in sampling.items() if key in names}
 
 
 @pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
@@ -420,8 +425,7 @@ def test_draft_model_penalised_greedy_equals_plain_decoding(pair, server, reques
     with ThreadPoolExecutor(max_workers=8) as pool:
         outputs = list(pool.map(lambda job: _generate(url, job[0], **job[1]), jobs))
     for (ids, case), out in zip(jobs, outputs):
-        expected = _penalised_greedy(model_dir, ids, MAX_NEW_TOKENS, case.get("frequency_penalty", 0.0),
-                                     case.get("presence_penalty", 0.0), case.get("repetition_penalty", 1.0))
+        expected = _penalised_greedy(model_dir, ids, MAX_NEW_TOKENS, **request_penalties(case))
         assert out["output_ids"] == expected, (ids, case)
 
 

@@ -19,6 +19,7 @@ import torch
 from sglang_hsd.sglang_plugin import verify_hook
 from sglang_hsd.sglang_plugin.config import PluginConfig
 from sglang_hsd.sglang_plugin.request_penalties import batch_penalties, stop_token_ids
+from tests.penalty_reference import penalised_logits
 from tests.sglang_plugin.plugin_fixtures import fake_sglang_state, plugin_loaded  # noqa: F401
 
 pytestmark = pytest.mark.sglang
@@ -41,15 +42,10 @@ def _reqs():
 
 
 def _expected_row(logits: np.ndarray, output: list[int], penalties) -> np.ndarray:
-    """softmax of plain decoding's penalised logits after ``output`` (token by token)."""
+    """softmax of plain decoding's penalised logits after ``output``."""
     frequency, presence, repetition, min_new = penalties
-    out = np.array(logits, dtype=np.float64)
-    for token in set(output):
-        out[token] -= frequency * output.count(token) + presence
-    if len(output) < min_new:
-        out[[EOS, 13]] = -np.inf
-    for token in set(output):
-        out[token] = out[token] * repetition if out[token] < 0 else out[token] / repetition
+    out = penalised_logits(logits, output, frequency=frequency, presence=presence, repetition=repetition,
+                           min_new_tokens=min_new, stop_tokens=[EOS, 13])
     e = np.exp(out - out.max())
     return e / e.sum()
 

@@ -134,19 +134,18 @@ NEAR_TIE = 1e-3
 
 
 def _penalised_logits(model_dir, ids, output, sampling):
-    """The target's next-token logits after ``ids + output`` with the request's penalties
-    (float64 [V]), from transformers."""
+    """The target's next-token logits after ``ids + output`` with the request's penalties and
+    logit bias (float64 [V]; transformers and ``tests/penalty_reference.py``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tests.penalty_reference import penalised_logits
+    from tests.sglang_plugin.test_draft_model_server import request_penalties
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
-        logits = model(torch.tensor([ids + output])).logits[0, -1].double().clone()
-    for token in set(output):
-        logits[token] -= (sampling.get("frequency_penalty", 0.0) * output.count(token)
-                          + sampling.get("presence_penalty", 0.0))
-        scale = sampling.get("repetition_penalty", 1.0)
-        logits[token] = logits[token] * scale if logits[token] < 0 else logits[token] / scale
+        logits = penalised_logits(model(torch.tensor([ids + output])).logits[0, -1].double().numpy(), output,
+                                  **request_penalties(sampling))
     for token, bias in sampling.get("logit_bias", {}).items():
         logits[int(token)] += bias
     return logits
