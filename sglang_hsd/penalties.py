@@ -110,7 +110,8 @@ def penalise_rows(logits: torch.Tensor, penalties: RequestPenalties, tokens: tor
     """Each row's logits penalised with its own output so far: the committed output plus its path.
 
     Works on the ids a penalty can touch (the committed output's, the drafts', the stop tokens),
-    [B, N, M] with M = M0 + N - 1 + S, gathered from the rows and scattered back.
+    [B, N, M] with M = M0 + N - 1 + S, gathered from the rows and scattered back; their counts
+    and stop flags come from [B, V + 1] tables.
 
     Args:
         logits: float [B, N, V], the target's raw logits of the round's N rows per request.
@@ -123,21 +124,30 @@ def penalise_rows(logits: torch.Tensor, penalties: RequestPenalties, tokens: tor
         float [B, N, V] with the dtype of ``logits``: additive penalties (frequency, presence,
         min_new_tokens) first, then the repetition scaling, as SGLang's non-speculative sampler.
     """
-    batch, width, _ = logits.shape
+    batch, width, vocab = logits.shape
     on_path, depth = tree_paths(next_token, next_sibling)
     drafted = tokens[:, 1:].long()
     ids = torch.cat([penalties.seen_ids, drafted, penalties.stop_ids], 1)  # [B, M]
     # Pads take the root's id; every entry's values are computed from its id alone, so an id
     # listed twice is written twice with the same value.
     ids = torch.where(ids >= 0, ids, tokens[:, :1].long())
-    matches = lambda listed: listed.unsqueeze(1) == ids.unsqueeze(2)  # noqa: E731  [B, M, len]
-    committed = (matches(penalties.seen_ids) * penalties.seen_counts.unsqueeze(1)).sum(-1)  # [B, M]
-    path = torch.bmm(on_path.to(logits.dtype), matches(drafted).transpose(1, 2).to(logits.dtype))
-    counts = committed.unsqueeze(1).to(logits.dtype) + path  # [B, N, M]
-    is_stop = matches(penalties.stop_ids).any(-1)  # [B, M]
+    # The committed counts and the stop flags of the listed ids, read through [B, V + 1] tables
+    # (column V takes the pads): linear in the output length, where comparing every listed id
+    # with every seen one would be quadratic.
+    committed = _table(penalties.seen_ids, penalties.seen_counts.to(logits.dtype), vocab).gather(1, ids)
+    stops = penalties.stop_ids.ge(0).to(logits.dtype)
+    is_stop = _table(penalties.stop_ids, stops, vocab).gather(1, ids) > 0  # [B, M]
+    on_drafted = (drafted.unsqueeze(1) == ids.unsqueeze(2)).to(logits.dtype)  # [B, M, N - 1]
+    counts = committed.unsqueeze(1) + torch.bmm(on_path.to(logits.dtype), on_drafted.transpose(1, 2))
     index = ids.unsqueeze(1).expand(batch, width, ids.shape[1])
     values = _penalised(logits.gather(2, index), counts, penalties, depth, is_stop)
     return logits.scatter_(2, index, values) if inplace else logits.scatter(2, index, values)
+
+
+def _table(ids: torch.Tensor, values: torch.Tensor, vocab: int) -> torch.Tensor:
+    """float [B, V + 1]: ``values`` [B, K] summed at ``ids`` [B, K] (-1 pads go to column V)."""
+    table = values.new_zeros(ids.shape[0], vocab + 1)
+    return table.scatter_add_(1, torch.where(ids >= 0, ids, vocab), values)
 
 
 def _penalised(values: torch.Tensor, counts: torch.Tensor, penalties: RequestPenalties,
