@@ -159,16 +159,11 @@ def _parse_tuning(text: str) -> tuple[tuple[str, float | int], ...]:
     return tuple(pairs)
 
 
-def unsupported_reason(topk: int, exit_layer: bool, request_seeds: bool = False,
-                       device: str = "cpu") -> str | None:
+def unsupported_reason(topk: int, exit_layer: bool, device: str = "cpu") -> str | None:
     """Why adaptive budgets cannot run with this shape, or None. Chains choose their length;
     trees (``topk`` > 1) their depth within the configured shape (``tree_draft.budget_shapes``),
     on CPU only: each budget is a runtime state of its own, and GPU trees capture a draft CUDA
     graph per state, which no test here covers."""
-    if request_seeds:
-        # A seeded request must give the same tokens every time; the length of its rounds
-        # (chosen from measured timings) would change which drafts its stream is spent on.
-        return "--hsd-request-seeds on (seeded requests must not depend on timings)"
     if topk > 1 and device != "cpu":
         return (f"--speculative-eagle-topk {topk} on --device {device} (tree budgets run on CPU; "
                 "GPU trees keep their configured shape)")

@@ -28,9 +28,11 @@ controller: it accepted the path's length of at most ``longest_path`` (min(d, N_
 same per-token estimates and cost medians price depths as they price lengths. Lossless as for
 chains: d is fixed before the round's tree is drawn (``verify/oracles/adaptive_tree_exact.py``).
 
+Seeded requests: a seeded batch is verified by the coupled rule (``request_seeds.py``), whose
+tokens do not depend on the draft lengths, so lengths chosen from timings keep them reproducible.
+
 Scope: chains and CPU trees (``--speculative-eagle-topk`` > 1 on another device keeps its shape:
-each budget's draft CUDA graph is untested) without an exit level, and without
-``--hsd-request-seeds on`` (a seeded request must not depend on timings). Elsewhere the
+each budget's draft CUDA graph is untested) without an exit level. Elsewhere the
 configured length is kept (an explicit ``--hsd-adaptive on`` there is refused naming the flag;
 the default turns itself off and says so in the log).
 """
@@ -261,9 +263,7 @@ def install_adaptive(worker, setting: AdaptiveSetting, topk: int, exit_layer: bo
         logger.info("sglang-hsd: %s off: every round drafts %d tokens", ADAPTIVE_FLAG,
                     worker.speculative_num_steps)
         return None
-    from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
-
-    reason = unsupported_reason(topk, exit_layer, request_seeds_enabled(), str(worker.device))
+    reason = unsupported_reason(topk, exit_layer, str(worker.device))
     if reason is not None:
         logger.info("sglang-hsd: %s not applied with %s", ADAPTIVE_FLAG, reason)
         return None

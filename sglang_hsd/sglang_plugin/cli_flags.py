@@ -89,10 +89,11 @@ HSD_FLAGS = (
      "of the target's family with its own KV cache (model), or detected from its config (auto, "
      "the default)"),
     (REQUEST_SEEDS_FLAG, REQUEST_SEEDS_ENV, {"choices": REQUEST_SEEDS_CHOICES},
-     "on: every request draws from a keyed stream (its seed, or one derived from --random-seed "
-     "and its id), so a request with a seed gives the same tokens every time, with trees and "
-     "chains; needs --sampling-backend pytorch (the CPU default). off (default): SGLang's "
-     "behaviour (seeds honoured only with --enable-deterministic-inference)"),
+     "auto (default): on where SGLang's sampler takes seeds (--sampling-backend pytorch, the CPU "
+     "default), else off. on: a request with a seed gets the same tokens every time, whatever "
+     "the speculation drafted (seeded batches are verified against the target's keyed draws); "
+     "needs the torch sampler. off: SGLang's behaviour (seeds honoured only with "
+     "--enable-deterministic-inference)"),
     (CPU_LINEAR_FLAG, CPU_LINEAR_ENV, {"choices": CPU_LINEAR_PATHS},
      "CPU kernel of the unquantized linear layers and lm_head of every model the server loads, "
      "with or without speculation: mkl (SGLang's F.linear, the default) or onednn-packed "

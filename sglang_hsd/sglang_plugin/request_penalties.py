@@ -4,7 +4,7 @@ SGLang's speculative verify (``eagle_utils.eagle_sample``) adds the batch's accu
 (``SamplingBatchInfo.acc_additive_penalties`` / ``acc_scaling_penalties`` [bs, V]) to every row of
 a request alike, and those accumulate only the last token of each round
 (``ScheduleBatch.cumulate_penalty_output_tokens`` in ``eagle_prepare_for_decode``). Inside an HSD
-verify call ``verify_hook.make_exact_penalties`` instead
+verify call ``verify_hook.make_verify_entry`` instead
 
 1. builds ``RequestPenalties`` from each request's own parameters and its whole committed output
    (``req.output_ids``, which ends with the round's root), as the non-speculative sampler's

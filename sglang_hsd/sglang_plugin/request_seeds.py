@@ -1,26 +1,31 @@
-"""Seeded requests on an HSD server: the same seed gives the same tokens (``--hsd-request-seeds on``).
+"""Seeded requests on an HSD server: the same seed gives the same tokens, on the default server.
 
 SGLang draws a request's randomness from keyed streams only under ``--enable-deterministic-
 inference`` (GPU attention backends only): ``SamplingBatchInfo.sampling_seed`` then holds one seed
 per request, and every draw of the request hashes (seed, position, column). Without it a request's
-``seed`` is ignored. With ``--hsd-request-seeds on`` HSD sets ``sampling_seed`` on every batch of
-its server itself (``install_request_seeds`` wraps ``SamplingBatchInfo.from_schedule_batch``):
+``seed`` is ignored. HSD servers honour it themselves (``--hsd-request-seeds``, default ``auto``:
+on wherever SGLang's sampler takes seeds, its torch sampler, the CPU default):
+``install_request_seeds`` wraps ``SamplingBatchInfo.from_schedule_batch`` so that an HSD batch in
+which some request carries a seed (OpenAI ``seed``, native ``sampling_seed``) gets
+``sampling_seed``: each request's own seed, and for the others a stream of their own derived from
+the server's ``--random-seed`` (0 without one) and the request id (``request_stream_seed``; a hash,
+the same on every tensor-parallel rank). Batches without a seeded request are untouched.
 
-* the request's own seed (OpenAI ``seed``, native ``sampling_seed``) when it gives one;
-* otherwise a stream of its own, derived from the server's ``--random-seed`` and the request id
-  (``request_stream_seed``; a hash, the same on every tensor-parallel rank).
-
-Every random draw of the request then comes from its stream: the first token (SGLang's sampler,
-``multinomial_with_seed``), chain drafts (``sample_draft_proposal`` / ``fast_sample`` with the
-seed), the verification coins (``_seeded_verify_coins``), the exit level's draws
-(``seeds.sub_round_seed``) and the sampled tree's noise (``tree_draft.round_noise``), each in a
-domain of its own. A request with a seed is reproducible, with trees and with chains.
+A seeded batch is verified by the coupled rule (``verify/coupled.py`` through the verify hooks):
+every token is the target's keyed Gumbel-max draw of its row, keyed by (seed, position, token id)
+as SGLang's seeded sampler keys its draws, so a seeded request emits what plain seeded decoding
+emits whatever was drafted: the draft lengths the adaptive controller picks from timings, its
+batch-mates, an exit level or a lookup in between change its speed, never its text. The first token
+comes from SGLang's own seeded sampler. Drafts are drawn with the same keys
+(``coupled_draft_sample``: a draft for position t + 1 is ``argmax(log q + G(seed, t, ·))``), which
+is what makes them agree with the target's draws. The unseeded requests of a seeded batch are
+verified the same way for that round: their law is unchanged.
 
 Needs SGLang's torch sampler (``--sampling-backend pytorch``, the CPU default): FlashInfer's takes
-no seed. SGLang's seeded torch sampler refuses min-p; ``min_p_before_seeded_sampling`` applies it
-first (zeroing the tokens below min_p times the row's maximum keeps exactly the set SGLang's
-top-k / top-p / min-p keeps, and the seeded Gumbel draw needs no normalisation), so min-p requests
-are served too.
+no seed (``auto`` is then off; ``on`` is refused). SGLang's seeded torch sampler refuses min-p;
+``min_p_before_seeded_sampling`` applies it first (zeroing the tokens below min_p times the row's
+maximum keeps exactly the set SGLang's top-k / top-p / min-p keeps, and the seeded Gumbel draw
+needs no normalisation), so min-p requests are served too.
 """
 
 from __future__ import annotations
@@ -32,20 +37,35 @@ import torch
 
 from sglang_hsd.sampling import apply_min_p
 from sglang_hsd.sglang_plugin.config import ALGORITHM_NAME
+from sglang_hsd.verify.coupled import keyed_draw
 
 REQUEST_SEEDS_ENV = "SGLANG_HSD_REQUEST_SEEDS"
 REQUEST_SEEDS_FLAG = "--hsd-request-seeds"
-REQUEST_SEEDS_CHOICES = ("off", "on")
+REQUEST_SEEDS_CHOICES = ("auto", "on", "off")
 # Stream seeds stay non-negative int64 below 2^62: domain tags and indices are XORed in above.
 _SEED_MASK = 2**62 - 1
 
 
-def request_seeds_enabled() -> bool:
-    """``--hsd-request-seeds`` (environment ``SGLANG_HSD_REQUEST_SEEDS``): "on" or "off" (default)."""
-    value = os.environ.get(REQUEST_SEEDS_ENV, "off").strip().lower()
+def request_seeds_setting() -> str:
+    """``--hsd-request-seeds`` (environment ``SGLANG_HSD_REQUEST_SEEDS``): auto (default), on or off."""
+    value = os.environ.get(REQUEST_SEEDS_ENV, "auto").strip().lower()
     if value not in REQUEST_SEEDS_CHOICES:
-        raise ValueError(f"{REQUEST_SEEDS_FLAG} ({REQUEST_SEEDS_ENV}) must be on or off, got {value!r}")
-    return value == "on"
+        raise ValueError(f"{REQUEST_SEEDS_FLAG} ({REQUEST_SEEDS_ENV}) must be one of "
+                         f"{', '.join(REQUEST_SEEDS_CHOICES)}, got {value!r}")
+    return value
+
+
+def sampler_takes_seeds(device: str | None, sampling_backend: str | None) -> bool:
+    """True when SGLang's sampler of this server draws from seeds: its torch sampler, chosen by
+    ``--sampling-backend pytorch`` or by default on CPU (FlashInfer's elsewhere)."""
+    return sampling_backend == "pytorch" or (sampling_backend is None and device in ("cpu", None))
+
+
+def request_seeds_enabled(device: str | None = "cpu", sampling_backend: str | None = None) -> bool:
+    """Whether seeded requests are honoured on a server with this device and sampling backend:
+    ``on``, or ``auto`` where the sampler takes seeds (``sampler_takes_seeds``)."""
+    setting = request_seeds_setting()
+    return setting == "on" or (setting == "auto" and sampler_takes_seeds(device, sampling_backend))
 
 
 def request_stream_seed(rid: str, sampling_seed: int | None, server_seed: int) -> int:
@@ -69,20 +89,32 @@ def _is_hsd_batch(batch) -> bool:
 
 
 def install_request_seeds() -> None:
-    """Wrap ``SamplingBatchInfo.from_schedule_batch`` (seeds for HSD batches when the flag is on)
-    and SGLang's torch top-k / top-p / min-p sampler (min-p before a seeded draw); idempotent."""
+    """Wrap ``SamplingBatchInfo.from_schedule_batch`` (seeds for HSD batches with a seeded
+    request), SGLang's draft draw ``spec_utils.fast_sample`` (``coupled_draft_sample``) and its
+    torch top-k / top-p / min-p sampler (min-p before a seeded draw); idempotent."""
     from sglang.srt.layers import sampler
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.speculative import spec_utils
 
     original = SamplingBatchInfo.__dict__["from_schedule_batch"].__func__
     if getattr(original, "__sglang_hsd_original__", None) is None:
-        wrapped = seeded_from_schedule_batch(original, server_seed)
+        wrapped = seeded_from_schedule_batch(original, server_seed, seeds_honoured)
         # The bound original, as the signature check reads it: (batch, vocab_size).
         wrapped.__sglang_hsd_original__ = SamplingBatchInfo.from_schedule_batch
         SamplingBatchInfo.from_schedule_batch = classmethod(wrapped)
+    if not getattr(spec_utils.fast_sample, "__sglang_hsd_coupled__", False):
+        spec_utils.fast_sample = coupled_draft_sample(spec_utils.fast_sample)
     torch_sampler = sampler.top_k_top_p_min_p_sampling_from_probs_torch
     if getattr(torch_sampler, "__sglang_hsd_original__", None) is None:
         sampler.top_k_top_p_min_p_sampling_from_probs_torch = min_p_before_seeded_sampling(torch_sampler)
+
+
+def seeds_honoured() -> bool:
+    """``request_seeds_enabled`` for the server of this process (SGLang's runtime context)."""
+    from sglang.srt.runtime_context import get_server_args
+
+    args = get_server_args()
+    return request_seeds_enabled(args.device, args.sampling_backend)
 
 
 def server_seed() -> int:
@@ -96,17 +128,42 @@ def server_seed() -> int:
     return 0 if seed is None else int(seed)
 
 
-def seeded_from_schedule_batch(original, read_server_seed):
-    """``from_schedule_batch(cls, batch, vocab_size)`` that gives an HSD batch its requests' stream
-    seeds (``sampling_seed`` int64 [bs]) when ``--hsd-request-seeds`` is on and SGLang set none."""
+def seeded_from_schedule_batch(original, read_server_seed, read_enabled):
+    """``from_schedule_batch(cls, batch, vocab_size)`` that gives an HSD batch its requests'
+    stream seeds (``sampling_seed`` int64 [bs]) when one of its requests carries a seed,
+    ``read_enabled()`` says seeds are honoured and SGLang set none."""
 
     def from_schedule_batch(cls, batch, vocab_size):
         info = original(cls, batch, vocab_size)
-        if info.sampling_seed is None and _is_hsd_batch(batch) and request_seeds_enabled():
+        if (info.sampling_seed is None and _is_hsd_batch(batch)
+                and any(req.sampling_params.sampling_seed is not None for req in batch.reqs)
+                and read_enabled()):
             info.sampling_seed = batch_stream_seeds(batch.reqs, read_server_seed(), batch.device)
         return info
 
     return from_schedule_batch
+
+
+def coupled_draft_sample(original):
+    """``spec_utils.fast_sample`` whose seeded single draws on an HSD server take the target's
+    keys: SGLang passes the position of the token being drafted, so the draw is
+    ``keyed_draw(probs, seed, positions - 1)``, the key the target's verify row for that token
+    uses (module docstring). Everything else goes to ``original``.
+
+    Returns ``(probs[r, X_r], X)``: float [R, 1] and int64 [R, 1], as SGLang's."""
+    from sglang_hsd.sglang_plugin import verify_hook
+
+    def fast_sample(probs, num_samples=1, *, sampling_seed=None, positions=None, draft_step=0):
+        if (sampling_seed is None or num_samples != 1 or positions is None
+                or not verify_hook.hsd_is_active()):
+            return original(probs, num_samples, sampling_seed=sampling_seed, positions=positions,
+                            draft_step=draft_step)
+        index = keyed_draw(probs, sampling_seed.view(-1), positions.view(-1) - 1).unsqueeze(1)
+        return probs.gather(1, index), index
+
+    fast_sample.__sglang_hsd_original__ = getattr(original, "__sglang_hsd_original__", original)
+    fast_sample.__sglang_hsd_coupled__ = True
+    return fast_sample
 
 
 def min_p_before_seeded_sampling(original):

@@ -318,15 +318,16 @@ def plan_problems() -> list[str]:
 
 
 def request_seed_problems(args) -> list[str]:
-    """What ``--hsd-request-seeds on`` cannot honour: SGLang's FlashInfer sampler takes no seed."""
-    from sglang_hsd.sglang_plugin.request_seeds import REQUEST_SEEDS_FLAG, request_seeds_enabled
+    """What ``--hsd-request-seeds on`` cannot honour: SGLang's FlashInfer sampler takes no seed
+    (``auto``, the default, is then off)."""
+    from sglang_hsd.sglang_plugin.request_seeds import REQUEST_SEEDS_FLAG, request_seeds_setting, sampler_takes_seeds
 
     try:
-        enabled = request_seeds_enabled()
+        setting = request_seeds_setting()
     except ValueError as err:
         return [str(err)]
     backend = getattr(args, "sampling_backend", None)
-    if enabled and (backend not in (None, "pytorch") or (backend is None and args.device not in ("cpu", None))):
+    if setting == "on" and not sampler_takes_seeds(args.device, backend):
         return [f"{REQUEST_SEEDS_FLAG} on: SGLang's {backend or 'default (flashinfer)'} sampler takes no "
                 "seed; add --sampling-backend pytorch"]
     return []
@@ -358,17 +359,12 @@ def draft_precision_problems(args) -> list[str]:
 
 
 def _adaptive_unsupported(args) -> str | None:
-    """Why adaptive lengths cannot run with ``args`` and the ``--hsd-*`` environment (a tree, an
-    exit level, seeded requests), or None."""
+    """Why adaptive lengths cannot run with ``args`` and the ``--hsd-*`` environment (a GPU tree,
+    an exit level), or None."""
     from sglang_hsd.sglang_plugin.adaptive_setting import unsupported_reason
-    from sglang_hsd.sglang_plugin.request_seeds import request_seeds_enabled
 
     exit_layer = bool(os.environ.get(EXIT_LAYER_ENV, "").strip()) or _plan_has_exit_level()
-    try:
-        seeds = request_seeds_enabled()
-    except ValueError:
-        seeds = False  # reported by request_seed_problems
-    return unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, seeds, args.device or "cuda")
+    return unsupported_reason(args.speculative_eagle_topk or 1, exit_layer, args.device or "cuda")
 
 
 def adaptive_problems(args) -> list[str]:

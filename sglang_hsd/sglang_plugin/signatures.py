@@ -40,7 +40,7 @@ EXPECTED_SIGNATURES: dict[str, str] = {
     "sglang.srt.speculative.eagle_utils.eagle_sample":
         "(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *, "
         "watermark_state=None, watermark_full_mask=True)",
-    # The name run_eagle_verify calls (verify_hook.make_exact_penalties replaces it).
+    # The name run_eagle_verify calls (verify_hook.make_verify_entry replaces it).
     "sglang.srt.speculative.eagle_worker_common.eagle_sample":
         "(verify_input, batch, logits_output, grammar_mask=None, uno_target_max_top_k=None, *, "
         "watermark_state=None, watermark_full_mask=True)",

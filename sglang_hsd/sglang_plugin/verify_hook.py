@@ -20,7 +20,7 @@ with the non-speculative sampler's semantics. Outside HSD verify calls SGLang's 
 Penalties: inside an HSD verify call ``eagle_worker_common.eagle_sample`` (the name SGLang's
 ``run_eagle_verify`` calls) penalises each verify row with the committed output plus its own
 path's drafts and runs SGLang's ``eagle_sample`` without its relaxed per-request penalties
-(``make_exact_penalties``, ``request_penalties.py``).
+(``make_verify_entry``, ``request_penalties.py``).
 
 State: the hooks receive only tensors and flags from SGLang, so ``HSDWorker`` builds a
 ``VerifyHookState`` (its configuration, read once when the worker was built) and installs the
@@ -34,7 +34,14 @@ All-greedy batches keep SGLang's argmax path (``verify_tree_greedy_func``). On C
 that argmax path for every batch (``_verify_uses_greedy`` returns True for ``is_cpu``), which would
 silently ignore temperature; for HSD we let sampled batches through.
 
-Random draws: the coins are SGLang's (``_verify_coins``: per-request murmur hash of the sampling
+Seeded batches (``sampling_seed`` set: ``request_seeds.py``): every row is verified by the coupled
+rule (``verify/coupled.py``): the target's keyed Gumbel-max draw of each verify row, keyed by
+(seed, the row's verify position), decides; the emitted tokens are those of plain seeded decoding
+whatever was drafted, so a seeded request's text does not depend on the draft lengths the adaptive
+controller chooses, on its batch-mates or on the levels in between. ``eagle_sample`` (the wrapper
+``make_verify_entry``) leaves the rows' keys (``SeededKeys``) for the samplers of the call.
+
+Random draws of unseeded batches: the coins are SGLang's (``_verify_coins``: per-request murmur hash of the sampling
 seed when ``sampling_seed`` is set, ``torch.rand`` otherwise), used as our ``ChainUniforms``:
 ``coins[:, k]`` is the coin of draft position k + 1 and ``coins_for_final_sampling`` drives the
 single residual / bonus draw. Under tensor parallelism ``eagle_sample`` broadcasts ``predict``,
@@ -64,6 +71,7 @@ from sglang_hsd.tree_draft import CHILD_SAMPLERS
 from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
 from sglang_hsd.verify.chain.types import ChainVerifyResult
 from sglang_hsd.verify.common import assemble_emitted, inverse_cdf_sample
+from sglang_hsd.verify.coupled import coupled_chain, coupled_tree, keyed_draw
 from sglang_hsd.verify.window_round import target_round
 
 if TYPE_CHECKING:
@@ -71,6 +79,28 @@ if TYPE_CHECKING:
     from sglang_hsd.sglang_plugin.tree_draft import DraftTree
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SeededKeys:
+    """The keys of a seeded verify call's rows (``verify/coupled.py``).
+
+    Fields:
+        seed: int64 [bs], each request's stream seed (SGLang's ``sampling_seed``).
+        position: int64 [bs, N], each verify node's position (SGLang's ``verify_input.positions``):
+            the key of the row that draws the token after it, as SGLang's seeded sampler keys a
+            decode row by its input token's position.
+    """
+
+    seed: torch.Tensor
+    position: torch.Tensor
+
+    def draws(self, target_probs: torch.Tensor) -> torch.Tensor:
+        """int64 [bs, N]: the keyed draw of every row of ``target_probs`` (float [bs, N, V])."""
+        if self.position.shape != target_probs.shape[:2]:
+            raise RuntimeError(f"seeded verify: {list(self.position.shape)} node positions for "
+                               f"target rows {list(target_probs.shape[:2])}")
+        return keyed_draw(target_probs, self.seed.unsqueeze(1).expand_as(self.position), self.position)
 
 
 @dataclass
@@ -87,6 +117,8 @@ class VerifyHookState:
         tree: the round's sampled tree (``tree_draft.DraftTree``) during a verify call.
         sampling_info: the verified batch's ``SamplingBatchInfo`` during a verify call (its
             top-k, top-p and min-p shape the target rows, ``target_rows``); None outside one.
+        keys: the rows' ``SeededKeys`` while ``eagle_sample`` verifies a seeded batch; None
+            otherwise (the samplers then verify with the configured method).
     """
 
     config: PluginConfig
@@ -95,6 +127,7 @@ class VerifyHookState:
     fallback_calls: int = 0
     tree: DraftTree | None = None
     sampling_info: object = None
+    keys: SeededKeys | None = None
 
     @contextlib.contextmanager
     def verify_call(self, sampling_info, tree: DraftTree | None = None):
@@ -112,6 +145,7 @@ class VerifyHookState:
             self.exit_round = None
             self.tree = None
             self.sampling_info = None
+            self.keys = None
 
     def target_rows(self, target_probs: torch.Tensor) -> torch.Tensor:
         """The law the non-speculative sampler draws from: ``target_probs`` (float [bs, N, V],
@@ -139,7 +173,7 @@ def install_verify_hooks(state: VerifyHookState) -> None:
     process owns them."""
     from sglang.srt.speculative import eagle_utils, eagle_worker_common
 
-    eagle_worker_common.eagle_sample = make_exact_penalties(
+    eagle_worker_common.eagle_sample = make_verify_entry(
         _sglang_original(eagle_worker_common.eagle_sample), state)
     for name in ("top_k_renorm_prob", "top_p_renorm_prob"):
         setattr(eagle_utils, name, make_deferred_renorm(_sglang_original(getattr(eagle_utils, name)), state))
@@ -165,32 +199,40 @@ def make_deferred_renorm(original, state: VerifyHookState):
     return deferred_renorm
 
 
-def make_exact_penalties(original, state: VerifyHookState):
-    """Replacement for ``eagle_worker_common.eagle_sample``: inside an HSD verify call of a batch
-    with penalties, the verify logits are penalised row by row along each row's path
+def make_verify_entry(original, state: VerifyHookState):
+    """Replacement for ``eagle_worker_common.eagle_sample``. Inside an HSD verify call: a seeded
+    batch leaves its rows' keys for the samplers (``state.keys``, for the call's duration); a batch
+    with penalties has its verify logits penalised row by row along each row's path
     (``request_penalties``) and SGLang's ``original`` runs on a copy of the batch without its
-    accumulated penalties; everything else goes to ``original`` unchanged."""
+    accumulated penalties. Everything else goes to ``original`` unchanged."""
 
     @functools.wraps(original)
-    def eagle_sample_with_exact_penalties(verify_input, batch, logits_output, *args, **kwargs):
+    def eagle_sample(verify_input, batch, logits_output, *args, **kwargs):
         info = batch.sampling_info
-        if batch.forward_mode.is_idle() or not (state.defers_renorm and has_penalties(info)):
+        if batch.forward_mode.is_idle() or not state.defers_renorm:
             return original(verify_input, batch, logits_output, *args, **kwargs)
-        logits = logits_output.next_token_logits
-        candidates = verify_input.draft_token.reshape(len(batch.seq_lens), -1)
-        tree = state.tree  # a sampled tree's drafted links (SGLang's may attach filler nodes)
-        links = ((tree.retrive_next_token, tree.retrive_next_sibling) if tree is not None else
-                 (verify_input.retrieve_next_token, verify_input.retrieve_next_sibling))
-        penalise_verify_logits(logits, candidates, *links,
-                               batch_penalties(batch.reqs, logits.shape[-1], logits.device, logits.dtype))
-        unpenalised = copy.copy(info)
-        unpenalised.acc_additive_penalties = unpenalised.acc_scaling_penalties = None
-        plain_batch = copy.copy(batch)
-        plain_batch.sampling_info = unpenalised
-        return original(verify_input, plain_batch, logits_output, *args, **kwargs)
+        if has_penalties(info):
+            logits = logits_output.next_token_logits
+            candidates = verify_input.draft_token.reshape(len(batch.seq_lens), -1)
+            tree = state.tree  # a sampled tree's drafted links (SGLang's may attach filler nodes)
+            links = ((tree.retrive_next_token, tree.retrive_next_sibling) if tree is not None else
+                     (verify_input.retrieve_next_token, verify_input.retrieve_next_sibling))
+            penalise_verify_logits(logits, candidates, *links,
+                                   batch_penalties(batch.reqs, logits.shape[-1], logits.device, logits.dtype))
+            unpenalised = copy.copy(info)
+            unpenalised.acc_additive_penalties = unpenalised.acc_scaling_penalties = None
+            batch = copy.copy(batch)
+            batch.sampling_info = unpenalised
+        if info.sampling_seed is not None:
+            state.keys = SeededKeys(info.sampling_seed.to(torch.int64),
+                                    verify_input.positions.to(torch.int64).view(len(batch.seq_lens), -1))
+        try:
+            return original(verify_input, batch, logits_output, *args, **kwargs)
+        finally:
+            state.keys = None
 
-    eagle_sample_with_exact_penalties.__sglang_hsd_original__ = original
-    return eagle_sample_with_exact_penalties
+    eagle_sample.__sglang_hsd_original__ = original
+    return eagle_sample
 
 
 def _sglang_original(fn):
@@ -253,8 +295,11 @@ def make_hsd_chain_sampling(original, state: VerifyHookState):
         target_probs = state.target_rows(target_probs)
         uniforms = ChainUniforms(accept=uniform_samples.float(),
                                  sample=uniform_samples_for_final_sampling.float())
+        keyed = state.keys.draws(target_probs) if state.keys is not None else None
         if state.exit_round is not None:  # the exit level ran in this round: verify its chain
-            result = _verify_exit_chain(state, target_probs, uniforms)
+            result = _verify_exit_chain(state, target_probs, uniforms, keyed)
+        elif keyed is not None:
+            result = coupled_chain(candidates[:, 1:].to(torch.int64), keyed)
         else:
             result = _verify_drafts(state, candidates, draft_probs, target_probs, uniforms)
         write_chain_result(predicts, accept_index, accept_token_num, retrive_index, result)
@@ -272,12 +317,14 @@ def empty_chain_result(target_probs: torch.Tensor, sample: torch.Tensor) -> Chai
     return ChainVerifyResult(num_accepted, assemble_emitted(no_drafts, num_accepted, token))
 
 
-def _verify_exit_chain(state: VerifyHookState, target_probs, uniforms: ChainUniforms):
-    """The target level of an exit round: ``target_round`` on the exit's chain; the round's
-    statistics go to the exit level that ran it."""
+def _verify_exit_chain(state: VerifyHookState, target_probs, uniforms: ChainUniforms,
+                       keyed: torch.Tensor | None = None):
+    """The target level of an exit round: ``target_round`` on the exit's chain (the coupled rule
+    with ``keyed`` draws [bs, K + 1] of a seeded batch); the round's statistics go to the exit
+    level that ran it."""
     exit_round = state.exit_round
     result, target_accepted = target_round(exit_round.proposal, target_probs, exit_round.method,
-                                           uniforms, validate=state.config.validate)
+                                           uniforms, validate=state.config.validate, keyed=keyed)
     exit_round.verifier.record(exit_round, result, target_accepted)
     return result
 
@@ -381,6 +428,11 @@ def make_hsd_tree_sampling(original, state: VerifyHookState):
         if tree is not None:  # the drafted links: SGLang's builder may attach unreachable filler
             retrive_next_token, retrive_next_sibling = (tree.retrive_next_token,
                                                         tree.retrive_next_sibling)
+        if state.keys is not None:
+            result = coupled_tree(candidates.to(torch.int64), retrive_next_token, retrive_next_sibling,
+                                  state.keys.draws(target_probs), max_depth=accept_index.shape[1] - 1)
+            write_tree_result(predicts, accept_index, accept_token_num, retrive_index, result)
+            return
         result = verify_tree(
             candidates.to(torch.int64), retrive_next_token, retrive_next_sibling,
             tree.draft_probs if tree is not None else None, target_probs, method=method,

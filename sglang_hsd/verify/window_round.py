@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_hsd.verify import ChainUniforms, ChainVerifyResult, verify_chain
+from sglang_hsd.verify.coupled import coupled_chain
 
 
 @dataclass
@@ -202,7 +203,7 @@ def _sub_round(state: ExitProposal, reqs: torch.Tensor, sub_round: int, method: 
 
 
 def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str,
-                 uniforms: ChainUniforms, validate: bool = False
+                 uniforms: ChainUniforms, validate: bool = False, keyed: torch.Tensor | None = None
                  ) -> tuple[ChainVerifyResult, torch.Tensor]:
     """The target verifies the exit's chain; returns SGLang's round result.
 
@@ -211,6 +212,8 @@ def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str
         target_probs: float [B, K + 1, V]; rows 0..a are p_1..p_{a+1} (row j: the target's
             distribution of c_{j+1}); later rows must be valid distributions but are not used.
         uniforms: accept [B, K + 1], sample [B].
+        keyed: int64 [B, K + 1] or None: a seeded batch's keyed draws of the target rows; the
+            coupled rule (``coupled.coupled_chain``) then replaces ``method``.
     Returns:
         (``ChainVerifyResult`` with num_accepted [B] = accepted *drafts* (<= a) and tokens
         [B, K + 1] = the accepted drafts followed by the round's last token, then -1;
@@ -219,10 +222,14 @@ def target_round(proposal: ExitProposal, target_probs: torch.Tensor, method: str
     chain_tokens = proposal.chain_tokens.clamp_min(0)
     # verify_chain wants a bonus row after the longest chain; it is drawn and then discarded.
     bonus_pad = target_probs[:, -1:]
-    result = verify_chain(
-        chain_tokens, proposal.chain_probs, torch.cat([target_probs, bonus_pad], dim=1),
-        method=method, uniforms=uniforms, draft_lengths=proposal.chain_len, validate=validate,
-    )
+    if keyed is not None:
+        result = coupled_chain(chain_tokens, torch.cat([keyed, keyed[:, -1:]], dim=1),
+                               draft_lengths=proposal.chain_len)
+    else:
+        result = verify_chain(
+            chain_tokens, proposal.chain_probs, torch.cat([target_probs, bonus_pad], dim=1),
+            method=method, uniforms=uniforms, draft_lengths=proposal.chain_len, validate=validate,
+        )
     tau = result.num_accepted.to(torch.int64)
     took_all = tau >= proposal.chain_len
     num_accepted = torch.where(took_all, proposal.chain_len - 1, tau)

@@ -1,5 +1,5 @@
 """Penalties through HSD's verify hooks and SGLang's own ``eagle_sample``
-(``sglang_plugin/request_penalties.py``, ``verify_hook.make_exact_penalties``).
+(``sglang_plugin/request_penalties.py``, ``verify_hook.make_verify_entry``).
 
 A chain round and a tree round of requests with frequency, presence and repetition penalties and
 min_new_tokens: the rows the verifier receives are softmax of each row's logits penalised with
@@ -165,7 +165,7 @@ def test_batches_without_penalties_and_other_algorithms_are_sglangs(plugin_loade
     # Another algorithm's verify (no HSD verify call): SGLang's eagle_sample gets the batch itself.
     fake_sglang_state(monkeypatch, algorithm="EAGLE3")
     received = []
-    wrapper = verify_hook.make_exact_penalties(lambda vi, b, lo, *a, **k: received.append(b), state)
+    wrapper = verify_hook.make_verify_entry(lambda vi, b, lo, *a, **k: received.append(b), state)
     verify_input, batch, logits = _round(links, torch.full((bs, n), -1), candidates, seed=3)
     with state.verify_call(batch.sampling_info):
         wrapper(verify_input, batch, logits)

@@ -26,37 +26,65 @@ def test_stream_seeds_are_the_requests_own_or_a_stable_hash_of_server_seed_and_i
     assert seed("rid1", None, 7) == seed("rid1", None, 7) != seed("rid1", None, 8)
 
 
-def _fake_batch(algorithm="HSD"):
+def _fake_batch(algorithm="HSD", own_seed=99):
     reqs = [types.SimpleNamespace(rid="x", sampling_params=types.SimpleNamespace(sampling_seed=None)),
-            types.SimpleNamespace(rid="y", sampling_params=types.SimpleNamespace(sampling_seed=99))]
+            types.SimpleNamespace(rid="y", sampling_params=types.SimpleNamespace(sampling_seed=own_seed))]
     return types.SimpleNamespace(reqs=reqs, device="cpu", spec_algorithm=types.SimpleNamespace(name=algorithm))
 
 
-@pytest.mark.parametrize("flag, algorithm, seeded", [("on", "HSD", True), ("off", "HSD", False),
-                                                     ("on", "EAGLE3", False)])
-def test_hsd_batches_get_stream_seeds_when_the_flag_is_on(monkeypatch, flag, algorithm, seeded):
-    monkeypatch.setenv(request_seeds.REQUEST_SEEDS_ENV, flag)
+@pytest.mark.parametrize("enabled, algorithm, own_seed, seeded", [
+    (True, "HSD", 99, True), (False, "HSD", 99, False), (True, "EAGLE3", 99, False),
+    (True, "HSD", None, False),  # no request carries a seed: the batch is left alone
+])
+def test_hsd_batches_with_a_seeded_request_get_stream_seeds(enabled, algorithm, own_seed, seeded):
     build = request_seeds.seeded_from_schedule_batch(
-        lambda cls, batch, vocab: types.SimpleNamespace(sampling_seed=None), lambda: 5)
-    info = build(None, _fake_batch(algorithm), 32)
+        lambda cls, batch, vocab: types.SimpleNamespace(sampling_seed=None), lambda: 5, lambda: enabled)
+    info = build(None, _fake_batch(algorithm, own_seed), 32)
     if not seeded:
         assert info.sampling_seed is None
         return
     assert info.sampling_seed.tolist() == [request_seeds.request_stream_seed("x", None, 5), 99]
 
 
-def test_seeds_sglang_already_set_are_kept(monkeypatch):
-    monkeypatch.setenv(request_seeds.REQUEST_SEEDS_ENV, "on")
+def test_seeds_sglang_already_set_are_kept():
     mine = torch.tensor([1, 2])
     build = request_seeds.seeded_from_schedule_batch(
-        lambda cls, batch, vocab: types.SimpleNamespace(sampling_seed=mine), lambda: 5)
+        lambda cls, batch, vocab: types.SimpleNamespace(sampling_seed=mine), lambda: 5, lambda: True)
     assert build(None, _fake_batch(), 32).sampling_seed is mine
+
+
+@pytest.mark.parametrize("env, device, backend, enabled", [
+    ("auto", "cpu", None, True), ("auto", "cuda", None, False), ("auto", "cuda", "pytorch", True),
+    ("auto", "cpu", "flashinfer", False), ("on", "cpu", None, True), ("off", "cpu", None, False),
+])
+def test_auto_is_on_where_the_sampler_takes_seeds(monkeypatch, env, device, backend, enabled):
+    monkeypatch.setenv(request_seeds.REQUEST_SEEDS_ENV, env)
+    assert request_seeds.request_seeds_enabled(device, backend) is enabled
+
+
+def test_seeded_drafts_take_the_targets_keys(monkeypatch):
+    """A seeded draft for position t + 1 is the keyed draw at key t, the key of the target's row
+    that draws that token; unseeded and multi-draw calls go to SGLang's."""
+    from sglang_hsd.sglang_plugin import verify_hook
+    from sglang_hsd.verify.coupled import keyed_draw
+
+    calls = []
+    monkeypatch.setattr(verify_hook, "hsd_is_active", lambda: True)
+    sample = request_seeds.coupled_draft_sample(lambda *a, **k: calls.append(a) or "sglang")
+    probs = torch.rand(3, 50, dtype=torch.float64)
+    seed, positions = torch.tensor([1, 2, 3]), torch.tensor([10, 11, 12])
+    p, index = sample(probs, 1, sampling_seed=seed, positions=positions, draft_step=2)
+    assert torch.equal(index.view(-1), keyed_draw(probs, seed, positions - 1))
+    assert torch.equal(p, probs.gather(1, index))
+    assert sample(probs, 1) == "sglang" and sample(probs, 2, sampling_seed=seed, positions=positions) == "sglang"
+    monkeypatch.setattr(verify_hook, "hsd_is_active", lambda: False)
+    assert sample(probs, 1, sampling_seed=seed, positions=positions) == "sglang"
 
 
 @pytest.mark.parametrize("env, overrides, says", [
     ("on", dict(device="cuda"), "--sampling-backend pytorch"),
     ("on", dict(device="cuda", sampling_backend="flashinfer"), "flashinfer"),
-    ("maybe", dict(), "must be on or off"),
+    ("maybe", dict(), "must be one of auto, on, off"),
 ])
 def test_refusals_name_the_flag(plugin_loaded, monkeypatch, env, overrides, says):
     from sglang_hsd.sglang_plugin.server_args import request_seed_problems
@@ -67,6 +95,25 @@ def test_refusals_name_the_flag(plugin_loaded, monkeypatch, env, overrides, says
     monkeypatch.setenv(request_seeds.REQUEST_SEEDS_ENV, "on")
     assert request_seed_problems(args_namespace(device="cuda", sampling_backend="pytorch")) == []
     assert request_seed_problems(args_namespace(device="cpu")) == []
+    monkeypatch.setenv(request_seeds.REQUEST_SEEDS_ENV, "auto")  # the default: off there, not refused
+    assert request_seed_problems(args_namespace(device="cuda")) == []
+
+
+def test_keyed_draws_are_sglangs_seeded_draws(plugin_loaded):
+    """``verify/coupled.keyed_draw`` draws what SGLang's ``multinomial_with_seed`` draws for the
+    same rows, seeds and positions (the unfiltered sampler's keys): a seeded request's first token
+    (SGLang's sampler) and the rest (the coupled rule) come from one stream."""
+    from sglang.srt.layers.sampler import multinomial_with_seed
+
+    from sglang_hsd.verify.coupled import keyed_draw
+
+    gen = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(64, 300, generator=gen), -1)
+    probs[:, 100:] *= (torch.rand(64, 200, generator=gen) > 0.5)  # zeros, as filters leave them
+    seeds = torch.randint(0, 2**40, (64,), generator=gen)
+    positions = torch.randint(0, 5000, (64,), generator=gen)
+    sglang = multinomial_with_seed(probs.to(torch.float64).log(), seeds, positions).view(-1)
+    assert torch.equal(keyed_draw(probs, seeds, positions), sglang.to(torch.int64))
 
 
 def test_seeded_min_p_sampling_has_the_unseeded_law(plugin_loaded):

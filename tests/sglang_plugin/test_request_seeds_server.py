@@ -1,10 +1,15 @@
-"""Same seed, same tokens: ``--hsd-request-seeds on`` on CPU servers with a tiny random target and
-a draft language model (``test_draft_model_server.py``'s pair), a chain of K = 3 and a sampled tree
-(depth 3, k = 2, N = 6), T = 1.
+"""Same seed, same tokens, on the server ``sglang-hsd serve`` starts (no ``--random-seed``,
+``--hsd-request-seeds`` at its default, adaptive draft lengths and the draft catch-up on).
 
-A request with a seed gives the same tokens every time, alone or in a batch with other requests,
-with trees and with chains (and with min-p, which SGLang's seeded sampler would refuse); another
-seed, or no seed, gives other tokens. Each server takes about a minute to start on 2 cores.
+A tiny random target and a close draft language model (its copy with 2% noise on the layers),
+T = 1. Two servers in turn, built by ``serve_launch.build_launch`` as the command line builds them:
+a chain (serve's defaults) and a sampled tree (depth 3, k = 2, N = 6). A seeded request gives the
+same tokens every time: alone, in a burst with unseeded requests (other batch sizes, other draft
+lengths chosen by the controller), and on the other server (another draft shape): seeded batches
+are verified by the coupled rule, whose tokens do not depend on what was drafted. Another seed, or
+none, gives other tokens. The coupled drafts agree with the target: a seeded request accepts about
+as many drafts per round as an unseeded one (keys off by one position would accept almost none).
+Each server takes about a minute to start on 2 cores.
 """
 
 from __future__ import annotations
@@ -19,53 +24,83 @@ pytest.importorskip("sglang")
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 PROMPT = [1, 40, 41, 42]
-OTHERS = [[1, 77, 300, 12, 9], [1, 5], [1, 200, 201, 202]]
-NEW_TOKENS = 24
+OTHERS = [[1, 77, 300, 12, 9], [1, 5], [1, 200, 201, 202], [1, 9, 8, 7, 6, 5]]
+NEW_TOKENS = 32
+SHAPES = {"chain": (), "tree": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+                                "--speculative-num-draft-tokens", "6")}
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_tiny_draft_pair
+    from sglang_hsd.sglang_plugin.cpu.tiny_models import build_perturbed_copy, build_tiny_llama
 
     root = tmp_path_factory.mktemp("request_seeds_server")
-    return (root, *build_tiny_draft_pair(str(root)))
-
-
-@pytest.fixture(scope="module", params=["chain", "tree"])
-def url(request, pair):
-    from sglang_hsd.sglang_plugin.cpu.cpu_server import (
-        draft_model_server_command, free_port, running_server, server_env)
-
-    root, target, draft = pair
-    tree = dict(topk=2, num_draft_tokens=6) if request.param == "tree" else {}
-    cmd = draft_model_server_command(target, free_port(), draft, num_steps=3, **tree,
-                                     extra=["--dtype", "float32", "--disable-radix-cache",
-                                            "--hsd-request-seeds", "on"])
-    log = root / f"{request.param}.log"
-    with running_server(cmd, server_env(), str(log)) as server_url:
-        yield server_url
-    assert "Traceback" not in log.read_text()
+    target = str(root / "target")
+    build_tiny_llama(target, init_std=0.3)
+    return root, target, build_perturbed_copy(target, str(root / "draft"))
 
 
 def _sample(url, ids, **params):
     sampling = {"max_new_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 1.0, **params}
     out = post_json(url, "/generate", {"input_ids": ids, "sampling_params": sampling})
-    assert out["meta_info"]["spec_verify_ct"] >= 1
-    return out["output_ids"]
+    meta = out["meta_info"]
+    assert meta["spec_verify_ct"] >= 1
+    return out["output_ids"], meta["completion_tokens"] / meta["spec_verify_ct"]
 
 
-def test_same_seed_same_tokens(url):
-    first = _sample(url, PROMPT, sampling_seed=7)
-    assert _sample(url, PROMPT, sampling_seed=7) == first
-    with ThreadPoolExecutor(max_workers=4) as pool:  # in a batch with unseeded requests
-        futures = [pool.submit(_sample, url, ids) for ids in OTHERS]
-        batched = _sample(url, PROMPT, sampling_seed=7)
-        [f.result() for f in futures]
-    assert batched == first
-    assert _sample(url, PROMPT, sampling_seed=8) != first
-    assert _sample(url, PROMPT) != _sample(url, PROMPT)  # no seed: a stream of its own each time
+def _serve_and_sample(pair, shape: str) -> dict:
+    """Start the server serve builds for ``shape``, send the requests, return what they got."""
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import free_port, running_server
+    from sglang_hsd.sglang_plugin.serve_launch import ServeConfig, build_launch, resolve_models
+
+    root, target, draft = pair
+    config = ServeConfig(target=target, draft=draft, device="cpu",
+                         sglang_args=("--port", str(free_port()), *SHAPES[shape]))
+    launch = build_launch(config, resolve_models(config, fetch=None), "cpu")
+    assert "--random-seed" not in launch.command and "--hsd-request-seeds" not in launch.command
+    log = root / f"{shape}.log"
+    got: dict = {}
+    with running_server(launch.command, {**__import__("os").environ, **launch.env}, str(log)) as url:
+        got["first"], got["seeded_rate"] = _sample(url, PROMPT, sampling_seed=7)
+        got["again"], _ = _sample(url, PROMPT, sampling_seed=7)
+        with ThreadPoolExecutor(max_workers=5) as pool:  # in a burst with unseeded requests
+            futures = [pool.submit(_sample, url, ids) for ids in OTHERS]
+            got["batched"], _ = _sample(url, PROMPT, sampling_seed=7)
+            got["unseeded_rates"] = [f.result()[1] for f in futures]
+        got["other_seed"], _ = _sample(url, PROMPT, sampling_seed=8)
+        got["no_seed"] = [_sample(url, PROMPT)[0] for _ in range(2)]
+        got["min_p"] = [_sample(url, PROMPT, sampling_seed=11, min_p=0.05)[0] for _ in range(2)]
+        got["top_k_top_p"] = [_sample(url, PROMPT, sampling_seed=12, top_k=20, top_p=0.8)[0] for _ in range(2)]
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert "adaptive on" in text  # the controller chose the lengths from timings
+    return got
 
 
-def test_same_seed_same_tokens_with_min_p(url):
-    first = _sample(url, PROMPT, sampling_seed=11, min_p=0.05)
-    assert _sample(url, PROMPT, sampling_seed=11, min_p=0.05) == first
+@pytest.fixture(scope="module")
+def served(pair):
+    return {shape: _serve_and_sample(pair, shape) for shape in SHAPES}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_same_seed_same_tokens_alone_and_in_a_burst(served, shape):
+    got = served[shape]
+    assert got["again"] == got["first"]
+    assert got["batched"] == got["first"]
+    assert got["other_seed"] != got["first"]
+    assert got["no_seed"][0] != got["no_seed"][1]  # no seed: a fresh draw each time
+    assert got["min_p"][0] == got["min_p"][1]
+    assert got["top_k_top_p"][0] == got["top_k_top_p"][1]
+
+
+def test_seeded_tokens_do_not_depend_on_the_draft_shape(served):
+    for key in ("first", "other_seed"):
+        assert served["chain"][key] == served["tree"][key], key
+    assert served["chain"]["min_p"][0] == served["tree"]["min_p"][0]
+    assert served["chain"]["top_k_top_p"][0] == served["tree"]["top_k_top_p"][0]
+
+
+def test_seeded_drafts_agree_with_the_target_chain(served):
+    got = served["chain"]
+    unseeded = sum(got["unseeded_rates"]) / len(got["unseeded_rates"])
+    assert got["seeded_rate"] >= 0.7 * unseeded, (got["seeded_rate"], got["unseeded_rates"])
