@@ -9,7 +9,10 @@ on wherever SGLang's sampler takes seeds, its torch sampler, the CPU default):
 which some request carries a seed (OpenAI ``seed``, native ``sampling_seed``) gets
 ``sampling_seed``: each request's own seed, and for the others a stream of their own derived from
 the server's ``--random-seed`` (0 without one) and the request id (``request_stream_seed``; a hash,
-the same on every tensor-parallel rank). Batches without a seeded request are untouched.
+the same on every tensor-parallel rank). Batches without a seeded request are untouched. SGLang
+merges seeds only when both batches carry them, so ``ScheduleBatch.merge_batch`` seeds the side
+without (``seeded_merge_batch``), and ``filter_batch`` drops the seeds once no request left carries
+one (``seeded_filter_batch``).
 
 A seeded batch is verified by the coupled rule (``verify/coupled.py`` through the verify hooks):
 every token is the target's keyed Gumbel-max draw of its row, keyed by (seed, position, token id)
@@ -30,6 +33,7 @@ needs no normalisation), so min-p requests are served too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
@@ -102,6 +106,12 @@ def install_request_seeds() -> None:
         # The bound original, as the signature check reads it: (batch, vocab_size).
         wrapped.__sglang_hsd_original__ = SamplingBatchInfo.from_schedule_batch
         SamplingBatchInfo.from_schedule_batch = classmethod(wrapped)
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    for name, wrap in (("merge_batch", seeded_merge_batch), ("filter_batch", seeded_filter_batch)):
+        method = ScheduleBatch.__dict__[name]
+        if getattr(method, "__sglang_hsd_original__", None) is None:
+            setattr(ScheduleBatch, name, wrap(method, server_seed, seeds_honoured))
     if not getattr(spec_utils.fast_sample, "__sglang_hsd_coupled__", False):
         spec_utils.fast_sample = coupled_draft_sample(spec_utils.fast_sample)
     torch_sampler = sampler.top_k_top_p_min_p_sampling_from_probs_torch
@@ -110,11 +120,18 @@ def install_request_seeds() -> None:
 
 
 def seeds_honoured() -> bool:
-    """``request_seeds_enabled`` for the server of this process (SGLang's runtime context)."""
+    """``request_seeds_enabled`` for the server of this process (SGLang's runtime context);
+    False under ``--enable-deterministic-inference``, where SGLang seeds every batch itself."""
     from sglang.srt.runtime_context import get_server_args
 
     args = get_server_args()
+    if getattr(args, "enable_deterministic_inference", False):
+        return False
     return request_seeds_enabled(args.device, args.sampling_backend)
+
+
+def _has_own_seed(reqs) -> bool:
+    return any(req.sampling_params.sampling_seed is not None for req in reqs)
 
 
 def server_seed() -> int:
@@ -135,13 +152,48 @@ def seeded_from_schedule_batch(original, read_server_seed, read_enabled):
 
     def from_schedule_batch(cls, batch, vocab_size):
         info = original(cls, batch, vocab_size)
-        if (info.sampling_seed is None and _is_hsd_batch(batch)
-                and any(req.sampling_params.sampling_seed is not None for req in batch.reqs)
+        if (info.sampling_seed is None and _is_hsd_batch(batch) and _has_own_seed(batch.reqs)
                 and read_enabled()):
             info.sampling_seed = batch_stream_seeds(batch.reqs, read_server_seed(), batch.device)
         return info
 
     return from_schedule_batch
+
+
+def seeded_merge_batch(original, read_server_seed, read_enabled):
+    """``ScheduleBatch.merge_batch(self, other)`` that seeds the side without seeds when the other
+    has them (SGLang's merge keeps ``sampling_seed`` only when both sides carry one: a seeded
+    request joining a running batch would lose its seed, or the seeds would not match the rows)."""
+
+    @functools.wraps(original)
+    def merge_batch(self, other):
+        infos = (self.sampling_info, other.sampling_info)
+        if (_is_hsd_batch(self) and any(info.sampling_seed is not None for info in infos)
+                and read_enabled()):
+            for batch in (self, other):
+                if batch.sampling_info.sampling_seed is None:
+                    batch.sampling_info.sampling_seed = batch_stream_seeds(batch.reqs, read_server_seed(),
+                                                                           batch.device)
+        return original(self, other)
+
+    merge_batch.__sglang_hsd_original__ = original
+    return merge_batch
+
+
+def seeded_filter_batch(original, read_server_seed, read_enabled):
+    """``ScheduleBatch.filter_batch`` that drops the batch's seeds once no request left in it
+    carries a seed of its own (its unseeded requests go back to the configured verifier)."""
+
+    @functools.wraps(original)
+    def filter_batch(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        info = self.sampling_info
+        if (info is not None and info.sampling_seed is not None and _is_hsd_batch(self)
+                and not _has_own_seed(self.reqs) and read_enabled()):
+            info.sampling_seed = None
+
+    filter_batch.__sglang_hsd_original__ = original
+    return filter_batch
 
 
 def coupled_draft_sample(original):

@@ -70,6 +70,9 @@ EXPECTED_SIGNATURES: dict[str, str] = {
     # --hsd-request-seeds (request_seeds.py).
     "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch":
         "(batch, vocab_size)",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.merge_batch": "(self, other)",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.filter_batch":
+        "(self, reqs_to_exclude=None, keep_indices=None)",
     "sglang.srt.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch":
         "(probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions, *, "
         "return_filtered_probs=False, max_top_k=None)",

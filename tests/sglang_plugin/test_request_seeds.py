@@ -53,6 +53,41 @@ def test_seeds_sglang_already_set_are_kept():
     assert build(None, _fake_batch(), 32).sampling_seed is mine
 
 
+def _schedule_batch(own_seeds, seeds=None):
+    reqs = [types.SimpleNamespace(rid=f"r{i}", sampling_params=types.SimpleNamespace(sampling_seed=seed))
+            for i, seed in enumerate(own_seeds)]
+    info = types.SimpleNamespace(sampling_seed=seeds)
+    return types.SimpleNamespace(reqs=reqs, device="cpu", sampling_info=info,
+                                 spec_algorithm=types.SimpleNamespace(name="HSD"))
+
+
+def test_a_seeded_batch_merged_with_an_unseeded_one_seeds_both_sides():
+    """SGLang's merge keeps seeds only when both sides have them; the wrapper seeds the other."""
+    merged = []
+    merge = request_seeds.seeded_merge_batch(lambda a, b: merged.append((a, b)), lambda: 5, lambda: True)
+    running, joining = _schedule_batch([None, None]), _schedule_batch([3], torch.tensor([3]))
+    merge(running, joining)
+    assert merged == [(running, joining)]
+    assert running.sampling_info.sampling_seed.tolist() == [
+        request_seeds.request_stream_seed(f"r{i}", None, 5) for i in range(2)]
+    plain_a, plain_b = _schedule_batch([None]), _schedule_batch([None])
+    merge(plain_a, plain_b)  # nothing seeded: nothing changes
+    assert plain_a.sampling_info.sampling_seed is None and plain_b.sampling_info.sampling_seed is None
+
+
+@pytest.mark.parametrize("left, kept", [([None, 4], True), ([None, None], False)])
+def test_filtering_drops_seeds_when_no_seeded_request_is_left(left, kept):
+    batch = _schedule_batch([None, 4, None], torch.tensor([1, 4, 2]))
+
+    def keep(self, keep_indices=None):
+        self.reqs = [self.reqs[i] for i in keep_indices]
+        self.sampling_info.sampling_seed = self.sampling_info.sampling_seed[keep_indices]
+
+    filter_batch = request_seeds.seeded_filter_batch(keep, lambda: 5, lambda: True)
+    filter_batch(batch, keep_indices=[0, 1] if left[1] else [0, 2])
+    assert (batch.sampling_info.sampling_seed is not None) is kept
+
+
 @pytest.mark.parametrize("env, device, backend, enabled", [
     ("auto", "cpu", None, True), ("auto", "cuda", None, False), ("auto", "cuda", "pytorch", True),
     ("auto", "cpu", "flashinfer", False), ("on", "cpu", None, True), ("off", "cpu", None, False),
