@@ -20,8 +20,8 @@ as SGLang's seeded sampler keys its draws, so a seeded request emits what plain 
 emits whatever was drafted: the draft lengths the adaptive controller picks from timings, its
 batch-mates, an exit level or a lookup in between change its speed, never its text. The first token
 comes from SGLang's own seeded sampler. Drafts are drawn with the same keys
-(``coupled_draft_sample``: a draft for position t + 1 is ``argmax(log q + G(seed, t, ·))``), which
-is what makes them agree with the target's draws. The unseeded requests of a seeded batch are
+(``coupled_draft_sample``: the draft that follows the token at position t is
+``argmax(log q + G(seed, t, ·))``), which is what makes them agree with the target's draws. The unseeded requests of a seeded batch are
 verified the same way for that round: their law is unchanged.
 
 Needs SGLang's torch sampler (``--sampling-backend pytorch``, the CPU default): FlashInfer's takes
@@ -198,9 +198,10 @@ def seeded_filter_batch(original, read_server_seed, read_enabled):
 
 def coupled_draft_sample(original):
     """``spec_utils.fast_sample`` whose seeded single draws on an HSD server take the target's
-    keys: SGLang passes the position of the token being drafted, so the draw is
-    ``keyed_draw(probs, seed, positions - 1)``, the key the target's verify row for that token
-    uses (module docstring). Everything else goes to ``original``.
+    keys: the HSD draft paths pass the position of the draft row's input token (the root's for a
+    round's first draft), the key of the target's verify row that draws the same token, so the
+    draw is ``keyed_draw(probs, seed, positions)`` (module docstring; the server test checks the
+    alignment through acceptance). Everything else goes to ``original``.
 
     Returns ``(probs[r, X_r], X)``: float [R, 1] and int64 [R, 1], as SGLang's."""
     from sglang_hsd.sglang_plugin import verify_hook
@@ -210,7 +211,7 @@ def coupled_draft_sample(original):
                 or not verify_hook.hsd_is_active()):
             return original(probs, num_samples, sampling_seed=sampling_seed, positions=positions,
                             draft_step=draft_step)
-        index = keyed_draw(probs, sampling_seed.view(-1), positions.view(-1) - 1).unsqueeze(1)
+        index = keyed_draw(probs, sampling_seed.view(-1), positions.view(-1)).unsqueeze(1)
         return probs.gather(1, index), index
 
     fast_sample.__sglang_hsd_original__ = getattr(original, "__sglang_hsd_original__", original)

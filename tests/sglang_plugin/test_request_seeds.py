@@ -98,8 +98,9 @@ def test_auto_is_on_where_the_sampler_takes_seeds(monkeypatch, env, device, back
 
 
 def test_seeded_drafts_take_the_targets_keys(monkeypatch):
-    """A seeded draft for position t + 1 is the keyed draw at key t, the key of the target's row
-    that draws that token; unseeded and multi-draw calls go to SGLang's."""
+    """A seeded draft is the keyed draw at the position SGLang's draft path passes (its input
+    token's, the key of the target's row that draws the same token); unseeded and multi-draw
+    calls go to SGLang's."""
     from sglang_hsd.sglang_plugin import verify_hook
     from sglang_hsd.verify.coupled import keyed_draw
 
@@ -109,7 +110,7 @@ def test_seeded_drafts_take_the_targets_keys(monkeypatch):
     probs = torch.rand(3, 50, dtype=torch.float64)
     seed, positions = torch.tensor([1, 2, 3]), torch.tensor([10, 11, 12])
     p, index = sample(probs, 1, sampling_seed=seed, positions=positions, draft_step=2)
-    assert torch.equal(index.view(-1), keyed_draw(probs, seed, positions - 1))
+    assert torch.equal(index.view(-1), keyed_draw(probs, seed, positions))
     assert torch.equal(p, probs.gather(1, index))
     assert sample(probs, 1) == "sglang" and sample(probs, 2, sampling_seed=seed, positions=positions) == "sglang"
     monkeypatch.setattr(verify_hook, "hsd_is_active", lambda: False)

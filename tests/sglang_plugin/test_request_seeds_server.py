@@ -108,4 +108,6 @@ def test_seeded_tokens_do_not_depend_on_the_draft_shape(served):
 def test_seeded_drafts_agree_with_the_target_chain(served):
     got = served["chain"]
     unseeded = sum(got["unseeded_rates"]) / len(got["unseeded_rates"])
-    assert got["seeded_rate"] >= 0.7 * unseeded, (got["seeded_rate"], got["unseeded_rates"])
+    # Tokens per round above one: keyed drafts accepted at least half as often as unseeded
+    # requests' (measured: 1.6 vs 1.9 with every round drafting 4; misaligned keys: 1.03).
+    assert got["seeded_rate"] - 1 >= 0.5 * (unseeded - 1), (got["seeded_rate"], got["unseeded_rates"])
