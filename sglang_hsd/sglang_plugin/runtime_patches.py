@@ -18,8 +18,9 @@
 * ``/server_info`` -> ``internal_states[]`` gains an ``hsd`` entry (``hsd_internal_state``);
 * SGLang's output streamer returns ``meta_info["hsd_draft_budget"]`` (each decode round's draft
   length under ``--hsd-adaptive``) once per request (``adaptive_spec.py``);
-* with ``--hsd-request-seeds on``, a stream seed for every request of an HSD batch, and SGLang's
-  torch sampler taking min-p with a seed (``request_seeds.py``);
+* seeded requests (``--hsd-request-seeds``, default auto): stream seeds for an HSD batch with a
+  seeded request, kept through SGLang's batch merge and filter, seeded drafts drawn with the
+  target's keys, and SGLang's torch sampler taking min-p with a seed (``request_seeds.py``);
 * an HSD server's requests have their token ids checked against the vocabulary before they are
   scheduled (``request_validation.py``: an id outside it killed the scheduler).
 

@@ -9,7 +9,7 @@ pytest.importorskip("sglang")
 
 
 def test_empty_chain_draws_from_the_target_row():
-    from sglang_hsd.sglang_plugin.verify_hook import empty_chain_result
+    from sglang_hsd.sglang_plugin.verify_outputs import empty_chain_result
 
     p = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 1.0, 0.0, 0.0]])
     grid = 10_000
