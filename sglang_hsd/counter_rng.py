@@ -72,6 +72,15 @@ def gumbel_from_hash(hashed: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(open_uniforms(hashed)))
 
 
+def seeded_sampler_gumbel(hashed: torch.Tensor) -> torch.Tensor:
+    """float64 standard Gumbel noise from 32-bit hashes with the mapping of SGLang's seeded sampler
+    (``multinomial_with_seed``: u = hash / (2^32 - 1), both ends clamped), so draws keyed like
+    SGLang's equal its draws (``verify/coupled.py``)."""
+    x = hashed.to(torch.float64).div_(float(_U32))
+    x.log_().clamp_(min=torch.finfo(torch.float64).min, max=-(2.0 ** -32)).neg_()
+    return x.log_().neg_()
+
+
 def domain_seed(seed: torch.Tensor, tag: int, index: int = 0) -> torch.Tensor:
     """The seed of a stream of its own: ``seed ^ tag ^ (index << 48)`` (int64 [R]).
 

@@ -23,6 +23,7 @@ This module imports SGLang at import: only ``draft_worker.py`` imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -32,7 +33,11 @@ from sglang.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
 from sglang_hsd.sglang_plugin.draft_probs import scatter_draft_probs
 from sglang_hsd.sglang_plugin.request_sampling import greedy_rows, sampling_probs
-from sglang_hsd.tree_draft import KeyedNoise, LevelDrafter
+from sglang_hsd.tree_draft import CHILD_SAMPLERS, KeyedNoise, LevelDrafter, TargetKeyedNoise
+
+# Seeded rounds draw children by Gumbel top-k on the target's keys (``TargetKeyedNoise``): the
+# coupled rule verifies them, and the first child is then the draft's coupled draw.
+COUPLED_CHILD_SAMPLER = "gumbel_topk"
 
 
 @dataclass
@@ -127,9 +132,14 @@ def draft_sampled_tree(worker, forward_batch):
     if plan.shape.num_draft_tokens != worker.speculative_num_draft_tokens:
         raise RuntimeError(f"HSD sampled tree: the runtime state has {worker.speculative_num_draft_tokens} "
                            f"draft tokens at depth {steps}, the tree plan {plan.shape}")
-    drafter = LevelDrafter(plan, root_q.float(), greedy_rows(info),
-                           round_noise(info, forward_batch.seq_lens), validate=False)
     to_target = _target_ids(worker)
+    noise = round_noise(info, forward_batch.seq_lens)
+    if info.sampling_seed is not None:  # a seeded round: children keyed as the target's draws
+        plan = dataclasses.replace(plan, sampler=CHILD_SAMPLERS[COUPLED_CHILD_SAMPLER])
+        draft_ids = torch.arange(root_q.shape[-1], device=root_q.device)
+        noise = TargetKeyedNoise(info.sampling_seed.to(torch.int64), forward_batch.seq_lens.to(torch.int64),
+                                 None if worker.hot_token_id is None else to_target(draft_ids))
+    drafter = LevelDrafter(plan, root_q.float(), greedy_rows(info), noise, validate=False)
     out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc,
                                                  forward_batch.batch_size, k, steps)
     hidden = spec_info.hidden_states

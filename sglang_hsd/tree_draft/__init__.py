@@ -10,7 +10,14 @@ sequential drafters of the exact study (full trees, one node per step) live with
 
 from sglang_hsd.tree_draft.children import CHILD_SAMPLERS, DEFAULT_CHILD_SAMPLER, ChildSampler, greedy_draft_q
 from sglang_hsd.tree_draft.drafter import DraftPlan, LevelDrafter, LevelTree, StepInput, budget_shapes, check_budget
-from sglang_hsd.tree_draft.noise import TREE_NOISE_TAG, KeyedNoise, NoiseSource, TableNoise, forward_slice
+from sglang_hsd.tree_draft.noise import (
+    TREE_NOISE_TAG,
+    KeyedNoise,
+    NoiseSource,
+    TableNoise,
+    TargetKeyedNoise,
+    forward_slice,
+)
 from sglang_hsd.tree_draft.rules import DEFAULT_LEVEL_RULE, LEVEL_RULES, LOSSLESS_LEVEL_RULES, LevelRule, LevelState
 from sglang_hsd.tree_draft.shape import TreeShape
 
@@ -31,6 +38,7 @@ __all__ = [
     "NoiseSource",
     "StepInput",
     "TableNoise",
+    "TargetKeyedNoise",
     "TreeShape",
     "budget_shapes",
     "check_budget",

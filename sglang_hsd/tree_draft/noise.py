@@ -29,7 +29,13 @@ from typing import Protocol
 
 import torch
 
-from sglang_hsd.counter_rng import domain_seed, gumbel_from_hash, murmur_hash32, open_uniforms
+from sglang_hsd.counter_rng import (
+    domain_seed,
+    gumbel_from_hash,
+    murmur_hash32,
+    open_uniforms,
+    seeded_sampler_gumbel,
+)
 
 TREE_NOISE_TAG = 0x7EE5_D4A7
 
@@ -77,6 +83,34 @@ class KeyedNoise:
 
     def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
         return gumbel_from_hash(self._hashed(level, forwards * draws * vocab)).view(-1, forwards, draws, vocab)
+
+
+class TargetKeyedNoise:
+    """Gumbel noise keyed as the target's seeded draws, for seeded requests (``verify/coupled.py``
+    verifies them: any children serve, these agree most). The children of a level-l node take
+    G(seed, root position + l, target token id), the key of the target's row at the node's depth,
+    so a node's first child is the draft's coupled draw (the draw a coupled chain would make) and
+    its later children the next best keyed scores, without replacement (``gumbel_topk``).
+
+    Args:
+        seed: int64 [B], each request's stream seed.
+        root_position: int64 [B], the position of each request's root token (its verify key).
+        target_ids: int64 [V] target token id of each draft vocabulary entry, or None (identity).
+    """
+
+    def __init__(self, seed: torch.Tensor, root_position: torch.Tensor, target_ids: torch.Tensor | None = None):
+        if seed.dim() != 1 or root_position.shape != seed.shape:
+            raise ValueError(f"seed and root_position must be int tensors [B] of one shape, got "
+                             f"{list(seed.shape)} and {list(root_position.shape)}")
+        self.seed, self.root_position, self.target_ids = seed, root_position, target_ids
+
+    def uniform(self, level: int, forwards: int, draws: int) -> torch.Tensor:
+        raise ValueError("TargetKeyedNoise feeds Gumbel child samplers only (gumbel_topk)")
+
+    def gumbel(self, level: int, forwards: int, draws: int, vocab: int) -> torch.Tensor:
+        columns = torch.arange(vocab, device=self.seed.device) if self.target_ids is None else self.target_ids
+        noise = seeded_sampler_gumbel(murmur_hash32(self.seed, self.root_position + level, columns))
+        return noise.view(-1, 1, 1, vocab).expand(-1, forwards, draws, vocab)
 
 
 class TableNoise:

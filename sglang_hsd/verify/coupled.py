@@ -28,24 +28,22 @@ from __future__ import annotations
 
 import torch
 
-from sglang_hsd.counter_rng import murmur_hash32
+from sglang_hsd.counter_rng import murmur_hash32, seeded_sampler_gumbel
 from sglang_hsd.verify.chain.types import ChainVerifyResult
 from sglang_hsd.verify.common import PLACEHOLDER_TOKEN_ID, assemble_emitted
 from sglang_hsd.verify.tree.layout import parents_from_links
 from sglang_hsd.verify.tree.types import TreeVerifyResult
 
-_U32_MAX = 4294967295.0
 
+def keyed_gumbel(seed: torch.Tensor, position: torch.Tensor, columns: int | torch.Tensor) -> torch.Tensor:
+    """float64 [R, C] standard Gumbel noise keyed by (seed [R], position [R], token id).
 
-def keyed_gumbel(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
-    """float64 [R, vocab] standard Gumbel noise keyed by (seed [R], position [R], token id).
-
-    The mapping of SGLang's ``multinomial_with_seed`` (hash / (2^32 - 1), both ends clamped), so
-    a keyed draw here equals SGLang's seeded draw of the same row, seed and position."""
-    hashed = murmur_hash32(seed, position, torch.arange(vocab, device=seed.device))
-    x = hashed.to(torch.float64).div_(_U32_MAX)
-    x.log_().clamp_(min=torch.finfo(torch.float64).min, max=-(2.0 ** -32)).neg_()
-    return x.log_().neg_()
+    ``columns``: the vocabulary size (token ids 0..C-1) or int [C] token ids. The mapping of
+    SGLang's ``multinomial_with_seed``, so a keyed draw here equals SGLang's seeded draw of the
+    same row, seed and position."""
+    if isinstance(columns, int):
+        columns = torch.arange(columns, device=seed.device)
+    return seeded_sampler_gumbel(murmur_hash32(seed, position, columns))
 
 
 def keyed_draw(probs: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:

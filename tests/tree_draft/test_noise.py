@@ -168,3 +168,21 @@ def test_fresh_streams_differ_per_row_and_follow_the_generator():
 def test_keyed_noise_refuses_bad_keys(bad):
     with pytest.raises(ValueError, match="seed and position"):
         KeyedNoise(bad, bad)
+
+
+def test_target_keyed_noise_is_the_targets_keyed_gumbel_at_each_depth():
+    """Level l of a seeded round takes G(seed, root position + l, target token id) for every
+    forward and draw: the key of the target's row at that depth (``verify/coupled.py``)."""
+    from sglang_hsd.tree_draft import TargetKeyedNoise
+    from sglang_hsd.verify.coupled import keyed_gumbel
+
+    seed, root = torch.tensor([5, 9]), torch.tensor([10, 30])
+    ids = torch.tensor([7, 3, 11, 0])  # a reduced draft vocabulary's target ids
+    noise = TargetKeyedNoise(seed, root, ids)
+    level2 = noise.gumbel(2, forwards=3, draws=1, vocab=4)
+    assert level2.shape == (2, 3, 1, 4)
+    expected = keyed_gumbel(seed, root + 2, ids)
+    assert torch.equal(level2[:, 1, 0], expected) and torch.equal(level2[:, 0, 0], expected)
+    assert torch.equal(TargetKeyedNoise(seed, root).gumbel(0, 1, 1, 12)[:, 0, 0], keyed_gumbel(seed, root, 12))
+    with pytest.raises(ValueError, match="Gumbel"):
+        noise.uniform(0, 1, 1)
