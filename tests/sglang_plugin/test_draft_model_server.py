@@ -390,6 +390,61 @@ def test_draft_model_top_k_with_top_p_law_is_the_non_speculative_one(pair, serve
     assert p_wrong < ALPHA
 
 
+GRAMMAR = "[a-m ]{40}"  # 46 of the tiny vocabulary's 512 tokens open at the start
+
+
+def _grammar_law(model_dir, sequences, regex):
+    """The law of SGLang's non-speculative sampler under ``regex`` at T = 1: the target's rows at
+    the sampled positions of ``sequences`` with every token the grammar forbids (xgrammar's masks,
+    the backend SGLang uses, advanced along each sequence) removed, renormalised: [N, T, V]."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    rows = _target_rows(model_dir, sequences)
+    vocab = rows.shape[-1]
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(model_dir),
+                                                                      vocab_size=vocab))
+    grammar = compiler.compile_regex(regex)
+    masks = torch.zeros(rows.shape, dtype=torch.float32)
+    bitmask = xgr.allocate_token_bitmask(1, vocab)
+    for n, sequence in enumerate(sequences[:, len(STAT_PROMPT):].tolist()):
+        matcher = xgr.GrammarMatcher(grammar)
+        for t, token in enumerate(sequence):
+            matcher.fill_next_token_bitmask(bitmask)
+            xgr.apply_token_bitmask_inplace(masks[n, t].view(1, -1), bitmask)
+            assert matcher.accept_token(token), (n, t, token)  # the server kept to the grammar
+    masked = torch.where(torch.isfinite(masks), rows, 0.0)
+    return masked / masked.sum(-1, keepdim=True)
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("server", ["k3_url", "tree_url"])
+def test_draft_model_grammar_law_is_the_masked_targets(pair, server, request):
+    """T = 1 with a regex: the tokens follow the target's law masked by the grammar at each step
+    (drafts the grammar forbids are rejected, the rest verified against the masked rows); the
+    target's unmasked law, what a server ignoring the grammar's effect on p would give, is
+    rejected on the same samples."""
+    url = request.getfixturevalue(server)
+    samples = {}
+
+    def server_p_value(count):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            outs = list(pool.map(lambda _: _generate(url, STAT_PROMPT, STAT_TOKENS, temperature=1.0,
+                                                     regex=GRAMMAR), range(count)))
+        sequences = samples["last"] = torch.tensor([STAT_PROMPT + out["output_ids"] for out in outs])
+        p_value, outside = _support_p_value(_grammar_law(pair[1], sequences, GRAMMAR), sequences)
+        print(f"\n{server} T=1 regex {GRAMMAR!r}, {count} samples: {outside} tokens outside the masked "
+              f"law's support, PIT chi-square p={p_value:.3g}")
+        return p_value
+
+    p_server = confirmed_p_values(server_p_value, STAT_SAMPLES, f"{server} grammar law test")
+    sequences = samples["last"]
+    p_wrong = _pit_p_value(_target_pit(pair[1], sequences))
+    print(f"unmasked target law on the same samples: p={p_wrong:.3g}")
+    assert p_server[-1] > ALPHA, p_server
+    assert p_wrong < ALPHA
+
+
 def _penalised_greedy(model_dir, prompt, steps, **penalties):
     """Plain greedy decoding with penalties on the output so far (``tests/penalty_reference.py``;
     ``penalties``: its keyword arguments)."""
