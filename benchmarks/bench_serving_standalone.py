@@ -72,6 +72,7 @@ Timings mean something only on an idle machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -235,7 +236,7 @@ def measure_row(server: Server, row: dict, target: Path, datasets: dict[str, Pat
     started = time.monotonic()
     spec = ClientSpec(target, datasets[row["prompt_set"]], args.num_prompts, args.output_len,
                       row["temperature"], row["concurrency"], context_len=4096,
-                      extra_request_body={"ignore_eos": True})
+                      extra_request_body={"ignore_eos": True, **args.request_body})
     tag = f"{config}_{row['prompt_set']}_t{row['temperature']:g}_c{row['concurrency']}"
     before = read_server_info(server.url)
     result = run_client(server.url, spec, workdir, tag, args.client_timeout)
@@ -426,6 +427,17 @@ def add_server_arguments(parser: argparse.ArgumentParser, dtype: str, cpu_linear
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
 
 
+def _json_object(text: str) -> dict:
+    """``--request-body``: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"--request-body must be a JSON object, got {text!r}: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--request-body must be a JSON object, got {text!r}")
+    return value
+
+
 def parse_args(argv=None):
     parser = benchmark_parser(__doc__.split("\n\n")[0], full_doc=False)
     add_server_arguments(parser, dtype="bfloat16", cpu_linear="mkl")
@@ -444,6 +456,9 @@ def parse_args(argv=None):
     parser.add_argument("--skip", default="",
                         help="rows not to run, e.g. standalone@t1,none-bf16@c4 (a config at a "
                              "temperature or a concurrency); listed in the table")
+    parser.add_argument("--request-body", type=_json_object, default={}, metavar="JSON",
+                        help="more sampling parameters of every request, e.g. "
+                             "'{\"repetition_penalty\": 1.1}' (Qwen's own default)")
     parser.add_argument("--client-timeout", type=float, default=7200.0)
     parser.add_argument("--name", default=None,
                         help="results file stem (default serving_standalone_<target>)")
@@ -481,7 +496,7 @@ def main(argv=None) -> int:
                 "num_prompts": args.num_prompts, "output_len": args.output_len,
                 "dtype": args.dtype, "cpu_linear": args.cpu_linear, "skipped": args.skip_text,
                 "configs": args.configs, "concurrency": args.concurrency,
-                "temperatures": args.temperatures,
+                "temperatures": args.temperatures, "request_body": args.request_body,
                 "extra_server_args": {k: list(v) for k, v in args.extra_server_args.items()},
                 "prompt_sources": sources, "command": run.command}
         stem = args.out_dir / (args.name or f"serving_standalone_{'tiny' if args.tiny else target.name}")
