@@ -223,5 +223,39 @@ def test_lookup_penalised_sampled_law_is_plain_decodings(pairs, looping_url):
     assert last["accept"] > 1.5  # rounds accepted drafts: rows sat at several depths
 
 
+@pytest.fixture(scope="module")
+def looping_plain_url(pairs):
+    """The looping target without speculation (nor the overlap scheduler, as HSD runs on CPU)."""
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import cpu_server_command, free_port, running_server, server_env
+
+    cmd = cpu_server_command(pairs[1]["looping"][0], free_port(),
+                             extra=["--dtype", "float32", "--disable-radix-cache", "--disable-overlap-schedule"])
+    with running_server(cmd, server_env(), str(pairs[0] / "looping_plain.log")) as url:
+        yield url
+
+
+@pytest.mark.parametrize("feature", ["logit_bias", "top_k_top_p", "penalties", "min_new_tokens", "regex",
+                                     "json_schema", "n"])
+def test_lookup_request_features_give_the_plain_servers_greedy_text(pairs, looping_url, looping_plain_url,
+                                                                    feature):
+    """``test_server_e2e.FEATURES`` on the lookup level (copies accepted): greedy requests get the
+    token ids of the looping target without speculation, up to a float near-tie."""
+    from tests.sglang_plugin import test_server_e2e as e2e
+
+    sampling = e2e.FEATURES[feature]
+    for ids in TEST_PROMPTS[:2]:
+        expected = e2e._feature_request(looping_plain_url, None, sampling, input_ids=ids)
+        got = e2e._feature_request(looping_url, None, sampling, input_ids=ids)
+        pairs_ = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
+        for want, have in pairs_:
+            e2e._assert_same_greedy(pairs[1]["looping"][0], ids, sampling, want["output_ids"], have["output_ids"])
+
+
+def test_lookup_stop_strings_and_ids_and_logprobs_equal_the_plain_servers(looping_plain_url, looping_url):
+    from tests.sglang_plugin import test_server_e2e as e2e
+
+    e2e.test_stop_strings_and_ids_and_logprobs_equal_the_plain_servers(looping_plain_url, looping_url)
+
+
 def test_lookup_returns_kv(looping_url):
     assert_kv_returns(looping_url, seed=11)

@@ -484,6 +484,46 @@ def test_draft_model_penalised_greedy_equals_plain_decoding(pair, server, reques
         assert out["output_ids"] == expected, (ids, case)
 
 
+@pytest.fixture(scope="module")
+def plain_url(pair):
+    """The target without speculation, without the overlap scheduler (which applies penalties one
+    token late; HSD runs without it on CPU)."""
+    from sglang_hsd.sglang_plugin.cpu.cpu_server import cpu_server_command, free_port, running_server, server_env
+
+    root, target, _ = pair
+    cmd = cpu_server_command(target, free_port(), extra=["--dtype", "float32", "--disable-radix-cache",
+                                                        "--disable-overlap-schedule"])
+    with running_server(cmd, server_env(), str(root / "plain.log")) as url:
+        yield url
+
+
+@pytest.mark.parametrize("feature", ["logit_bias", "top_k_top_p", "penalties", "min_new_tokens", "regex",
+                                     "json_schema", "n"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+def test_request_features_give_the_plain_servers_greedy_text(pair, plain_url, server, feature, request):
+    """Greedy requests with each request feature of ``test_server_e2e.FEATURES`` on the chain, the
+    sampled tree and the exit level: the token ids the target without speculation gives (both
+    completions for ``n`` = 2), up to a float near-tie of the target's logits."""
+    from tests.sglang_plugin import test_server_e2e as e2e
+
+    url = request.getfixturevalue(server)
+    sampling = e2e.FEATURES[feature]
+    for ids in PROMPTS[:2]:
+        expected = e2e._feature_request(plain_url, None, sampling, input_ids=ids)
+        got = e2e._feature_request(url, None, sampling, input_ids=ids)
+        pairs = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
+        for want, have in pairs:
+            e2e._assert_same_greedy(pair[1], ids, sampling, want["output_ids"], have["output_ids"])
+
+
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+def test_stop_strings_and_ids_and_logprobs_equal_the_plain_servers(plain_url, server, request):
+    """``test_server_e2e``'s stop and logprob checks on the chain, the sampled tree and the exit level."""
+    from tests.sglang_plugin import test_server_e2e as e2e
+
+    e2e.test_stop_strings_and_ids_and_logprobs_equal_the_plain_servers(plain_url, request.getfixturevalue(server))
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_and_the_server_lives(k3_url, reference):
     """``input_ids`` with an id outside the vocabulary (or negative) get HTTP 400 naming the id;
     it used to kill the scheduler in the target's embedding. A normal request is served after."""
