@@ -274,6 +274,9 @@ def make_hsd_chain_sampling(original, state: VerifyHookState):
                 block_verification=block_verification,
             )
         state.hsd_calls += 1
+        if state.hsd_calls == 1:  # whichever path the first call takes (seeded, exit, drafts)
+            logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",
+                        state.config.verify_method)
         target_probs = state.target_rows(target_probs)
         uniforms = ChainUniforms(accept=uniform_samples.float(),
                                  sample=uniform_samples_for_final_sampling.float())
@@ -307,9 +310,6 @@ def _verify_drafts(state: VerifyHookState, candidates, draft_probs, target_probs
     """A two-level round: ``verify_chain`` on the drafts ``candidates[:, 1:]`` (column 0 is the
     root) with q ``draft_probs`` [bs, >= K, V] and SGLang's coins."""
     config = state.config
-    if state.hsd_calls == 1:
-        logger.info("sglang-hsd: verifying chains with verify_chain(method=%r)",
-                    config.verify_method)
     num_draft = candidates.shape[1] - 1
     if num_draft == 0:  # --hsd-adaptive chose plain decoding: the token is drawn from p
         return empty_chain_result(target_probs[:, 0], uniforms.sample)
