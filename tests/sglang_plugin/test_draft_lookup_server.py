@@ -240,15 +240,10 @@ def test_lookup_request_features_give_the_plain_servers_greedy_text(pairs, loopi
                                                                     feature):
     """``test_server_e2e.FEATURES`` on the lookup level (copies accepted): greedy requests get the
     token ids of the looping target without speculation, up to a float near-tie."""
-    from tests.sglang_plugin import test_server_e2e as e2e
+    from tests.sglang_plugin.test_server_e2e import assert_features_give_the_plain_servers_greedy_text
 
-    sampling = e2e.FEATURES[feature]
-    for ids in TEST_PROMPTS[:2]:
-        expected = e2e._feature_request(looping_plain_url, None, sampling, input_ids=ids)
-        got = e2e._feature_request(looping_url, None, sampling, input_ids=ids)
-        pairs_ = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
-        for want, have in pairs_:
-            e2e._assert_same_greedy(pairs[1]["looping"][0], ids, sampling, want["output_ids"], have["output_ids"])
+    assert_features_give_the_plain_servers_greedy_text(pairs[1]["looping"][0], looping_plain_url, looping_url,
+                                                       TEST_PROMPTS[:2], feature)
 
 
 def test_lookup_stop_strings_and_ids_and_logprobs_equal_the_plain_servers(looping_plain_url, looping_url):

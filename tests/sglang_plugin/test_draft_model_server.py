@@ -504,16 +504,10 @@ def test_request_features_give_the_plain_servers_greedy_text(pair, plain_url, se
     """Greedy requests with each request feature of ``test_server_e2e.FEATURES`` on the chain, the
     sampled tree and the exit level: the token ids the target without speculation gives (both
     completions for ``n`` = 2), up to a float near-tie of the target's logits."""
-    from tests.sglang_plugin import test_server_e2e as e2e
+    from tests.sglang_plugin.test_server_e2e import assert_features_give_the_plain_servers_greedy_text
 
-    url = request.getfixturevalue(server)
-    sampling = e2e.FEATURES[feature]
-    for ids in PROMPTS[:2]:
-        expected = e2e._feature_request(plain_url, None, sampling, input_ids=ids)
-        got = e2e._feature_request(url, None, sampling, input_ids=ids)
-        pairs = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
-        for want, have in pairs:
-            e2e._assert_same_greedy(pair[1], ids, sampling, want["output_ids"], have["output_ids"])
+    assert_features_give_the_plain_servers_greedy_text(pair[1], plain_url, request.getfixturevalue(server),
+                                                       PROMPTS[:2], feature)
 
 
 @pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])

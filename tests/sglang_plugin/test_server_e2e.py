@@ -163,24 +163,29 @@ def _assert_same_greedy(model_dir, ids, sampling, want, have):
     assert gap < NEAR_TIE, (first, want, have)
 
 
+def assert_features_give_the_plain_servers_greedy_text(model_dir, plain_url, url, prompts, feature):
+    """Greedy requests with ``FEATURES[feature]`` on each of ``prompts`` (token ids) give at
+    ``url`` the token ids and text the server without speculation at ``plain_url`` gives
+    (``n`` = 2: both completions), up to a float near-tie of the target's logits."""
+    sampling = FEATURES[feature]
+    for ids in prompts:
+        expected = _feature_request(plain_url, None, sampling, input_ids=ids)
+        got = _feature_request(url, None, sampling, input_ids=ids)
+        pairs = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
+        for want, have in pairs:
+            _assert_same_greedy(model_dir, ids, sampling, want["output_ids"], have["output_ids"])
+            if have["output_ids"] == want["output_ids"]:
+                assert have["text"] == want["text"], (feature, ids)
+
+
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_request_features_give_the_plain_servers_greedy_text(tiny_models, base_url, hsd_url, feature):
-    """Greedy requests with each feature: the same token ids and text as the server without
-    speculation (``n`` = 2: both completions), up to a float near-tie of the target's logits."""
     from transformers import AutoTokenizer
 
     target = str(tiny_models / "target")
     tokenizer = AutoTokenizer.from_pretrained(target)
-    sampling = FEATURES[feature]
-    for prompt in PROMPTS[:2]:
-        ids = tokenizer(prompt).input_ids
-        expected = _feature_request(base_url, None, sampling, input_ids=ids)
-        got = _feature_request(hsd_url, None, sampling, input_ids=ids)
-        pairs = zip(expected, got) if isinstance(expected, list) else [(expected, got)]
-        for want, have in pairs:
-            _assert_same_greedy(target, ids, sampling, want["output_ids"], have["output_ids"])
-            if have["output_ids"] == want["output_ids"]:
-                assert have["text"] == want["text"], (feature, prompt)
+    prompts = [tokenizer(prompt).input_ids for prompt in PROMPTS[:2]]
+    assert_features_give_the_plain_servers_greedy_text(target, base_url, hsd_url, prompts, feature)
 
 
 def test_stop_strings_and_ids_and_logprobs_equal_the_plain_servers(base_url, hsd_url):
