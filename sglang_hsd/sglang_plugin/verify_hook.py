@@ -67,14 +67,14 @@ from sglang_hsd.sglang_plugin.request_penalties import (
     penalise_verify_logits,
 )
 from sglang_hsd.sglang_plugin.request_sampling import filter_target_rows
-from sglang_hsd.tree_draft import CHILD_SAMPLERS
-from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
 from sglang_hsd.sglang_plugin.verify_outputs import (
     empty_chain_result,
     plain_round_tree,
     write_chain_result,
     write_tree_result,
 )
+from sglang_hsd.tree_draft import CHILD_SAMPLERS
+from sglang_hsd.verify import ChainUniforms, TREE_METHODS, TreeUniforms, verify_chain, verify_tree
 from sglang_hsd.verify.coupled import coupled_chain, coupled_tree, keyed_draw
 from sglang_hsd.verify.window_round import target_round
 
