@@ -108,10 +108,12 @@ def install_request_seeds() -> None:
         SamplingBatchInfo.from_schedule_batch = classmethod(wrapped)
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-    for name, wrap in (("merge_batch", seeded_merge_batch), ("filter_batch", seeded_filter_batch)):
+    wrappers = {"merge_batch": lambda method: seeded_merge_batch(method, server_seed, seeds_honoured),
+                "filter_batch": lambda method: seeded_filter_batch(method, seeds_honoured)}
+    for name, wrap in wrappers.items():
         method = ScheduleBatch.__dict__[name]
         if getattr(method, "__sglang_hsd_original__", None) is None:
-            setattr(ScheduleBatch, name, wrap(method, server_seed, seeds_honoured))
+            setattr(ScheduleBatch, name, wrap(method))
     if not getattr(spec_utils.fast_sample, "__sglang_hsd_coupled__", False):
         spec_utils.fast_sample = coupled_draft_sample(spec_utils.fast_sample)
     torch_sampler = sampler.top_k_top_p_min_p_sampling_from_probs_torch
@@ -180,7 +182,7 @@ def seeded_merge_batch(original, read_server_seed, read_enabled):
     return merge_batch
 
 
-def seeded_filter_batch(original, read_server_seed, read_enabled):
+def seeded_filter_batch(original, read_enabled):
     """``ScheduleBatch.filter_batch`` that drops the batch's seeds once no request left in it
     carries a seed of its own (its unseeded requests go back to the configured verifier)."""
 

@@ -83,7 +83,7 @@ def test_filtering_drops_seeds_when_no_seeded_request_is_left(left, kept):
         self.reqs = [self.reqs[i] for i in keep_indices]
         self.sampling_info.sampling_seed = self.sampling_info.sampling_seed[keep_indices]
 
-    filter_batch = request_seeds.seeded_filter_batch(keep, lambda: 5, lambda: True)
+    filter_batch = request_seeds.seeded_filter_batch(keep, lambda: True)
     filter_batch(batch, keep_indices=[0, 1] if left[1] else [0, 2])
     assert (batch.sampling_info.sampling_seed is not None) is kept
 
