@@ -224,8 +224,9 @@ class DraftCatchUp:
             probs, p, ids = self._first_drafts(logits, plan, forward_batch.sampling_info)
         else:
             probs, p, ids = self._tree_roots(logits, plan, forward_batch.sampling_info)
-        spec_info.draft_probs = spec_info.draft_probs.index_copy(
-            0, plan.rows, probs.to(spec_info.draft_probs.dtype))
+        if spec_info.draft_probs is not None:  # a stock (topk) tree's draft input carries no q
+            spec_info.draft_probs = spec_info.draft_probs.index_copy(
+                0, plan.rows, probs.to(spec_info.draft_probs.dtype))
         spec_info.topk_p = spec_info.topk_p.index_copy(0, plan.rows, p.to(spec_info.topk_p.dtype))
         spec_info.topk_index = spec_info.topk_index.index_copy(
             0, plan.rows, ids.to(spec_info.topk_index.dtype))
