@@ -2,13 +2,15 @@
 ``--hsd-request-seeds`` at its default, adaptive draft lengths and the draft catch-up on).
 
 A tiny random target and a close draft language model (its copy with 2% noise on the layers),
-T = 1. Two servers in turn, built by ``serve_launch.build_launch`` as the command line builds them:
+T = 1. Five servers in turn, built by ``serve_launch.build_launch`` as the command line builds them:
 a chain whose rounds draft 0, 4, 1, 3 tokens in turn (``--hsd-draft-lengths-cycle``: on this pair
-the controller finds that drafting does not pay and mostly drafts nothing) and a sampled tree
-(depth 3, k = 2, N = 6) with serve's adaptive controller. A seeded request gives the
+the controller finds that drafting does not pay and mostly drafts nothing), a sampled tree and
+SGLang's stock tree (depth 3, k = 2, N = 6) with serve's adaptive controller, the exit level
+(layer 2, logit lens) and a lookup level below the draft model. A seeded request gives the
 same tokens every time: alone, in a burst with unseeded requests (other batch sizes, other draft
-lengths chosen by the controller), and on the other server (another draft shape): seeded batches
-are verified by the coupled rule, whose tokens do not depend on what was drafted. Another seed, or
+lengths chosen by the controller), and on every other server (another draft shape, another
+level): seeded batches are verified by the coupled rule, whose tokens do not depend on what was
+drafted. Another seed, or
 none, gives other tokens. The coupled drafts agree with the target: a seeded request accepts about
 as many drafts per round as an unseeded one (keys off by one position would accept almost none).
 Each server takes about a minute to start on 2 cores.
@@ -30,9 +32,19 @@ OTHERS = [[1, 77, 300, 12, 9], [1, 5], [1, 200, 201, 202], [1, 9, 8, 7, 6, 5]]
 NEW_TOKENS = 32
 # The chain drafts 0, 4, 1, 3 tokens in turn from each request's first round (the batch follows
 # its youngest request); the tree is serve's adaptive controller choosing depths from timings.
+TREE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6")
 SHAPES = {"chain": ("--hsd-draft-lengths-cycle", "0,4,1,3"),
-          "tree": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-                   "--speculative-num-draft-tokens", "6")}
+          "tree": TREE,
+          # SGLang's stock tree: deterministic top-k children; the coupled rule walks its links
+          "stock": (*TREE, "--hsd-tree-draft", "topk"),
+          # the exit level (layer 2 of 4, logit lens) between the draft model and the target
+          "exit": ("--hsd-exit-layer", "2", "--hsd-exit-heads", "none"),
+          # a prompt-lookup level below the draft model (copies after the text's last <= 3 tokens)
+          "lookup": ("--hsd-draft-lookup", "3")}
+# What each server's log says about its shape.
+SHAPE_LOG = {"chain": "rounds take the lengths [0, 4, 1, 3]", "tree": "adaptive on",
+             "stock": "verifying trees with verify_tree(method='target-only')",
+             "exit": "exit level at layer 2", "lookup": "prompt-lookup level below the draft model"}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +90,7 @@ def _serve_and_sample(pair, shape: str) -> dict:
         got["top_k_top_p"] = [_sample(url, PROMPT, sampling_seed=12, top_k=20, top_p=0.8)[0] for _ in range(2)]
     text = log.read_text()
     assert "Traceback" not in text
-    assert ("adaptive on" in text) if shape == "tree" else ("rounds take the lengths [0, 4, 1, 3]" in text)
+    assert SHAPE_LOG[shape] in text, SHAPE_LOG[shape]
     return got
 
 
@@ -98,11 +110,12 @@ def test_same_seed_same_tokens_alone_and_in_a_burst(served, shape):
     assert got["top_k_top_p"][0] == got["top_k_top_p"][1]
 
 
-def test_seeded_tokens_do_not_depend_on_the_draft_shape(served):
+@pytest.mark.parametrize("shape", [shape for shape in SHAPES if shape != "chain"])
+def test_seeded_tokens_do_not_depend_on_the_draft_shape(served, shape):
     for key in ("first", "other_seed"):
-        assert served["chain"][key] == served["tree"][key], key
-    assert served["chain"]["min_p"][0] == served["tree"]["min_p"][0]
-    assert served["chain"]["top_k_top_p"][0] == served["tree"]["top_k_top_p"][0]
+        assert served["chain"][key] == served[shape][key], key
+    assert served["chain"]["min_p"][0] == served[shape]["min_p"][0]
+    assert served["chain"]["top_k_top_p"][0] == served[shape]["top_k_top_p"][0]
 
 
 def test_seeded_drafts_agree_with_the_target_chain(served):
