@@ -127,8 +127,9 @@ class PluginConfig:
             method = method or DEFAULT_CHAIN_METHOD
             if method not in LOSSLESS_CHAIN_METHODS:
                 raise ValueError(
-                    f"{VERIFY_METHOD_ENV}={method!r} is not a lossless chain verifier; use one "
-                    f"of {tuple(LOSSLESS_CHAIN_METHODS)} (--hsd-verify-method)")
+                    f"--hsd-verify-method ({VERIFY_METHOD_ENV}) {method!r} with a chain "
+                    f"(--speculative-eagle-topk {topk}): not a lossless chain verifier; use one "
+                    f"of {tuple(LOSSLESS_CHAIN_METHODS)}, or a tree (--speculative-eagle-topk > 1)")
             return cls(verify_method=method, validate=validate)
         draft = draft or DEFAULT_TREE_DRAFT
         if draft not in TREE_DRAFTS:

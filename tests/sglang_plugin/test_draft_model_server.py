@@ -25,14 +25,20 @@ tokenizer) that keeps its own KV cache (SGLang's STANDALONE shape).
   the rounds cycling through the tree budgets of depth 0..3 (``--hsd-draft-lengths-cycle``);
 * greedy output and the T = 1 law with the early-exit level at layer 2 (logit lens) verifying the
   draft model's chain before the full target;
-* T = 1 with ``min_p``: on all three servers the law is the one SGLang's non-speculative sampler
-  draws from (``server_law.sglang_sampler_law``): no token below the min-p threshold, PIT
-  chi-square under the filtered rows; the same test rejects the target's law without min-p.
-* T = 0.7 with top_k 20 and top_p 0.8 (Qwen2.5-Instruct's defaults) on the chain and the tree:
+* SGLang's stock tree (``--hsd-tree-draft topk``, verified by SGLang's tree sampler on the hook's
+  rows) with the same shape and depth cycle: every check above, and the ones below, on it too;
+  its depth-0 rounds make the draft catch-up run on a tree whose draft input has no q (that once
+  killed the scheduler);
+* T = 1 with ``min_p``: on every server the law is the one SGLang's non-speculative sampler draws
+  from (``server_law.sglang_sampler_law``): no token below the min-p threshold, PIT chi-square
+  under the filtered rows; the same test rejects the target's law without min-p. With a regex:
+  the target's law masked by the grammar; the unmasked law is rejected;
+* T = 0.7 with top_k 20 and top_p 0.8 (Qwen2.5-Instruct's defaults) on the chain and the trees:
   the law of SGLang's non-speculative sampler (top-p on the original row); the renormalised law
   SGLang's speculative verify gives is rejected on the same samples;
-* greedy with frequency, presence and repetition penalties on all three servers: plain greedy
-  decoding penalised step by step.
+* greedy with frequency, presence and repetition penalties on every server: plain greedy
+  decoding penalised step by step; every request feature (logit_bias, grammars, n, stop,
+  logprobs, ...) against the target's server without speculation.
 
 Each server takes ~1 minute to start on 2 cores.
 """
@@ -107,7 +113,7 @@ def _server(pair, num_steps, topk=1, num_draft_tokens=None, exit_layer=None, ext
         extra += ["--hsd-exit-layer", str(exit_layer), "--hsd-exit-heads", "none"]
     cmd = draft_model_server_command(target, free_port(), draft, num_steps=num_steps, extra=extra,
                                      topk=topk, num_draft_tokens=num_draft_tokens)
-    name = _server_name(num_steps, topk, num_draft_tokens, exit_layer)
+    name = _server_name(num_steps, topk, num_draft_tokens, exit_layer) + ("_stock" if "topk" in extra else "")
     return running_server(cmd, server_env(), str(root / f"{name}.log"))
 
 
@@ -139,6 +145,21 @@ def tree_url(pair):
                  extra=["--hsd-draft-forward", "checked", "--hsd-draft-lengths-cycle", TREE_CYCLE]) as url:
         yield url
     with open(pair[0] / f"{_server_name(3, *TREE)}.log") as f:
+        log = f.read()
+    assert "Traceback" not in log
+
+
+@pytest.fixture(scope="module")
+def stock_url(pair):
+    """SGLang's stock tree (``--hsd-tree-draft topk``: the draft's top-k children with SGLang's
+    score pruning, verified by SGLang's tree sampler through the hook's rows), depth 3, k = 2,
+    N = 6, its rounds taking the depths of ``TREE_CYCLE``: the depth-0 rounds skip the draft
+    extend, so the draft catch-up runs on a tree whose draft input carries no q."""
+    with _server(pair, 3, topk=TREE[0], num_draft_tokens=TREE[1],
+                 extra=["--hsd-tree-draft", "topk", "--hsd-draft-lengths-cycle", TREE_CYCLE]) as url:
+        yield url
+        assert _hsd_state(url)["draft_catch_up"]["catch_ups"] > 0
+    with open(pair[0] / f"{_server_name(3, *TREE)}_stock.log") as f:
         log = f.read()
     assert "Traceback" not in log
 
@@ -200,7 +221,7 @@ def test_draft_model_greedy_equals_target(pair, reference, num_steps, request):
         _check_greedy(url, reference)
 
 
-@pytest.mark.parametrize("server", ["tree_url", "exit_url"])
+@pytest.mark.parametrize("server", ["tree_url", "stock_url", "exit_url"])
 def test_draft_model_tree_and_exit_level_greedy_equals_target(reference, server, request):
     _check_greedy(request.getfixturevalue(server), reference)
 
@@ -290,7 +311,7 @@ def _model_law_samples(model_dir, count, seed=1):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_draft_model_sampled_law_is_the_targets(pair, server, request):
     url = request.getfixturevalue(server)
     accept = []  # mean accept length of each sample
@@ -319,7 +340,7 @@ def test_draft_model_sampled_law_is_the_targets(pair, server, request):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_draft_model_min_p_law_is_the_non_speculative_one(pair, server, request):
     """T = 1 with ``min_p``: the tokens' joint law is the one SGLang's non-speculative sampler
     draws from (the target's rows filtered by min-p: no token below the threshold, and the PIT
@@ -354,7 +375,7 @@ def _support_p_value(law, sequences):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("server", ["k3_url", "tree_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url"])
 def test_draft_model_top_k_with_top_p_law_is_the_non_speculative_one(pair, server, request):
     """T = 0.7 with top_k 20 and top_p 0.8 (Qwen2.5-Instruct's defaults): the tokens follow the
     law of SGLang's non-speculative sampler (top-p on the original row); the law SGLang's
@@ -418,7 +439,7 @@ def _grammar_law(model_dir, sequences, regex):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("server", ["k3_url", "tree_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_draft_model_grammar_law_is_the_masked_targets(pair, server, request):
     """T = 1 with a regex: the tokens follow the target's law masked by the grammar at each step
     (drafts the grammar forbids are rejected, the rest verified against the masked rows); the
@@ -465,7 +486,7 @@ def request_penalties(sampling: dict) -> dict:
     return {names[key]: value for key, value in sampling.items() if key in names}
 
 
-@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_draft_model_penalised_greedy_equals_plain_decoding(pair, server, request):
     """Greedy requests with frequency, presence and repetition penalties on a chain, a tree and
     the exit level: the output equals plain greedy decoding with each step penalised by the
@@ -499,7 +520,7 @@ def plain_url(pair):
 
 @pytest.mark.parametrize("feature", ["logit_bias", "top_k_top_p", "penalties", "min_new_tokens", "regex",
                                      "json_schema", "n"])
-@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_request_features_give_the_plain_servers_greedy_text(pair, plain_url, server, feature, request):
     """Greedy requests with each request feature of ``test_server_e2e.FEATURES`` on the chain, the
     sampled tree and the exit level: the token ids the target without speculation gives (both
@@ -510,7 +531,7 @@ def test_request_features_give_the_plain_servers_greedy_text(pair, plain_url, se
                                                        PROMPTS[:2], feature)
 
 
-@pytest.mark.parametrize("server", ["k3_url", "tree_url", "exit_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_stop_strings_and_ids_and_logprobs_equal_the_plain_servers(plain_url, server, request):
     """``test_server_e2e``'s stop and logprob checks on the chain, the sampled tree and the exit level."""
     from tests.sglang_plugin import test_server_e2e as e2e
@@ -531,7 +552,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_and_the_server_lives(k3_ur
     assert _generate(k3_url, PROMPTS[0])["output_ids"] == reference[0]
 
 
-@pytest.mark.parametrize("server", ["k3_url", "tree_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url"])
 def test_draft_model_load_with_aborts_returns_kv(pair, server, request):
     from benchmarks.bench_sglang_load import make_jobs, run_job, wait_idle
 
