@@ -124,6 +124,40 @@ def pairwise_cover(accepts=lambda names: not refused(names)) -> list[tuple[str, 
     return cover
 
 
+def markdown() -> str:
+    """The table as ``docs/sglang_plugin.md`` shows it ("Which features compose"): the axes with
+    their features and flags, then the refused pairs with their reasons."""
+    lines = ["| axis | features (the first is the default) |", "|---|---|"]
+    for axis, features in AXES.items():
+        shown = [f"{f.name}" + (f" (`{' '.join(f.flags)}`)" if f.flags else "") for f in features]
+        lines.append(f"| {axis} | {'; '.join(shown)} |")
+    lines += ["", "| refused pair | why |", "|---|---|"]
+    for pair, reason in REFUSED.items():
+        a, b = sorted(pair, key=lambda name: list(FEATURES).index(name))
+        lines.append(f"| {a} + {b} | {reason} |")
+    pairs = two_feature_combinations()
+    refused_count = sum(bool(refused(names)) for names in pairs)
+    lines += ["", f"{len(pairs)} combinations of two features (the other axes at their defaults): "
+              f"{len(pairs) - refused_count} compose, {refused_count} are refused. "
+              f"{len(pairwise_cover())} combinations hold all {len(allowed_pairs())} pairs that some "
+              "valid combination holds."]
+    return "\n".join(lines) + "\n"
+
+
+def with_defaults(*names: str) -> tuple[str, ...]:
+    """``names`` (features of different axes) plus the default of every other axis, in ``AXES`` order."""
+    chosen = {FEATURES[name].axis: name for name in names}
+    return tuple(chosen.get(axis, features[0].name) for axis, features in AXES.items())
+
+
+def two_feature_combinations() -> list[tuple[str, ...]]:
+    """Every pair of features of different axes with the other axes at their defaults (a
+    feature with the defaults alone included, as its pair with another axis's default)."""
+    return sorted({with_defaults(x.name, y.name)
+                   for (_, a), (_, b) in itertools.combinations(AXES.items(), 2)
+                   for x, y in itertools.product(a, b)})
+
+
 def front_door_refusal(flags: tuple[str, ...], target: str, draft: str) -> str | None:
     """What the server started by ``sglang-hsd serve --target target --draft draft -- flags``
     on CPU says before it loads a model: its refusal (the error's message), or None when it

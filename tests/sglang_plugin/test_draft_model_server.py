@@ -375,7 +375,7 @@ def _support_p_value(law, sequences):
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url"])
+@pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_draft_model_top_k_with_top_p_law_is_the_non_speculative_one(pair, server, request):
     """T = 0.7 with top_k 20 and top_p 0.8 (Qwen2.5-Instruct's defaults): the tokens follow the
     law of SGLang's non-speculative sampler (top-p on the original row); the law SGLang's

@@ -10,7 +10,8 @@ import itertools
 import pytest
 
 from sglang_hsd.sglang_plugin.compatibility import (
-    AXES, FEATURES, REFUSED, allowed_pairs, flags_of, front_door_refusal, pairwise_cover, refused)
+    AXES, FEATURES, REFUSED, allowed_pairs, flags_of, front_door_refusal, pairwise_cover, refused,
+    two_feature_combinations, with_defaults)
 from tests.sglang_plugin.plugin_fixtures import plugin_loaded  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.sglang
@@ -34,12 +35,6 @@ def _flag_names(feature: str) -> list[str]:
     return [word for word in FEATURES[feature].flags if word.startswith("--")]
 
 
-def _with_defaults(*names: str) -> tuple[str, ...]:
-    """``names`` plus the default feature of every other axis, in ``AXES`` order."""
-    chosen = {FEATURES[name].axis: name for name in names}
-    return tuple(chosen.get(axis, features[0].name) for axis, features in AXES.items())
-
-
 def _check(names: tuple[str, ...], pair) -> str | None:
     """None when the front door does what the table says for the combination ``names``, else
     what went wrong: a refusal the table does not declare, a declared one the server lets
@@ -57,15 +52,13 @@ def _check(names: tuple[str, ...], pair) -> str | None:
 
 
 def test_each_feature_with_the_defaults_is_served_or_refused_as_the_table_says(pair):
-    wrong = {name: _check(_with_defaults(name), pair) for name in FEATURES}
+    wrong = {name: _check(with_defaults(name), pair) for name in FEATURES}
     assert {name: problem for name, problem in wrong.items() if problem} == {}
 
 
 def test_every_pair_is_served_or_refused_naming_both_sides_as_the_table_says(pair):
-    combinations = {_with_defaults(x.name, y.name)
-                    for (_, a), (_, b) in itertools.combinations(AXES.items(), 2)
-                    for x, y in itertools.product(a, b)}
-    wrong = {names: _check(names, pair) for names in sorted(combinations)}
+    combinations = two_feature_combinations()
+    wrong = {names: _check(names, pair) for names in combinations}
     wrong = {names: problem for names, problem in wrong.items() if problem}
     refused_count = sum(bool(refused(names)) for names in combinations)
     print(f"\n{len(combinations)} combinations (every pair of features, the other axes at their "
@@ -98,3 +91,13 @@ def test_the_cover_rejects_a_combination_the_server_refuses():
     """The guard of ``pairwise_cover``: a combination its ``accepts`` refuses stops the cover."""
     with pytest.raises(ValueError, match="refused by the server but not by the table"):
         pairwise_cover(accepts=lambda names: "lookup" not in names)
+
+
+def test_the_docs_show_the_table():
+    from pathlib import Path
+
+    from sglang_hsd.sglang_plugin.compatibility import markdown
+
+    docs = (Path(__file__).parents[2] / "docs" / "sglang_plugin.md").read_text()
+    block = docs.split("<!-- generated: compatibility.markdown() -->\n")[1].split("<!-- end generated -->")[0]
+    assert block == markdown(), "regenerate the table in docs/sglang_plugin.md from compatibility.markdown()"
