@@ -138,6 +138,22 @@ EXPECTED_SIGNATURES: dict[str, str] = {
         "kv_loc_plan=None)",
     "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode":
         "(self, batch, batch_result, *, kv_loc_plan=None)",
+    # The adaptive budgets reported once per request (adaptive_spec.install_request_level_key).
+    "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+    ".is_request_level_customized_info_key": "(self, key)",
+}
+
+# SGLang names the plugin replaces that have no SGLang code to pin: on CPU SGLang 0.5.23 leaves
+# them None (their kernels come from sgl_kernel or FlashInfer, absent there), and the plugin puts
+# torch versions in their place (path -> where). The sgl_kernel ops of
+# ``cpu/kernel_ops.SGL_KERNEL_CPU_OPS`` are the other such stand-ins.
+STAND_INS: dict[str, str] = {
+    "sglang.srt.speculative.eagle_utils.top_k_renorm_prob":
+        "runtime_patches (cpu_sampling), then verify_hook.make_deferred_renorm",
+    "sglang.srt.speculative.eagle_utils.top_p_renorm_prob":
+        "runtime_patches (cpu_sampling), then verify_hook.make_deferred_renorm",
+    "sglang.srt.speculative.eagle_utils.tree_speculative_sampling_target_only":
+        "verify_hook.make_hsd_tree_sampling (SGLang's kernel where it exists)",
 }
 
 
