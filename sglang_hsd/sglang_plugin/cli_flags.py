@@ -62,23 +62,23 @@ HSD_FLAGS = (
      "expansion rule of sampled trees (which drafted nodes are forwarded and kept, decided from "
      "earlier draws only): spine_wide (default; deep, for drafters that accept several tokens), "
      "spine, or beam (wide and shallow, for drafters that accept few)"),
-    ("--hsd-draft-temperature-scale", DRAFT_TEMPERATURE_SCALE_ENV, {"type": float},
+    ("--hsd-draft-temperature-scale", DRAFT_TEMPERATURE_SCALE_ENV, {"type": float, "metavar": "S"},
      "S > 0: sampled trees draw children from the drafter's q at temperature T * S (T: the "
      "request's) and verify with that q, so the output law is unchanged; S < 1 sharpens a "
      "drafter flatter than the target (default 1)"),
-    ("--hsd-exit-layer", EXIT_LAYER_ENV, {"type": int},
+    ("--hsd-exit-layer", EXIT_LAYER_ENV, {"type": int, "metavar": "L"},
      "add an early-exit verifier level: the target's first L layers plus an exit head verify "
      "the EAGLE-3 drafts, the remaining layers run only for the positions it accepted"),
-    ("--hsd-exit-heads", EXIT_HEADS_ENV, {},
+    ("--hsd-exit-heads", EXIT_HEADS_ENV, {"metavar": "DIR|none"},
      "folder of trained exit heads (eagle_heads.exit_heads) or 'none' for the logit lens "
      "(default none)"),
     ("--hsd-exit-method", EXIT_METHOD_ENV, {"choices": LOSSLESS_CHAIN_METHODS},
      "chain verifier of the exit level (default: --hsd-verify-method)"),
-    ("--hsd-exit-buffer", EXIT_BUFFER_ENV, {"type": int},
+    ("--hsd-exit-buffer", EXIT_BUFFER_ENV, {"type": int, "metavar": "N_i"},
      "N_i: provisional tokens the exit level accumulates (exit sub-rounds inside one verify "
      "window of --speculative-num-steps + 1 positions) before the full target verifies them "
      "(default 1: one exit sub-round per round)"),
-    ("--hsd-plan", PLAN_ENV, {},
+    ("--hsd-plan", PLAN_ENV, {"metavar": "PLAN.json"},
      "take the exit layer and its buffer from a `sglang-hsd plan` JSON (its one intermediate "
      "exit level), or its lookup level below the draft model (lookup:N,model:...,target: "
      "--hsd-draft-lookup N with the lookup's buffer as the copies); nothing else is read from it, so a plan with runtime knobs (draft_length, "
@@ -109,16 +109,16 @@ HSD_FLAGS = (
      "requests' past acceptance and this server's measured round costs; logged, reported in "
      "/server_info and per request (meta_info hsd_draft_budget). off: every round drafts "
      "--speculative-num-steps. Trees and the exit level keep their shape"),
-    (CYCLE_FLAG, CYCLE_ENV, {},
+    (CYCLE_FLAG, CYCLE_ENV, {"metavar": "L1,L2,..."},
      "comma-separated draft lengths (each 0..--speculative-num-steps) that each request's "
      "decode rounds take in turn from its first round (a batch follows its youngest request) "
      "instead of the adaptive controller's choice: measures what each length costs and "
      "tests the switches between them (fixed before any draft, so lossless)"),
-    (TRACE_FLAG, TRACE_ENV, {},
+    (TRACE_FLAG, TRACE_ENV, {"metavar": "FILE"},
      "a file that gets one JSON line per decode round under --hsd-adaptive: the batch size, "
      "each request's estimated acceptance rate, the draft catch-up owed, the chosen length and "
      "the round's seconds (to see why the controller chose what it did)"),
-    (TUNING_FLAG, TUNING_ENV, {},
+    (TUNING_FLAG, TUNING_ENV, {"metavar": "NAME=VALUE,..."},
      "comma-separated name=value settings of the adaptive controller instead of its defaults "
      f"(names: {', '.join(TUNABLE)}), e.g. draft_margin=1.05; refused before models load where a "
      "value cannot hold or --hsd-adaptive does not choose (off, or a --hsd-draft-lengths-cycle)"),
@@ -139,13 +139,13 @@ HSD_FLAGS = (
      "int8, int4 or w8a8 (int8 weights and per-row 8-bit activations: where it measures faster "
      "at every row count, prefills and catch-ups too). Only the drafter's numbers change; the "
      "verifier uses the q it produced, so the output law is unchanged"),
-    (LOOKUP_FLAG, LOOKUP_ENV, {},
+    (LOOKUP_FLAG, LOOKUP_ENV, {"metavar": "N|off"},
      "N (a longest n-gram) or off (default): a prompt-lookup level below a separate draft model "
      "(--hsd-draft-kind model, chains, CPU): each draft forward also reads the tokens that "
      "followed the latest earlier occurrence of the text's last <= N tokens, and hands up several "
      "drafts where the draft model's own draws match them (same drafts, same law, fewer "
      "forwards). Reported in /server_info (hsd.draft_lookup)"),
-    (COPIES_FLAG, COPIES_ENV, {"type": int},
+    (COPIES_FLAG, COPIES_ENV, {"type": int, "metavar": "M"},
      "with --hsd-draft-lookup: the most tokens one lookup copies (default: as many as the "
      "round's chain has room for); on CPU each copy is a row of the draft forward"),
     (LEAN_DECODE_FLAG, LEAN_DECODE_ENV, {"choices": LEAN_DECODE_MODES},
@@ -156,6 +156,17 @@ HSD_FLAGS = (
      "every forward: a test mode) or sglang. Only the drafter's numbers can change (float "
      "rounding); the verifier uses the q they produced"),
 )
+
+
+def flags_markdown() -> str:
+    """``HSD_FLAGS`` as the table of ``docs/sglang_plugin.md`` ("Flags"): flag and value, variable,
+    meaning (the help text). Pipes are escaped, as a table cell needs (in code spans too)."""
+    lines = ["| flag | variable | meaning |", "|---|---|---|"]
+    for flag, env, extras, text in HSD_FLAGS:
+        value = "{" + ",".join(extras["choices"]) + "}" if "choices" in extras else extras["metavar"]
+        cells = (f"`{flag} {value}`", f"`{env}`", text)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def extend_cli(server_args_cls) -> None:

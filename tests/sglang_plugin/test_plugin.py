@@ -354,3 +354,14 @@ def test_later_draft_steps_select_their_tokens_eagerly_on_cpu(plugin_loaded):
             topk)
         assert input_ids.shape == (batch * topk,) and topk_p.shape == (batch, topk)
     assert counters["frames"]["total"] == frames  # no frame went through dynamo
+
+
+def test_the_docs_flag_table_is_the_flags_table():
+    """``docs/sglang_plugin.md``'s flag table is ``cli_flags.HSD_FLAGS`` (what ``--help`` prints)."""
+    from pathlib import Path
+
+    from sglang_hsd.sglang_plugin.cli_flags import flags_markdown
+
+    docs = (Path(__file__).parents[2] / "docs" / "sglang_plugin.md").read_text()
+    block = docs.split("<!-- generated: cli_flags.flags_markdown() -->\n")[1].split("<!-- end generated -->")[0]
+    assert block == flags_markdown(), "regenerate the flag table in docs/sglang_plugin.md from flags_markdown()"
