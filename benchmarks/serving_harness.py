@@ -12,8 +12,11 @@ report tables; everything else lives here, once:
   :func:`measure_rows` runs a list of rows against one server and books each;
 * prompts: :func:`write_prompt_file` writes a prompt set in the ShareGPT format SGLang's client reads;
 * the client: :func:`run_client` runs ``sglang.benchmark.serving`` unchanged through
-  ``serving_client.PER_REQUEST_CLIENT``, so every request's accept length is kept;
+  ``PER_REQUEST_CLIENT``, so every request's accept length is kept;
 * ``/server_info``: :func:`read_server_info` (SGLang's accept length, the ``hsd`` entry);
+
+  those three live in ``sglang_hsd/bench/`` (``prompts.py``, ``client.py``, ``server_info.py``),
+  shared with ``sglang-hsd bench``, and are re-exported here;
 * results: :class:`ResultBook` keeps the rows, rewrites the JSON / Markdown (and plot) after every
   row with ``"complete": false`` until the end, and resumes an unfinished run of the same command.
 """
@@ -23,24 +26,22 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import RunRecord, machine_probe_ms, write_results
-from benchmarks.serving_client import PER_REQUEST_CLIENT, PER_REQUEST_ENV, mean_se, read_per_request
+# The client, /server_info and prompt files live in the package (``sglang-hsd bench`` runs them
+# too); re-exported here for the scripts and tests that import them from this module.
+from sglang_hsd.bench.client import (  # noqa: F401
+    KEPT_METRICS, ClientError, ClientResult, ClientSpec, client_arguments, mean_se, run_client)
+from sglang_hsd.bench.prompts import prompt_file_texts, write_prompt_file  # noqa: F401
+from sglang_hsd.bench.server_info import ServerInfo, read_server_info, rounds_mean_length  # noqa: F401
 from sglang_hsd.assets.archives import resolve_cache_dir
 from sglang_hsd.sglang_plugin.cpu.cpu_server import log_tail, running_server, server_env
 
-# Fields of the client's result line that go into the result rows.
-KEPT_METRICS = (
-    "completed", "duration", "total_output_tokens", "request_throughput", "output_throughput",
-    "mean_e2e_latency_ms", "median_tpot_ms", "median_itl_ms", "accept_length",
-)
 # Bulky record fields left out of the progress lines printed after each row.
 _NOT_PRINTED = ("client_summary", "server_log_tail", "per_request_accept_length")
 
@@ -109,47 +110,6 @@ def resolve_models(target: str, draft: str, workdir: Path, tiny: bool) -> tuple[
     return paths[0], paths[1]
 
 
-# -- prompts -----------------------------------------------------------------------------------
-
-def write_prompt_file(path: Path, prompt_set: str, count: int, tiny: bool = False,
-                      fallback: bool = False, offset: int = 0) -> str:
-    """Write ``count`` prompts of ``prompt_set`` (``runtime.loading.prompt_set_texts``), after
-    skipping its first ``offset``, as ShareGPT-format JSON (a human and a gpt turn per record), the
-    format of SGLang's client's ``sharegpt`` dataset and the text source of its ``random`` one.
-    Returns the prompts' source.
-
-    ``tiny``: the tiny models' built-in corpus instead (random models: any text will do, no
-    download). ``fallback``: use that corpus when the prompt set cannot be loaded (offline and not
-    cached), for clients that only need token ids."""
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
-    texts, source = None, "tiny corpus"
-    if not tiny:
-        from sglang_hsd.runtime.loading import prompt_set_texts
-
-        try:
-            texts = prompt_set_texts(prompt_set, offset + count)[offset:]
-            source = prompt_set if offset == 0 else f"{prompt_set} from prompt {offset}"
-        except Exception as err:
-            if not fallback:
-                raise
-            source = f"tiny corpus ({prompt_set} unavailable: {type(err).__name__})"
-    if texts is None:
-        from sglang_hsd.sglang_plugin.cpu.tiny_models import _CORPUS
-
-        texts = [s.strip() for s in _CORPUS.split(".") if s.strip()]
-    records = [{"id": str(i), "conversations": [{"from": "human", "value": t},
-                                                {"from": "gpt", "value": "ok"}]}
-               for i, t in enumerate(t for t in texts[:count] if t.strip())]
-    path.write_text(json.dumps(records))
-    return f"{source} ({len(records)} prompts)"
-
-
-def prompt_file_texts(path: Path) -> list[str]:
-    """The prompts of a file of :func:`write_prompt_file`."""
-    return [r["conversations"][0]["value"] for r in json.loads(Path(path).read_text())]
-
-
 # -- servers -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -197,10 +157,6 @@ def cpu_server(spec: ServerSpec, workdir: Path) -> Iterator[Server]:
         yield Server(url, round(time.monotonic() - started, 1))
 
 
-class ClientError(RuntimeError):
-    """SGLang's client failed (a failed row, not a failed server)."""
-
-
 def measure_rows(spec: ServerSpec, rows: Sequence[dict],
                  measure: Callable[[Server, dict], dict], book: ResultBook, workdir: Path) -> None:
     """Book ``{**spec.fields, **row, "machine_probe_ms": ..., **measure(server, row)}`` for each
@@ -230,162 +186,7 @@ def measure_rows(spec: ServerSpec, rows: Sequence[dict],
                   "server_log_tail": log_tail(log)})
 
 
-# -- the client --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ClientSpec:
-    """One run of SGLang's serving client (``sglang.benchmark.serving --backend sglang``).
-
-    Fields:
-        model: the target folder (``--model`` and ``--tokenizer``).
-        dataset_path: a file of :func:`write_prompt_file`.
-        dataset_name: ``sharegpt`` (the file's prompts) or ``random`` (random token ids, drawn
-            from the file's text, ``input_len`` of them scaled by ``random_range_ratio``).
-        context_len: ``sharegpt``: prompts longer than this minus ``output_len`` are skipped.
-        extra_request_body: more sampling parameters of every request (``ignore_eos``, ``top_p``).
-    """
-
-    model: Path
-    dataset_path: Path
-    num_prompts: int
-    output_len: int
-    temperature: float
-    max_concurrency: int
-    dataset_name: str = "sharegpt"
-    input_len: int = 32
-    random_range_ratio: float = 1.0
-    context_len: int = 2048
-    extra_request_body: dict | None = None
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class ClientResult:
-    """What one client run returned: its result line (``metrics``), the accept length of every
-    successful request that reported one (``accept_lengths``, empty without speculation) and the
-    client's log."""
-
-    metrics: dict
-    accept_lengths: list[float]
-    log: Path
-
-    def kept(self) -> dict:
-        """The result line's :data:`KEPT_METRICS`."""
-        return {k: self.metrics.get(k) for k in KEPT_METRICS}
-
-    def accept_length_stats(self) -> dict:
-        """Per-request accept length: ``accept_length_mean`` and ``accept_length_se``."""
-        mean, se = mean_se(self.accept_lengths)
-        return {"accept_length_mean": mean, "accept_length_se": se}
-
-    def summary(self) -> str:
-        """The client's printed result table (from its '====' line to the end)."""
-        text = self.log.read_text(errors="replace")
-        start = text.find("============ Serving Benchmark Result")
-        return text[start:].strip() if start >= 0 else log_tail(self.log, 40)
-
-
-def client_arguments(spec: ClientSpec, url: str, output_file: Path) -> list[str]:
-    """The client's own command-line arguments for ``spec`` against ``url``."""
-    if spec.dataset_name == "random":
-        data = ["--random-input-len", str(spec.input_len), "--random-output-len",
-                str(spec.output_len), "--random-range-ratio", f"{spec.random_range_ratio:g}"]
-    else:
-        data = ["--sharegpt-output-len", str(spec.output_len), "--sharegpt-context-len",
-                str(spec.context_len)]
-    body = (["--extra-request-body", json.dumps(spec.extra_request_body)]
-            if spec.extra_request_body else [])
-    return ["--backend", "sglang", "--base-url", url, "--model", str(spec.model),
-            "--tokenizer", str(spec.model), "--dataset-name", spec.dataset_name, *data,
-            "--dataset-path", str(spec.dataset_path), "--num-prompts", str(spec.num_prompts),
-            "--max-concurrency", str(spec.max_concurrency), "--temperature", str(spec.temperature),
-            *body, "--seed", str(spec.seed), "--disable-tqdm", "--output-file", str(output_file)]
-
-
-def run_client(url: str, spec: ClientSpec, workdir: Path, tag: str,
-               timeout: float) -> ClientResult:
-    """Run the client once (``workdir/client_<tag>.{log,jsonl}``, per-request rows in
-    ``client_<tag>.per_request.json``). Raises ``ClientError`` when it fails."""
-    output_file, log = workdir / f"client_{tag}.jsonl", workdir / f"client_{tag}.log"
-    per_request = workdir / f"client_{tag}.per_request.json"
-    output_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-c", PER_REQUEST_CLIENT, *client_arguments(spec, url, output_file)]
-    with open(log, "w") as handle:
-        proc = subprocess.run(cmd, env={**server_env(), PER_REQUEST_ENV: str(per_request)},
-                              stdout=handle, stderr=subprocess.STDOUT, timeout=timeout)
-    if proc.returncode != 0 or not output_file.is_file():
-        raise ClientError(f"client exited {proc.returncode}; see {log}")
-    metrics = json.loads(output_file.read_text().strip().splitlines()[-1])
-    return ClientResult(metrics, read_per_request(per_request), log)
-
-
 # -- /server_info ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What the benchmarks read from ``/server_info``'s first ``internal_states`` entry.
-
-    Fields:
-        accept_length: SGLang's ``avg_spec_accept_length`` (its average over the last decode-log
-            interval; None without speculation or before one).
-        hsd: the HSD worker's ``hsd`` entry (KV pool sizes, ``levels``, ``adaptive``; empty for
-            other servers).
-    """
-
-    accept_length: float | None
-    hsd: dict = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, info: dict) -> ServerInfo:
-        state = (info.get("internal_states") or [{}])[0] or {}
-        return cls(state.get("avg_spec_accept_length"), state.get("hsd") or {})
-
-    @property
-    def mean_chosen_budget(self) -> float | None:
-        """The adaptive draft budget's mean over the server's rounds (``hsd.adaptive.mean_steps``);
-        None when the server does not report one (fixed budget, or a server without it)."""
-        adaptive = self.hsd.get("adaptive")
-        value = adaptive.get("mean_steps") if isinstance(adaptive, dict) else None
-        return float(value) if isinstance(value, (int, float)) else None
-
-    @property
-    def draft_copy(self) -> str | None:
-        """The draft model's weight copy in place and the row counts it serves, as one cell
-        (``hsd.draft_copies``: e.g. ``int4 (layers 1-16, lm_head 1-8)``); None for a server
-        without one. Which copy a start chose moves a round's cost by a fifth on some CPUs, so
-        every row records the one it ran with."""
-        copies = self.hsd.get("draft_copies")
-        if not isinstance(copies, dict) or "precision" not in copies:
-            return None
-        rows = copies.get("copy_rows") or {}
-        served = ", ".join(f"{group} {'all' if last == 'all' else f'1-{last}'}" for group, last in rows.items())
-        return f"{copies['precision']} ({served})" if served else str(copies["precision"])
-
-    @property
-    def choice_counts(self) -> dict[tuple[str, str], int]:
-        """Decode rounds per (batch bucket, length) so far (``hsd.adaptive.choices_by_batch_bucket``;
-        empty without it)."""
-        adaptive = self.hsd.get("adaptive")
-        table = adaptive.get("choices_by_batch_bucket") if isinstance(adaptive, dict) else None
-        if not isinstance(table, dict):
-            return {}
-        return {(str(bucket), str(length)): int(n)
-                for bucket, lengths in table.items() if isinstance(lengths, dict)
-                for length, n in lengths.items()}
-
-
-def rounds_mean_length(before: ServerInfo, after: ServerInfo) -> float | None:
-    """Mean draft length of the decode rounds an adaptive server ran between two ``/server_info``
-    reads (each batch round counted once, whatever its size); None when it reports no choices or
-    ran no decode round in between."""
-    start = before.choice_counts
-    rounds = total = 0
-    for key, n in after.choice_counts.items():
-        new = n - start.get(key, 0)
-        rounds += new
-        total += new * int(key[1])
-    return total / rounds if rounds > 0 else None
-
 
 LOOKUP_COUNTERS = ("forwards", "chain_forwards", "rows", "chain_rows", "proposed", "accepted")
 
@@ -399,12 +200,6 @@ def lookup_delta(before: ServerInfo, after: ServerInfo) -> dict | None:
         return None
     start = before.hsd.get("draft_lookup") or {}
     return {key: end[key] - start.get(key, 0) for key in LOOKUP_COUNTERS}
-
-
-def read_server_info(url: str, timeout: float = 30.0) -> ServerInfo:
-    """GET ``url/server_info``."""
-    with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:
-        return ServerInfo.parse(json.loads(resp.read()))
 
 
 def start_torch_profile(url: str, steps: int, timeout: float = 600.0) -> None:

@@ -127,6 +127,7 @@ _LIBRARY_SUBCOMMANDS: list[tuple[str, str]] = [
     ("sglang_hsd.runtime.cli", "add_generate_parser"),
     ("sglang_hsd.hierarchy.cli", "add_plan_parser"),
     ("sglang_hsd.sglang_plugin.serve", "add_serve_parser"),
+    ("sglang_hsd.bench.cli", "add_bench_parser"),
 ]
 # Entry-point group of subcommands other installed packages add (``eagle_heads`` adds
 # ``train-heads``): each entry point names a function ``add_parser(subparsers)``.
