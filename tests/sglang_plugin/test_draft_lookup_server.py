@@ -235,7 +235,7 @@ def looping_plain_url(pairs):
 
 
 @pytest.mark.parametrize("feature", ["logit_bias", "top_k_top_p", "penalties", "min_new_tokens", "regex",
-                                     "json_schema", "n"])
+                                     "json_schema", "ebnf", "n"])
 def test_lookup_request_features_give_the_plain_servers_greedy_text(pairs, looping_url, looping_plain_url,
                                                                     feature):
     """``test_server_e2e.FEATURES`` on the lookup level (copies accepted): greedy requests get the

@@ -519,7 +519,7 @@ def plain_url(pair):
 
 
 @pytest.mark.parametrize("feature", ["logit_bias", "top_k_top_p", "penalties", "min_new_tokens", "regex",
-                                     "json_schema", "n"])
+                                     "json_schema", "ebnf", "n"])
 @pytest.mark.parametrize("server", ["k3_url", "tree_url", "stock_url", "exit_url"])
 def test_request_features_give_the_plain_servers_greedy_text(pair, plain_url, server, feature, request):
     """Greedy requests with each request feature of ``test_server_e2e.FEATURES`` on the chain, the

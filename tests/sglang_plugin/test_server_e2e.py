@@ -111,6 +111,7 @@ FEATURES = {
     "min_new_tokens": {"min_new_tokens": 12, "ignore_eos": False},
     # Grammars as users send them (a finished grammar ends the output at its stop token).
     "regex": {"regex": "(ab|cd|[0-9])+", "ignore_eos": False},
+    "ebnf": {"ebnf": 'root ::= item+\nitem ::= "ab" | "cd" | [0-9]', "ignore_eos": False},
     "json_schema": {"json_schema": '{"type": "object", "properties": {"n": {"type": "integer"}}, '
                                    '"required": ["n"]}', "ignore_eos": False},
     "n": {"n": 2},
