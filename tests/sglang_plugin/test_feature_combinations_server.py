@@ -8,7 +8,7 @@ top-p 0.9, T = 0.7 with min-p 0.05, a seeded request twice (the same tokens unle
 off) and a streamed request aborted after three chunks. Then: no error, no traceback in the log,
 the free slots of the target's and the draft's KV pools back where they started once SGLang's
 radix cache (on, as serve leaves it) is flushed. Together the
-combinations hold every pair of features the table lets compose (20 servers, about 25 minutes on
+combinations hold every pair of features the table lets compose (20 servers, 13 minutes on
 2 cores: run them with ``SGLANG_HSD_COMBINATIONS=1``; ``test_feature_combinations.py`` checks
 every refusal before models load on every run).
 """
@@ -28,7 +28,7 @@ pytest.importorskip("sglang")
 pytestmark = [
     pytest.mark.sglang, pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("SGLANG_HSD_COMBINATIONS") != "1",
-                       reason="20 servers, ~25 min: SGLANG_HSD_COMBINATIONS=1 make test PYTEST_ARGS="
+                       reason="20 servers, ~13 min: SGLANG_HSD_COMBINATIONS=1 make test PYTEST_ARGS="
                               "'-k feature_combinations_server'"),
 ]
 
